@@ -1,0 +1,237 @@
+"""The `distdoctor` command. Logic lives in the engine; errors become exit codes only here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from distdoctor import __version__
+from distdoctor.config import OPTIONS, ConfigError, load_config
+from distdoctor.report import EXIT_USAGE
+
+app = typer.Typer(
+    name="distdoctor",
+    help="Find out why a PyTorch distributed job will fail or hang, and what to do about it.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+RUN_PANEL = "What to run"
+OUTPUT_PANEL = "Output"
+POLICY_PANEL = "Policy"
+
+
+def _help(name: str) -> str:
+    return OPTIONS[name].help
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"distdoctor {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """distdoctor: diagnostics for torch.distributed jobs."""
+
+
+def fail_usage(message: str) -> None:
+    typer.echo(f"distdoctor: error: {message}", err=True)
+    raise typer.Exit(EXIT_USAGE)
+
+
+def emit(text: str | None, output: Path | None) -> None:
+    """Write a rendered report to --output (or stdout), turning I/O errors into usage errors."""
+    if text is None:
+        return
+    if output is None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+        return
+    try:
+        output.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+    except OSError as exc:
+        fail_usage(f"cannot write --output {output}: {exc.strerror or exc}")
+
+
+def render_report(report: Any, fmt: str, output: Path | None, *, verbose: bool, quiet: bool) -> None:
+    from distdoctor.render import render
+
+    if fmt == "rich" and output is not None:
+        import io
+
+        buffer = io.StringIO()
+        render(report, "rich", buffer, verbose=verbose, quiet=quiet)
+        emit(buffer.getvalue(), output)
+    else:
+        emit(render(report, fmt, verbose=verbose, quiet=quiet), output)
+
+
+@app.command()
+def check(
+    stage: Annotated[Optional[list[str]], typer.Option("--stage", "-s", help=_help("stages"), rich_help_panel=RUN_PANEL)] = None,
+    tag: Annotated[Optional[list[str]], typer.Option("--tag", "-t", help=_help("tags"), rich_help_panel=RUN_PANEL)] = None,
+    checks_dir: Annotated[Optional[list[Path]], typer.Option("--checks-dir", help=_help("checks_dirs"), rich_help_panel=RUN_PANEL)] = None,
+    backend: Annotated[Optional[str], typer.Option("--backend", help=_help("backend"), rich_help_panel=RUN_PANEL)] = None,
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help=_help("nproc"), rich_help_panel=RUN_PANEL)] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", help=_help("timeout"), rich_help_panel=POLICY_PANEL)] = None,
+    check_timeout: Annotated[Optional[float], typer.Option("--check-timeout", help=_help("check_timeout"), rich_help_panel=POLICY_PANEL)] = None,
+    fail_level: Annotated[Optional[str], typer.Option("--fail-level", help=_help("fail_level"), rich_help_panel=POLICY_PANEL)] = None,
+    silence: Annotated[Optional[list[str]], typer.Option("--silence", help=_help("silence"), rich_help_panel=POLICY_PANEL)] = None,
+    fmt: Annotated[Optional[str], typer.Option("--format", "-f", help=_help("format"), rich_help_panel=OUTPUT_PANEL)] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.", rich_help_panel=OUTPUT_PANEL)] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also list every check with its status and time.", rich_help_panel=OUTPUT_PANEL)] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors and the summary line.", rich_help_panel=OUTPUT_PANEL)] = False,
+) -> None:
+    """Diagnose this node (and, with a launcher or --nproc, the whole world).
+
+    Exit codes: 0 nothing at or above --fail-level; 1 findings at or above it; 2 usage error;
+    3 the diagnosis was cut off by its deadline (partial report).
+    """
+    try:
+        config = load_config(
+            {
+                "stages": stage,
+                "tags": tag,
+                "checks_dirs": [str(p) for p in checks_dir] if checks_dir else None,
+                "backend": backend,
+                "nproc": nproc,
+                "timeout": timeout,
+                "check_timeout": check_timeout,
+                "fail_level": fail_level,
+                "silence": silence,
+                "format": fmt,
+            }
+        )
+    except ConfigError as exc:
+        fail_usage(str(exc))
+    from distdoctor.engine import diagnose
+    from distdoctor.registry import RegistryError
+
+    try:
+        report = diagnose(config)
+    except RegistryError as exc:
+        fail_usage(str(exc))
+    render_report(report, config.format, output, verbose=verbose, quiet=quiet)
+    raise typer.Exit(report.exit_code(config.fail_level))
+
+
+@app.command("list")
+def list_checks(
+    checks_dir: Annotated[Optional[list[Path]], typer.Option("--checks-dir", help=_help("checks_dirs"))] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="rich or json.")] = "rich",
+) -> None:
+    """List every check and every finding ID with its cause and title."""
+    from distdoctor.config import Config
+    from distdoctor.engine import load_registry
+    from distdoctor.registry import RegistryError
+
+    if fmt not in ("rich", "json"):
+        fail_usage(f"--format: expected rich or json, got {fmt!r}")
+    try:
+        registry = load_registry(Config(checks_dirs=tuple(str(p) for p in checks_dir or ())))
+    except RegistryError as exc:
+        fail_usage(str(exc))
+    checks = [c.describe() for c in registry.checks.values()]
+    kinds = [k.describe() for k in sorted(registry.kinds.values(), key=lambda k: k.id)]
+    if fmt == "json":
+        problems = [p.to_dict() for p in registry.load_problems]
+        emit(json.dumps({"checks": checks, "findings": kinds, "load_problems": problems}, indent=2), None)
+        return
+    from rich.table import Table
+
+    from distdoctor.render import make_console
+
+    console = make_console()
+    table = Table(title="Checks", show_lines=False)
+    for column in ("check", "stage", "tags", "emits"):
+        table.add_column(column)
+    for c in checks:
+        table.add_row(c["name"], c["stage"], ",".join(c["tags"]), ", ".join(c["emits"]))
+    console.print(table)
+    table = Table(title="Finding IDs")
+    for column in ("ID", "severity", "cause", "title"):
+        table.add_column(column)
+    for k in kinds:
+        table.add_row(k["id"], k["severity"], k["cause"], k["title"])
+    console.print(table)
+    for problem in registry.load_problems:
+        console.print(f"[red]{problem.title}[/red]: {problem.detail}")
+
+
+@app.command()
+def show(finding_id: Annotated[str, typer.Argument(help="A finding ID, e.g. launch.C001.")]) -> None:
+    """Show the documentation of a finding ID."""
+    import difflib
+
+    from distdoctor.config import Config
+    from distdoctor.docs import finding_doc, finding_sections
+    from distdoctor.engine import load_registry
+
+    registry = load_registry(Config())
+    kind = registry.kinds.get(finding_id)
+    doc = finding_doc(finding_id)
+    if kind is None and doc is None:
+        known = sorted(set(registry.kinds) | set(finding_sections()))
+        close = difflib.get_close_matches(finding_id, known, n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else " (distdoctor list shows them all)"
+        fail_usage(f"unknown finding ID {finding_id!r}{hint}")
+    if kind is not None:
+        typer.echo(f"{kind.id}  [{kind.severity.label}, cause: {kind.cause}]")
+        typer.echo(f"{kind.title}")
+        typer.echo(f"hint: {kind.hint}")
+        typer.echo("")
+    typer.echo(doc if doc else "(no documentation page found for this ID in this installation)")
+
+
+@app.command()
+def env(
+    fmt: Annotated[str, typer.Option("--format", "-f", help="rich or json.")] = "rich",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the snapshot to this file.")] = None,
+) -> None:
+    """Print a snapshot of this process's distributed set-up for bug reports (secrets redacted)."""
+    from distdoctor.context import build_context
+    from distdoctor.snapshot import collect_snapshot
+
+    if fmt not in ("rich", "json"):
+        fail_usage(f"--format: expected rich or json, got {fmt!r}")
+    try:
+        config = load_config()
+    except ConfigError as exc:
+        fail_usage(str(exc))
+    snapshot = collect_snapshot(build_context(config))
+    if fmt == "json":
+        emit(json.dumps(snapshot, indent=2, default=str), output)
+        return
+    lines: list[str] = []
+    for key, value in snapshot.items():
+        if isinstance(value, dict):
+            lines.append(f"{key}:")
+            for k, v in value.items():
+                lines.append(f"  {k}: {json.dumps(v, default=str) if isinstance(v, (dict, list)) else v}")
+        elif isinstance(value, list):
+            lines.append(f"{key}:" + ("" if value else " none"))
+            lines += [f"  - {json.dumps(v, default=str)}" for v in value]
+        else:
+            lines.append(f"{key}: {value}")
+    emit("\n".join(lines), output)
+
+
+def run() -> None:
+    """Console-script entry point: usage errors exit 2, never a traceback."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.echo("distdoctor: interrupted", err=True)
+        sys.exit(130)

@@ -1,0 +1,217 @@
+"""Configuration: CLI flag > DISTDOCTOR_* env > [tool.distdoctor] in pyproject.toml > defaults.
+
+Every option is declared once in OPTIONS with its parser and help text; the CLI, the
+environment, pyproject.toml and the pytest plugin all use the same declaration, so a value is
+parsed the same way wherever it comes from and a bad one names its source.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from distdoctor.findings import Severity
+from distdoctor.registry import STAGES
+
+ENV_PREFIX = "DISTDOCTOR_"
+BACKENDS = ("nccl", "gloo", "mpi", "ucc", "xccl")
+FORMATS = ("rich", "json", "markdown")
+
+
+class ConfigError(Exception):
+    """A configuration value is unusable; the message names where it came from."""
+
+
+def _as_list(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, (list, tuple)):
+        out: list[str] = []
+        for item in value:
+            if not isinstance(item, str):
+                raise ValueError(f"expected strings, got {item!r}")
+            out.extend(_as_list(item))
+        return out
+    raise ValueError(f"expected a string or a list of strings, got {value!r}")
+
+
+def _positive_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number of seconds, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"expected a number of seconds, got {value!r}") from None
+    if not (number > 0) or number == float("inf"):
+        raise ValueError(f"expected a positive number of seconds, got {value!r}")
+    return number
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a positive integer, got {value!r}")
+    try:
+        number = int(str(value).strip())
+    except (TypeError, ValueError):
+        raise ValueError(f"expected a positive integer, got {value!r}") from None
+    if number < 1:
+        raise ValueError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
+        return text
+
+    return parse
+
+
+def _choices(choices: tuple[str, ...]) -> Callable[[Any], tuple[str, ...]]:
+    def parse(value: Any) -> tuple[str, ...]:
+        items = _as_list(value)
+        for item in items:
+            if item not in choices:
+                raise ValueError(f"expected some of {', '.join(choices)}, got {item!r}")
+        return tuple(items)
+
+    return parse
+
+
+def _severity(value: Any) -> Severity:
+    return Severity.parse(value)
+
+
+def _str_tuple(value: Any) -> tuple[str, ...]:
+    return tuple(_as_list(value))
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+
+
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in (
+        Option("fail_level", _severity, Severity.ERROR,
+               "Exit 1 when a finding at or above this severity remains (info, warning, error, critical)."),
+        Option("silence", _str_tuple, (),
+               "Finding IDs to silence (comma-separated; 'net.*' silences an area). Silenced findings are counted."),
+        Option("timeout", _positive_float, 60.0,
+               "Deadline in seconds for the whole diagnosis; past it the report is partial and the exit code 3."),
+        Option("check_timeout", _positive_float, 10.0,
+               "Deadline in seconds for any one check; an overrun becomes finding core.W003."),
+        Option("stages", _choices(STAGES), STAGES,
+               "Stages to run, in order: local, rendezvous, collective."),
+        Option("tags", _str_tuple, (), "Run only the checks with one of these tags."),
+        Option("checks_dirs", _str_tuple, (), "Directories of site checks (plain .py files) to load."),
+        Option("backend", _choice(BACKENDS), None,
+               "The backend the job will use (nccl, gloo, mpi, ucc, xccl); default: nccl with GPUs, else gloo."),
+        Option("nproc", _positive_int, None,
+               "Ranks for the local self-test world when no launcher started us (default: GPUs, at least 2)."),
+        Option("format", _choice(FORMATS), "rich", "Report format: rich (terminal), json or markdown."),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    fail_level: Severity = Severity.ERROR
+    silence: tuple[str, ...] = ()
+    timeout: float = 60.0
+    check_timeout: float = 10.0
+    stages: tuple[str, ...] = STAGES
+    tags: tuple[str, ...] = ()
+    checks_dirs: tuple[str, ...] = ()
+    backend: str | None = None
+    nproc: int | None = None
+    format: str = "rich"
+    # Where each value came from ("default", "pyproject.toml", "DISTDOCTOR_TIMEOUT", "--timeout").
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+
+def find_pyproject(start: Path) -> Path | None:
+    for directory in (start, *start.parents):
+        candidate = directory / "pyproject.toml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _read_pyproject_table(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: is not valid TOML ({exc})") from None
+    table = data.get("tool", {})
+    table = table.get("distdoctor", {}) if isinstance(table, dict) else {}
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tool.distdoctor] must be a table, not {type(table).__name__}")
+    return table
+
+
+def _config_key(key: str) -> str:
+    return key.replace("-", "_")
+
+
+def load_config(
+    cli: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    pyproject: Path | None = None,
+) -> Config:
+    """Merge the sources; raise ConfigError naming the source of the first bad value."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {name: "default" for name in OPTIONS}
+
+    def apply(name: str, raw: Any, source: str) -> None:
+        option = OPTIONS.get(name)
+        if option is None:
+            raise ConfigError(f"{source}: unknown setting {name!r} (known: {', '.join(OPTIONS)})")
+        try:
+            values[name] = option.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        sources[name] = source
+
+    path = pyproject or find_pyproject(cwd or Path.cwd())
+    if path is not None:
+        for key, raw in _read_pyproject_table(path).items():
+            apply(_config_key(key), raw, f"{path} [tool.distdoctor] {key}")
+
+    for key, raw in env.items():
+        if key.startswith(ENV_PREFIX):
+            name = key[len(ENV_PREFIX):].lower()
+            if name in OPTIONS:
+                apply(name, raw, f"environment variable {key}")
+
+    for name, raw in (cli or {}).items():
+        if raw is None or raw == () or raw == []:
+            continue
+        apply(name, raw, f"--{name.replace('_', '-')}")
+
+    defaults = {name: option.default for name, option in OPTIONS.items()}
+    return Config(**{**defaults, **values}, sources=sources)

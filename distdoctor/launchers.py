@@ -1,0 +1,210 @@
+"""Which launcher started this process, and the world its variables describe.
+
+Pure functions of (env, argv): no probing, so they are cheap, deterministic and testable with a
+dict. The checks in distdoctor.checks.launch turn the problems found here into findings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+# The variables torch's env:// rendezvous reads.
+RENDEZVOUS_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+TORCHRUN = "torchrun"
+DEPRECATED_LAUNCH = "torch.distributed.launch"
+SLURM = "slurm"
+OPENMPI = "openmpi"
+MPICH = "mpich"
+PMIX = "pmix"
+KUBEFLOW = "kubeflow"
+LSF = "lsf"
+MP_SPAWN = "mp_spawn"
+MANUAL = "manual"  # RANK/WORLD_SIZE set by hand (or by a script), no launcher known
+NONE = "none"  # a plain process: no distributed variables at all
+
+LAUNCHER_TITLES = {
+    TORCHRUN: "torchrun (torch.distributed.elastic)",
+    DEPRECATED_LAUNCH: "python -m torch.distributed.launch (deprecated)",
+    SLURM: "SLURM (srun)",
+    OPENMPI: "Open MPI (mpirun)",
+    MPICH: "MPICH / Intel MPI (mpiexec)",
+    PMIX: "a PMI/PMIx launcher",
+    KUBEFLOW: "a Kubeflow PyTorchJob",
+    LSF: "LSF (jsrun)",
+    MP_SPAWN: "torch.multiprocessing.spawn",
+    MANUAL: "variables set by hand",
+    NONE: "a plain process (no launcher)",
+}
+
+
+@dataclass(frozen=True)
+class IntVar:
+    """An integer variable as read from the environment: its value, or why it is unusable."""
+
+    name: str
+    raw: str | None
+    value: int | None = None
+    problem: str | None = None
+
+    @property
+    def present(self) -> bool:
+        return self.raw is not None
+
+
+def read_int(env: Mapping[str, str], name: str, minimum: int | None = 0, maximum: int | None = None) -> IntVar:
+    raw = env.get(name)
+    if raw is None:
+        return IntVar(name, None)
+    text = raw.strip()
+    try:
+        value = int(text, 10)
+    except ValueError:
+        return IntVar(name, raw, problem=f"{name}={raw!r} is not an integer")
+    if minimum is not None and value < minimum:
+        return IntVar(name, raw, problem=f"{name}={raw!r} is below {minimum}")
+    if maximum is not None and value > maximum:
+        return IntVar(name, raw, problem=f"{name}={raw!r} is above {maximum}")
+    return IntVar(name, raw, value=value)
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """The launcher and the world as this process's environment describes it."""
+
+    launcher: str
+    rank: IntVar
+    world_size: IntVar
+    local_rank: IntVar
+    local_world_size: IntVar
+    master_port: IntVar
+    master_addr: str | None
+    # Where the world's numbers came from when they are not torch's own variables
+    # (SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK...): the scheduler's view, for cross-checks.
+    scheduler_rank: IntVar | None = None
+    scheduler_size: IntVar | None = None
+    scheduler_local_rank: IntVar | None = None
+    node_rank: IntVar | None = None
+    restart_count: int | None = None
+    evidence: tuple[str, ...] = ()
+    also_present: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def title(self) -> str:
+        return LAUNCHER_TITLES.get(self.launcher, self.launcher)
+
+    @property
+    def is_distributed(self) -> bool:
+        """True when the environment describes (or tries to describe) a multi-process world."""
+        return self.launcher != NONE
+
+    @property
+    def world_configured(self) -> bool:
+        """True when RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are all present and usable."""
+        return (
+            self.rank.value is not None
+            and self.world_size.value is not None
+            and self.master_port.value is not None
+            and bool(self.master_addr and self.master_addr.strip())
+            and self.rank.value < self.world_size.value
+        )
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "launcher": self.launcher,
+            "rank": self.rank.value,
+            "world_size": self.world_size.value,
+            "local_rank": self.local_rank.value,
+            "local_world_size": self.local_world_size.value,
+            "master_addr": self.master_addr,
+            "master_port": self.master_port.value,
+            "restart_count": self.restart_count,
+            "evidence": list(self.evidence),
+        }
+
+
+def _has_prefix(env: Mapping[str, str], *prefixes: str) -> list[str]:
+    return sorted(k for k in env if k.startswith(prefixes))
+
+
+def detect(env: Mapping[str, str], argv: Sequence[str] = ()) -> LaunchInfo:
+    """Name the launcher from the environment (and argv, for the deprecated launcher)."""
+    evidence: list[str] = []
+    found: list[str] = []
+    scheduler_rank = scheduler_size = scheduler_local = node_rank = None
+    restart_count: int | None = None
+
+    if "TORCHELASTIC_RUN_ID" in env or "TORCHELASTIC_RESTART_COUNT" in env or "GROUP_RANK" in env and "ROLE_RANK" in env:
+        found.append(TORCHRUN)
+        evidence += [k for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "GROUP_RANK") if k in env]
+        restart = read_int(env, "TORCHELASTIC_RESTART_COUNT")
+        restart_count = restart.value
+        node_rank = read_int(env, "GROUP_RANK")
+    if any(a.startswith(("--local_rank", "--local-rank")) for a in argv) and "LOCAL_RANK" not in env:
+        found.append(DEPRECATED_LAUNCH)
+        evidence.append("--local_rank in argv without LOCAL_RANK in env")
+    if "SLURM_PROCID" in env and "SLURM_JOB_ID" in env or "SLURM_STEP_ID" in env:
+        found.append(SLURM)
+        evidence += [k for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID") if k in env]
+        scheduler_rank = read_int(env, "SLURM_PROCID")
+        scheduler_size = read_int(env, "SLURM_NTASKS", minimum=1)
+        scheduler_local = read_int(env, "SLURM_LOCALID")
+        node_rank = node_rank or read_int(env, "SLURM_NODEID")
+    if "OMPI_COMM_WORLD_RANK" in env:
+        found.append(OPENMPI)
+        evidence.append("OMPI_COMM_WORLD_RANK")
+        scheduler_rank = scheduler_rank or read_int(env, "OMPI_COMM_WORLD_RANK")
+        scheduler_size = scheduler_size or read_int(env, "OMPI_COMM_WORLD_SIZE", minimum=1)
+        scheduler_local = scheduler_local or read_int(env, "OMPI_COMM_WORLD_LOCAL_RANK")
+    elif "PMI_RANK" in env and ("HYDRA_CONTROL_FD" in env or "MPI_LOCALRANKID" in env or "PMI_SIZE" in env):
+        found.append(MPICH)
+        evidence.append("PMI_RANK")
+        scheduler_rank = scheduler_rank or read_int(env, "PMI_RANK")
+        scheduler_size = scheduler_size or read_int(env, "PMI_SIZE", minimum=1)
+        scheduler_local = scheduler_local or read_int(env, "MPI_LOCALRANKID")
+    elif "PMIX_RANK" in env:
+        found.append(PMIX)
+        evidence.append("PMIX_RANK")
+        scheduler_rank = scheduler_rank or read_int(env, "PMIX_RANK")
+    if "JSM_NAMESPACE_RANK" in env or "LSB_JOBID" in env and "JSM_NAMESPACE_SIZE" in env:
+        found.append(LSF)
+        evidence.append("JSM_NAMESPACE_RANK")
+        scheduler_rank = scheduler_rank or read_int(env, "JSM_NAMESPACE_RANK")
+        scheduler_size = scheduler_size or read_int(env, "JSM_NAMESPACE_SIZE", minimum=1)
+        scheduler_local = scheduler_local or read_int(env, "JSM_NAMESPACE_LOCAL_RANK")
+    if "PET_NPROC_PER_NODE" in env or "PET_MASTER_ADDR" in env or (
+        "KUBERNETES_SERVICE_HOST" in env and "MASTER_ADDR" in env and "RANK" in env
+    ):
+        found.append(KUBEFLOW)
+        evidence += [k for k in ("PET_NPROC_PER_NODE", "PET_MASTER_ADDR", "KUBERNETES_SERVICE_HOST") if k in env]
+    # torch.multiprocessing.spawn leaves no variables of its own; its children are spawned
+    # multiprocessing children with the parent's env. We only see it through the process tree.
+    if "DISTDOCTOR_MP_SPAWN" in env:
+        found.append(MP_SPAWN)
+        evidence.append("DISTDOCTOR_MP_SPAWN")
+
+    if found:
+        launcher = found[0]
+    elif any(k in env for k in RENDEZVOUS_VARS):
+        launcher = MANUAL
+        evidence += [k for k in RENDEZVOUS_VARS if k in env]
+    else:
+        launcher = NONE
+
+    return LaunchInfo(
+        launcher=launcher,
+        rank=read_int(env, "RANK"),
+        world_size=read_int(env, "WORLD_SIZE", minimum=1),
+        local_rank=read_int(env, "LOCAL_RANK"),
+        local_world_size=read_int(env, "LOCAL_WORLD_SIZE", minimum=1),
+        master_port=read_int(env, "MASTER_PORT", minimum=1, maximum=65535),
+        master_addr=env.get("MASTER_ADDR"),
+        scheduler_rank=scheduler_rank,
+        scheduler_size=scheduler_size,
+        scheduler_local_rank=scheduler_local,
+        node_rank=node_rank,
+        restart_count=restart_count,
+        evidence=tuple(evidence),
+        also_present=tuple(found[1:]),
+    )

@@ -1,0 +1,294 @@
+"""Probes: everything a check may ask of the machine, behind one replaceable object.
+
+Each probe is bounded in time and never raises: on failure it returns :class:`Unknown` with the
+reason ("could not collect", as torch.utils.collect_env does). Tests replace a probe by passing
+a subclass (or an instance with attributes swapped) to the context.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """A probe could not tell; ``reason`` says why. Falsy, so ``if not result`` catches it."""
+
+    reason: str
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return f"could not tell ({self.reason})"
+
+
+def never_raises(fn: Callable[..., T]) -> Callable[..., T | Unknown]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T | Unknown:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # a probe reports, it does not crash the run
+            return Unknown(f"{type(exc).__name__}: {exc}")
+
+    return wrapper
+
+
+def call_with_deadline(fn: Callable[[], T], timeout: float, what: str) -> T | Unknown:
+    """Run a blocking call that has no timeout of its own (getaddrinfo) in a daemon thread."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # carried back to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"distdoctor-probe-{what}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        return Unknown(f"{what} did not answer within {timeout:g}s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+@dataclass(frozen=True)
+class Resolution:
+    host: str
+    addresses: tuple[str, ...]  # empty: the name does not resolve
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ConnectResult:
+    """Outcome of a bounded TCP connect: open, refused, timeout, no_route, unreachable, error."""
+
+    host: str
+    port: int
+    status: str
+    address: str | None = None
+    errno: int | None = None
+    detail: str = ""
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Interface:
+    name: str
+    up: bool
+    ipv4: tuple[str, ...] = ()
+    ipv6: tuple[str, ...] = ()
+    is_loopback: bool = False
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return self.ipv4 + self.ipv6
+
+
+@dataclass(frozen=True)
+class GPU:
+    index: int
+    name: str
+    uuid: str | None = None
+    total_memory: int | None = None
+    used_memory: int | None = None
+    processes: tuple[int, ...] = field(default_factory=tuple)
+
+
+class Probes:
+    """Real probes. Subclass (or replace attributes) to fake the machine in tests."""
+
+    # -- clock ----------------------------------------------------------------------------
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def now(self) -> float:
+        return time.time()
+
+    # -- names and sockets ----------------------------------------------------------------
+    @never_raises
+    def hostname(self) -> str:
+        return socket.gethostname()
+
+    @never_raises
+    def fqdn(self) -> str:
+        return socket.getfqdn()
+
+    @never_raises
+    def resolve(self, host: str, timeout: float = 3.0) -> Resolution | Unknown:
+        def lookup() -> Resolution:
+            try:
+                infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+            except socket.gaierror as exc:
+                return Resolution(host, (), error=str(exc))
+            return Resolution(host, tuple(dict.fromkeys(i[4][0] for i in infos)))
+
+        return call_with_deadline(lookup, timeout, f"DNS lookup of {host}")
+
+    @never_raises
+    def connect(self, host: str, port: int, timeout: float = 3.0) -> ConnectResult:
+        resolved = self.resolve(host, timeout)
+        if isinstance(resolved, Unknown) or not resolved.addresses:
+            detail = str(resolved) if isinstance(resolved, Unknown) else (resolved.error or "no address")
+            return ConnectResult(host, port, "unresolvable", detail=detail)
+        address = resolved.addresses[0]
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        start = time.monotonic()
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect((address, port))
+            status, err, detail = "open", None, ""
+        except socket.timeout:
+            status, err, detail = "timeout", None, f"no answer within {timeout:g}s"
+        except OSError as exc:
+            err = exc.errno
+            detail = exc.strerror or str(exc)
+            status = {
+                errno.ECONNREFUSED: "refused",
+                errno.EHOSTUNREACH: "no_route",
+                errno.ENETUNREACH: "no_route",
+                errno.ETIMEDOUT: "timeout",
+            }.get(err, "error")
+        finally:
+            sock.close()
+        return ConnectResult(host, port, status, address, err, detail, time.monotonic() - start)
+
+    @never_raises
+    def can_bind(self, port: int, host: str = "") -> tuple[bool, str]:
+        """Whether a TCP listener could bind the port here (as the c10d store would)."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind((host, port))
+            return True, ""
+        except OSError as exc:
+            return False, exc.strerror or str(exc)
+        finally:
+            sock.close()
+
+    @never_raises
+    def interfaces(self) -> dict[str, Interface]:
+        import netifaces
+        import psutil
+
+        stats = psutil.net_if_stats()
+        out: dict[str, Interface] = {}
+        for name in netifaces.interfaces():
+            addrs = netifaces.ifaddresses(name)
+            v4 = tuple(a["addr"] for a in addrs.get(netifaces.AF_INET, []) if a.get("addr"))
+            v6 = tuple(a["addr"].split("%")[0] for a in addrs.get(netifaces.AF_INET6, []) if a.get("addr"))
+            stat = stats.get(name)
+            out[name] = Interface(
+                name=name,
+                up=bool(stat.isup) if stat else False,
+                ipv4=v4,
+                ipv6=v6,
+                is_loopback=name == "lo" or any(a.startswith("127.") for a in v4),
+            )
+        return out
+
+    # -- processes and resources ----------------------------------------------------------
+    @never_raises
+    def cpu_count(self) -> int:
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+    @never_raises
+    def memory_total(self) -> int:
+        import psutil
+
+        return psutil.virtual_memory().total
+
+    @never_raises
+    def rlimit(self, name: str) -> tuple[int, int]:
+        import resource
+
+        return resource.getrlimit(getattr(resource, name))
+
+    @never_raises
+    def disk_usage(self, path: str) -> tuple[int, int, int]:
+        usage = os.statvfs(path)
+        return (usage.f_blocks * usage.f_frsize, usage.f_bavail * usage.f_frsize, usage.f_frsize)
+
+    @never_raises
+    def writable(self, path: str) -> bool:
+        return os.access(path, os.W_OK)
+
+    @never_raises
+    def listeners(self, port: int) -> list[dict[str, Any]]:
+        """Processes listening on a TCP port here: pid, command line, address."""
+        import psutil
+
+        out = []
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                entry: dict[str, Any] = {"pid": conn.pid, "address": conn.laddr.ip, "cmdline": None}
+                if conn.pid:
+                    try:
+                        entry["cmdline"] = " ".join(psutil.Process(conn.pid).cmdline())
+                    except (psutil.Error, OSError):
+                        pass
+                out.append(entry)
+        return out
+
+    # -- torch ----------------------------------------------------------------------------
+    @never_raises
+    def torch_info(self) -> dict[str, Any]:
+        import torch
+
+        info: dict[str, Any] = {
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "distributed": torch.distributed.is_available(),
+            "backends": {},
+            "nccl": None,
+        }
+        if info["distributed"]:
+            import torch.distributed as dist
+
+            for backend in ("gloo", "nccl", "mpi", "ucc", "xccl"):
+                probe = getattr(dist, f"is_{backend}_available", None)
+                info["backends"][backend] = bool(probe()) if probe else False
+        if info["backends"].get("nccl"):
+            try:
+                info["nccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
+            except Exception:
+                info["nccl"] = None
+        return info
+
+    @never_raises
+    def gpus(self) -> list[GPU]:
+        """The GPUs this process sees (after CUDA_VISIBLE_DEVICES)."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return []
+        out = []
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            uuid = getattr(props, "uuid", None)
+            free_total = None
+            try:
+                free_total = torch.cuda.mem_get_info(index)
+            except Exception:
+                pass
+            out.append(
+                GPU(
+                    index=index,
+                    name=props.name,
+                    uuid=f"GPU-{uuid}" if uuid is not None and not str(uuid).startswith("GPU-") else (str(uuid) if uuid else None),
+                    total_memory=props.total_memory,
+                    used_memory=(free_total[1] - free_total[0]) if free_total else None,
+                )
+            )
+        return out

@@ -1,0 +1,218 @@
+"""The check registry: checks are plain functions registered with a decorator.
+
+    from distdoctor import check, finding_kind
+
+    IFACE_MISSING = finding_kind("site.E001", cause="wrong_interface",
+                                 title="Interface ib0 is missing", hint="Ask the admins")
+
+    @check(stage="local", tags=("network",), emits=(IFACE_MISSING,))
+    def ib0_is_up(ctx):
+        if "ib0" not in ctx.probes.interfaces():
+            yield IFACE_MISSING(detail="...")
+
+Checks come from the built-ins (distdoctor.checks.*), from the entry-point group
+``distdoctor.checks`` and from ``--checks-dir`` (plain .py files). A finding ID declared twice
+is rejected at load time; a plugin that fails to load becomes a finding, never a crash.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from distdoctor.findings import Finding, FindingKind
+
+STAGES: tuple[str, ...] = ("local", "rendezvous", "collective")
+ENTRY_POINT_GROUP = "distdoctor.checks"
+
+
+class RegistryError(Exception):
+    """A check or finding kind could not be registered (bad stage, duplicate ID or name)."""
+
+
+class SkipCheck(Exception):
+    """Raised by a check that does not apply here; the reason is shown with the skip."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    func: Callable[..., Any]
+    stage: str
+    tags: tuple[str, ...] = ()
+    emits: tuple[FindingKind, ...] = ()
+    # None: the run's per-check timeout applies.
+    timeout: float | None = None
+    description: str = ""
+    source: str = "builtin"
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "stage": self.stage,
+            "tags": list(self.tags),
+            "emits": [k.id for k in self.emits],
+            "description": self.description,
+            "source": self.source,
+        }
+
+
+@dataclass
+class Registry:
+    checks: dict[str, Check] = field(default_factory=dict)
+    kinds: dict[str, FindingKind] = field(default_factory=dict)
+    # Plugins that failed to load, as findings (core.E002) for the run to report.
+    load_problems: list[Finding] = field(default_factory=list)
+    # Where registrations made now are attributed ("builtin", "entry point x", "file y.py").
+    _source: str = "builtin"
+    _loaded_builtins: bool = False
+    _loaded_sources: set[str] = field(default_factory=set)
+
+    # -- declaration -------------------------------------------------------------------
+    def finding_kind(self, id: str, *, cause: str, title: str, hint: str) -> FindingKind:
+        kind = FindingKind(id=id, cause=cause, title=title, hint=hint)
+        existing = self.kinds.get(id)
+        if existing is not None:
+            if existing == kind:
+                # Re-importing the same module (tests, reloads) declares the same kind again.
+                return existing
+            raise RegistryError(f"finding ID {id} is declared twice (again in {self._source})")
+        self.kinds[id] = kind
+        return kind
+
+    def check(
+        self,
+        func: Callable[..., Any] | None = None,
+        *,
+        stage: str = "local",
+        tags: Iterable[str] = (),
+        emits: Iterable[FindingKind] = (),
+        timeout: float | None = None,
+        name: str | None = None,
+    ) -> Any:
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            if stage not in STAGES:
+                raise RegistryError(f"check {fn.__name__}: unknown stage {stage!r} (one of {STAGES})")
+            module = getattr(fn, "__module__", "") or ""
+            area = module.rsplit(".", 1)[-1] if module else "check"
+            check_name = name or f"{area}.{fn.__name__}"
+            doc = (fn.__doc__ or "").strip().splitlines()
+            new = Check(
+                name=check_name,
+                func=fn,
+                stage=stage,
+                tags=tuple(tags),
+                emits=tuple(emits),
+                timeout=timeout,
+                description=doc[0] if doc else "",
+                source=self._source,
+            )
+            old = self.checks.get(check_name)
+            if old is not None and getattr(old.func, "__qualname__", None) != fn.__qualname__:
+                raise RegistryError(f"check name {check_name} is registered twice")
+            self.checks[check_name] = new
+            return fn
+
+        return register(func) if func is not None else register
+
+    # -- queries -----------------------------------------------------------------------
+    def select(self, stages: Iterable[str] | None = None, tags: Iterable[str] | None = None) -> list[Check]:
+        stage_set = set(stages) if stages else set(STAGES)
+        tag_set = set(tags or ())
+        chosen = [
+            c
+            for c in self.checks.values()
+            if c.stage in stage_set and (not tag_set or tag_set.intersection(c.tags))
+        ]
+        return sorted(chosen, key=lambda c: STAGES.index(c.stage))
+
+    # -- loading -----------------------------------------------------------------------
+    def load_builtins(self) -> None:
+        if self._loaded_builtins:
+            return
+        import distdoctor.checks as builtin_pkg
+
+        for info in sorted(pkgutil.iter_modules(builtin_pkg.__path__), key=lambda m: m.name):
+            if info.name.startswith("_"):
+                continue
+            self._load(f"builtin {info.name}", lambda n=info.name: importlib.import_module(f"distdoctor.checks.{n}"))
+        self._loaded_builtins = True
+
+    def load_entry_points(self) -> None:
+        from importlib.metadata import entry_points
+
+        try:
+            eps = list(entry_points(group=ENTRY_POINT_GROUP))
+        except Exception as exc:  # a broken installed distribution must not stop the run
+            self._problem(f"entry points of group {ENTRY_POINT_GROUP}", exc)
+            return
+        for ep in eps:
+            self._load(f"entry point {ep.name} ({ep.value})", ep.load)
+
+    def load_checks_dir(self, directory: str | Path) -> None:
+        path = Path(directory)
+        if not path.is_dir():
+            raise RegistryError(f"checks directory {str(path)!r} does not exist or is not a directory")
+        for file in sorted(path.glob("*.py")):
+            if file.name.startswith("_"):
+                continue
+            self._load(f"file {file}", lambda f=file: _import_file(f))
+
+    def _load(self, source: str, loader: Callable[[], Any]) -> None:
+        if source in self._loaded_sources:
+            return
+        before_checks, before_kinds = dict(self.checks), dict(self.kinds)
+        previous, self._source = self._source, source
+        try:
+            loader()
+            self._loaded_sources.add(source)
+        except (Exception, SystemExit) as exc:
+            # Roll back whatever the half-imported plugin registered: a plugin is all or nothing.
+            self.checks, self.kinds = before_checks, before_kinds
+            self._problem(source, exc)
+        finally:
+            self._source = previous
+
+    def _problem(self, source: str, exc: BaseException) -> None:
+        from distdoctor.core_findings import PLUGIN_LOAD_FAILED
+
+        tb = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        self.load_problems.append(
+            PLUGIN_LOAD_FAILED(
+                f"Checks from {source} could not be loaded",
+                detail=tb,
+                data={"source": source, "error": tb},
+                check="registry",
+            )
+        )
+
+
+def _import_file(file: Path) -> Any:
+    module_name = f"distdoctor_site_checks.{file.stem}"
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
+    return module
+
+
+# The process-wide registry that the decorators below fill.
+REGISTRY = Registry()
+check = REGISTRY.check
+finding_kind = REGISTRY.finding_kind

@@ -1,0 +1,178 @@
+"""The Report: findings and check results as data, with status and exit code.
+
+Rendering lives in distdoctor.render; this module never prints. The JSON shape is the contract
+in DESIGN.md (schema ``distdoctor.report/1``); fields beyond it (``data``, ``confidence``,
+``reason``, ``silenced``) are additive and consumers ignore what they do not know.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any, Iterable, Mapping, Sequence
+
+from distdoctor.findings import Finding, Severity
+from distdoctor.redact import scrub
+
+SCHEMA = "distdoctor.report/1"
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class WorldSummary:
+    size: int | None = None
+    launcher: str = "none"
+    ranks_reported: tuple[int, ...] = ()
+    ranks_missing: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "size": self.size,
+            "launcher": self.launcher,
+            "ranks_reported": sorted(self.ranks_reported),
+            "ranks_missing": sorted(self.ranks_missing),
+        }
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """[0, 1, 2, 3, 5, 7, 8] -> '0-3, 5, 7-8'."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def format_where(finding: Finding) -> str:
+    """Where a finding was seen: 'ranks 0-7 on node-a; rank 8 on node-b'."""
+    where = finding.data.get("where") if finding.data else None
+    if isinstance(where, Mapping) and where:
+        chunks = []
+        for host, ranks in sorted(where.items(), key=lambda kv: min(kv[1]) if kv[1] else -1):
+            label = "rank" if len(ranks) == 1 else "ranks"
+            chunks.append(f"{label} {format_ranks(ranks)} on {host}" if ranks else f"on {host}")
+        return "; ".join(chunks)
+    bits = []
+    if finding.ranks:
+        bits.append(("rank " if len(finding.ranks) == 1 else "ranks ") + format_ranks(finding.ranks))
+    if finding.hosts:
+        bits.append("on " + ", ".join(finding.hosts))
+    return " ".join(bits)
+
+
+def merge_findings(findings: Iterable[Finding]) -> list[Finding]:
+    """Merge identical findings seen on many ranks into one, keeping which ranks on which host.
+
+    Cost is linear in the number of findings (one dict lookup each), so rank 0 can merge the
+    findings of thousands of ranks.
+    """
+    merged: dict[tuple, Finding] = {}
+    where: dict[tuple, dict[str, set[int]]] = {}
+    for finding in findings:
+        key = finding.merge_key
+        hosts = finding.hosts or ("",)
+        per_host = where.setdefault(key, {})
+        for host in hosts:
+            per_host.setdefault(host, set()).update(finding.ranks)
+        if key not in merged:
+            merged[key] = finding
+        else:
+            first = merged[key]
+            merged[key] = first.with_(
+                ranks=tuple(set(first.ranks) | set(finding.ranks)),
+                hosts=tuple(dict.fromkeys(first.hosts + finding.hosts)),
+            )
+    out = []
+    for key, finding in merged.items():
+        per_host = {h: sorted(r) for h, r in where[key].items() if h}
+        if len(per_host) > 1 or (per_host and len(finding.ranks) > 1):
+            finding = finding.with_(data={**finding.data, "where": per_host})
+        out.append(finding)
+    return sorted(out, key=lambda f: (-int(f.severity), f.id, min(f.ranks) if f.ranks else -1))
+
+
+def split_silenced(findings: Sequence[Finding], patterns: Iterable[str]) -> tuple[list[Finding], list[Finding]]:
+    patterns = tuple(patterns)
+    kept, silenced = [], []
+    for finding in findings:
+        (silenced if any(fnmatchcase(finding.id, p) for p in patterns) else kept).append(finding)
+    return kept, silenced
+
+
+@dataclass
+class Report:
+    findings: list[Finding]
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    world: WorldSummary = field(default_factory=WorldSummary)
+    duration_s: float = 0.0
+    incomplete: bool = False
+    silenced: list[Finding] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if self.incomplete:
+            return "incomplete"
+        worst = max((f.severity for f in self.findings), default=None)
+        if worst is None or worst < Severity.WARNING:
+            return "ok"
+        return "warning" if worst < Severity.ERROR else "error"
+
+    def exit_code(self, fail_level: Severity = Severity.ERROR) -> int:
+        if self.incomplete:
+            return EXIT_INCOMPLETE
+        if any(f.severity >= fail_level for f in self.findings):
+            return EXIT_FINDINGS
+        return EXIT_OK
+
+    def counts(self) -> dict[str, int]:
+        counts = {s.label: 0 for s in Severity}
+        for finding in self.findings:
+            counts[finding.severity.label] += 1
+        return counts
+
+    def check_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for check in self.checks:
+            counts[check["status"]] = counts.get(check["status"], 0) + 1
+        return counts
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "status": self.status,
+            "world": self.world.to_dict(),
+            "findings": [f.to_dict() for f in self.findings],
+            "checks": list(self.checks),
+            "duration_s": round(self.duration_s, 4),
+            "silenced": {"count": len(self.silenced), "ids": sorted({f.id for f in self.silenced})},
+        }
+
+
+def build_report(
+    findings: Iterable[Finding],
+    checks: Iterable[Mapping[str, Any]] = (),
+    *,
+    world: WorldSummary | None = None,
+    duration_s: float = 0.0,
+    incomplete: bool = False,
+    silence: Iterable[str] = (),
+    secrets: Sequence[str] = (),
+) -> Report:
+    """Merge across ranks, apply silencing and scrub secret values out of every string."""
+    merged = merge_findings(findings)
+    if secrets:
+        merged = [Finding.from_dict(scrub(f.to_dict(), list(secrets))) for f in merged]
+    kept, silenced = split_silenced(merged, silence)
+    return Report(
+        findings=kept,
+        checks=[dict(c) for c in checks],
+        world=world or WorldSummary(),
+        duration_s=duration_s,
+        incomplete=incomplete,
+        silenced=silenced,
+    )
