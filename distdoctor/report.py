@@ -71,28 +71,26 @@ def merge_findings(findings: Iterable[Finding]) -> list[Finding]:
     Cost is linear in the number of findings (one dict lookup each), so rank 0 can merge the
     findings of thousands of ranks.
     """
-    merged: dict[tuple, Finding] = {}
+    first_seen: dict[tuple, Finding] = {}
+    ranks: dict[tuple, set[int]] = {}
+    hosts: dict[tuple, dict[str, None]] = {}
     where: dict[tuple, dict[str, set[int]]] = {}
     for finding in findings:
         key = finding.merge_key
-        hosts = finding.hosts or ("",)
-        per_host = where.setdefault(key, {})
-        for host in hosts:
+        if key not in first_seen:
+            first_seen[key], ranks[key], hosts[key], where[key] = finding, set(), {}, {}
+        ranks[key].update(finding.ranks)
+        per_host = where[key]
+        for host in finding.hosts:
+            hosts[key][host] = None
             per_host.setdefault(host, set()).update(finding.ranks)
-        if key not in merged:
-            merged[key] = finding
-        else:
-            first = merged[key]
-            merged[key] = first.with_(
-                ranks=tuple(set(first.ranks) | set(finding.ranks)),
-                hosts=tuple(dict.fromkeys(first.hosts + finding.hosts)),
-            )
     out = []
-    for key, finding in merged.items():
-        per_host = {h: sorted(r) for h, r in where[key].items() if h}
-        if len(per_host) > 1 or (per_host and len(finding.ranks) > 1):
-            finding = finding.with_(data={**finding.data, "where": per_host})
-        out.append(finding)
+    for key, finding in first_seen.items():
+        merged = finding.with_(ranks=tuple(ranks[key]), hosts=tuple(hosts[key]))
+        per_host = {h: sorted(r) for h, r in where[key].items()}
+        if len(per_host) > 1 or (per_host and len(merged.ranks) > 1):
+            merged = merged.with_(data={**merged.data, "where": per_host})
+        out.append(merged)
     return sorted(out, key=lambda f: (-int(f.severity), f.id, min(f.ranks) if f.ranks else -1))
 
 

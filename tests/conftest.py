@@ -1,0 +1,36 @@
+"""Suite-wide fixtures. Heavier, area-specific fixtures live in each test directory."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def fresh_registry():
+    """An empty registry, so a test's checks do not leak into the built-in one."""
+    from distdoctor.registry import Registry
+
+    return Registry()
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """Remove launcher and distdoctor variables from the environment of this test."""
+    prefixes = ("DISTDOCTOR_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "PMIX_", "JSM_", "PET_")
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+             "GROUP_RANK", "ROLE_RANK")
+    for key in list(os.environ):
+        if key.startswith(prefixes) or key in names:
+            monkeypatch.delenv(key, raising=False)
+    return monkeypatch
+
+
+def distdoctor_cmd(*args: str) -> list[str]:
+    """The CLI as a user runs it, through this interpreter."""
+    return [sys.executable, "-m", "distdoctor", *args]
