@@ -37,7 +37,7 @@ def _plural(n: int, word: str) -> str:
 def summary_line(report: Report) -> str:
     counts = report.counts()
     parts = [
-        _plural(counts["critical"], "critical") if counts["critical"] else None,
+        f"{counts['critical']} critical" if counts["critical"] else None,
         _plural(counts["error"], "error"),
         _plural(counts["warning"], "warning"),
         f"{counts['info']} info",
