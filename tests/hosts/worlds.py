@@ -1,0 +1,189 @@
+"""Start one world across lab hosts, either as distdoctor ranks or as the plain torch script.
+
+Every rank is one process on its host, started the way a user starts a multi-node job by hand
+(RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT), all at once
+(Popen, then wait), so a world's wall time is its slowest rank, not the sum.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from netns import Lab, Started
+
+PLAIN_TORCH = str(Path(__file__).with_name("plain_torch.py"))
+# Any port is free in a namespace the lab has just made: nothing else runs there.
+MASTER_PORT = 29500
+_SCRUB_PREFIXES = ("DISTDOCTOR_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "PMIX_", "JSM_", "PET_",
+                   "GLOO_", "NCCL_", "TORCH_NCCL_", "KUBERNETES_")
+_SCRUB_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "GROUP_RANK", "ROLE_RANK", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "NODE_RANK")
+
+
+def base_env() -> dict[str, str]:
+    """This process's environment without anything that would describe another job."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(_SCRUB_PREFIXES) and k not in _SCRUB_NAMES and not k.startswith("PYTEST_")}
+    # Two cores shared by every rank of every host: keep each rank to one compute thread.
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", NO_COLOR="1")
+    return env
+
+
+@dataclass
+class RankSpec:
+    """One rank of the world: on which host, and what differs in its environment."""
+
+    host: str
+    rank: int
+    local_rank: int = 0
+    local_world_size: int = 1
+    env: Mapping[str, str | None] = field(default_factory=dict)  # None removes a variable
+    start: bool = True  # False: the rank belongs to the world but is never started
+
+
+@dataclass
+class WorldRun:
+    ranks: dict[int, Started]
+    bound: float
+
+    def wait(self) -> "WorldRun":
+        """Wait for every rank up to ``bound`` s from the start; kill what is still running."""
+        for started in self.ranks.values():
+            remaining = self.bound - (time.monotonic() - started.started_at)
+            started.wait(max(remaining, 0.01))
+        for started in self.ranks.values():
+            started.kill()
+        return self
+
+    def code(self, rank: int) -> int | None:
+        """The exit code, or None when the rank was still running at the bound (killed)."""
+        started = self.ranks[rank]
+        return None if started.ended_at is None else started.popen.returncode
+
+    def elapsed(self, rank: int) -> float | None:
+        return self.ranks[rank].elapsed
+
+    def output(self, rank: int) -> str:
+        started = self.ranks[rank]
+        return started.stdout + started.stderr
+
+    def report(self, rank: int = 0) -> dict[str, Any]:
+        """The JSON report a rank printed (``--format json``); fails the test with its output."""
+        text = self.ranks[rank].stdout.strip()
+        start = text.find("{")
+        try:
+            return json.loads(text[start:]) if start >= 0 else {}
+        except json.JSONDecodeError:
+            raise AssertionError(
+                f"rank {rank} printed no JSON report (exit {self.code(rank)}):\n"
+                f"stdout:\n{self.ranks[rank].stdout[-3000:]}\nstderr:\n{self.ranks[rank].stderr[-3000:]}"
+            ) from None
+
+    def describe(self) -> str:
+        lines = []
+        for rank, started in sorted(self.ranks.items()):
+            lines.append(f"--- rank {rank} on {started.host.name}: exit {self.code(rank)} after "
+                         f"{self.elapsed(rank) if self.elapsed(rank) is not None else '>bound'}s")
+            lines.append("stdout: " + started.stdout[-2500:])
+            lines.append("stderr: " + started.stderr[-2500:])
+        return "\n".join(lines)
+
+
+def _rank_env(spec: RankSpec, world_size: int, master_addr: str, master_port: int) -> dict[str, str]:
+    env = base_env()
+    env.update(RANK=str(spec.rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(spec.local_rank),
+               LOCAL_WORLD_SIZE=str(spec.local_world_size), MASTER_ADDR=master_addr,
+               MASTER_PORT=str(master_port))
+    for key, value in spec.env.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def start_world(lab: Lab, specs: Sequence[RankSpec], argv: Sequence[str], *, world_size: int | None = None,
+                master_addr: str = "hosta", master_port: int = MASTER_PORT, bound: float = 30.0,
+                label: str = "rank") -> WorldRun:
+    world_size = world_size if world_size is not None else len(specs)
+    ranks: dict[int, Started] = {}
+    for spec in specs:
+        if not spec.start:
+            continue
+        env = _rank_env(spec, world_size, master_addr, master_port)
+        ranks[spec.rank] = lab.spawn(spec.host, argv, env=env, label=f"{label}{spec.rank}", cwd=str(lab.workdir))
+    return WorldRun(ranks, bound)
+
+
+def distdoctor_world(lab: Lab, specs: Sequence[RankSpec], *, timeout: float, args: Sequence[str] = (),
+                     **kwargs: Any) -> WorldRun:
+    """Every started rank runs ``distdoctor check --format json --timeout T``; waits for them."""
+    argv = [sys.executable, "-m", "distdoctor", "check", "--format", "json", "--timeout", f"{timeout:g}", *args]
+    # Generous outer bound: the assertions check the deadline, this only stops a runaway.
+    return start_world(lab, specs, argv, bound=timeout + 20, label="dd", **kwargs).wait()
+
+
+@dataclass
+class PlainTorchOutcome:
+    """What the plain script did within the bound: finished, failed (with its error) or hung."""
+
+    scenario: str
+    bound: float
+    hung: bool
+    elapsed: float
+    codes: dict[int, int | None]
+    errors: dict[int, str]
+
+    def summary(self) -> str:
+        if self.hung and not any(self.errors.values()):
+            return f"still hanging after {self.bound:g}s (killed), no error printed"
+        parts = []
+        for rank, error in sorted(self.errors.items()):
+            state = "hung" if self.codes[rank] is None else f"exit {self.codes[rank]}"
+            parts.append(f"rank {rank} {state}: {error or '(no error)'}")
+        return "; ".join(parts)
+
+
+PLAIN_TORCH_RESULTS: list[PlainTorchOutcome] = []
+
+
+def last_error_line(text: str) -> str:
+    """The line a user would read first: the exception (or torch's error) at the end."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "error" in line or "Exception" in line or "failed" in line:
+            return line[:400]
+    return lines[-1][:400] if lines else ""
+
+
+def plain_torch_world(lab: Lab, specs: Sequence[RankSpec], scenario: str, *, bound: float = 10.0,
+                      **kwargs: Any) -> PlainTorchOutcome:
+    """Run the plain torch script (torch's default timeouts) for at most ``bound`` s."""
+    run = start_world(lab, specs, [sys.executable, PLAIN_TORCH], bound=bound, label="torch", **kwargs).wait()
+    codes = {rank: run.code(rank) for rank in run.ranks}
+    errors = {rank: (last_error_line(run.ranks[rank].stderr) if codes[rank] not in (0,) else "")
+              for rank in run.ranks}
+    hung = any(code is None for code in codes.values())
+    elapsed = max((run.elapsed(r) or bound) for r in run.ranks) if run.ranks else 0.0
+    outcome = PlainTorchOutcome(scenario, bound, hung, elapsed, codes, errors)
+    PLAIN_TORCH_RESULTS.append(outcome)
+    return outcome
+
+
+# -- reading a report ---------------------------------------------------------------------
+def findings(report: Mapping[str, Any], cause: str | None = None) -> list[dict[str, Any]]:
+    return [f for f in report.get("findings", []) if cause is None or f.get("cause") == cause]
+
+
+def text_of(finding: Mapping[str, Any]) -> str:
+    return " ".join(str(finding.get(k, "")) for k in ("title", "detail", "remediation"))
+
+
+def check_statuses(report: Mapping[str, Any], stage: str) -> dict[str, str]:
+    return {c["name"]: c["status"] for c in report.get("checks", []) if c.get("stage") == stage}
