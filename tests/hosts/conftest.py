@@ -35,8 +35,8 @@ def netns_ready():
 def make_lab(netns_ready):
     labs: list[netns.Lab] = []
 
-    def make(host_names=("hosta", "hostb")) -> netns.Lab:
-        lab = netns.Lab(tuple(host_names))
+    def make(host_names=("hosta", "hostb"), ifnames=None) -> netns.Lab:
+        lab = netns.Lab(tuple(host_names), ifnames=dict(ifnames or {}))
         labs.append(lab)
         return lab
 

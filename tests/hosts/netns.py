@@ -156,6 +156,7 @@ class Host:
     ns: str
     address: str
     port: str  # the bridge port (in the bridge namespace) that leads to this host
+    ifname: str = HOST_IFNAME
     mac: str = ""
     hosts_file: Path | None = None
 
@@ -220,6 +221,8 @@ class Lab:
     """2-3 hosts on one bridge. Use as a context manager, or call :meth:`close`."""
 
     host_names: Sequence[str] = ("hosta", "hostb")
+    # A host's network interface name when it is not eth0 (clusters mix eth0, ens5, ib0...).
+    ifnames: Mapping[str, str] = field(default_factory=dict)
     subnet: str = DEFAULT_SUBNET
     serial: int = field(default_factory=lambda: next(_serial))
     hosts: dict[str, Host] = field(default_factory=dict)
@@ -265,15 +268,16 @@ class Lab:
             ns = f"{self.prefix}{name}"
             self._add_namespace(ns)
             port = f"{PORT_PREFIX}{index}"
-            host = Host(name=name, ns=ns, address=str(addresses[index]), port=port)
+            ifname = self.ifnames.get(name, HOST_IFNAME)
+            host = Host(name=name, ns=ns, address=str(addresses[index]), port=port, ifname=ifname)
             # Both ends are made inside the bridge namespace; the host end moves straight into
             # the host namespace, so the root namespace never sees either.
-            _ip("-n", self.bridge_ns, "link", "add", port, "type", "veth", "peer", "name", HOST_IFNAME, "netns", ns)
+            _ip("-n", self.bridge_ns, "link", "add", port, "type", "veth", "peer", "name", ifname, "netns", ns)
             _ip("-n", self.bridge_ns, "link", "set", port, "master", BRIDGE_NAME)
             _ip("-n", self.bridge_ns, "link", "set", port, "up")
-            _ip("-n", ns, "addr", "add", f"{host.address}/{network.prefixlen}", "dev", HOST_IFNAME)
-            _ip("-n", ns, "link", "set", HOST_IFNAME, "up")
-            host.mac = self._mac(ns, HOST_IFNAME)
+            _ip("-n", ns, "addr", "add", f"{host.address}/{network.prefixlen}", "dev", ifname)
+            _ip("-n", ns, "link", "set", ifname, "up")
+            host.mac = self._mac(ns, ifname)
             self.hosts[name] = host
         # Permanent neighbour entries: packets between hosts need no ARP, so a partition drops
         # the TCP packets themselves (connect times out, as behind a firewall) instead of
@@ -282,7 +286,7 @@ class Lab:
             for peer in self.hosts.values():
                 if peer is not host:
                     _ip("-n", host.ns, "neigh", "replace", peer.address, "lladdr", peer.mac,
-                        "dev", HOST_IFNAME, "nud", "permanent")
+                        "dev", host.ifname, "nud", "permanent")
         for host in self.hosts.values():
             host.hosts_file = self.write_hosts_file(host.name, {})
 
@@ -319,7 +323,7 @@ class Lab:
         just the same. Returns the qdisc used, for the test's record.
         """
         h = self.hosts[host]
-        ends = ((h.ns, HOST_IFNAME), (self.bridge_ns, h.port))
+        ends = ((h.ns, h.ifname), (self.bridge_ns, h.port))
         used = None
         for ns, dev in ends:
             netem = _tc("-n", ns, "qdisc", "replace", "dev", dev, "root", "netem", "loss", "100%", check=False)
@@ -332,14 +336,14 @@ class Lab:
 
     def heal(self, host: str) -> None:
         h = self.hosts[host]
-        for ns, dev in ((h.ns, HOST_IFNAME), (self.bridge_ns, h.port)):
+        for ns, dev in ((h.ns, h.ifname), (self.bridge_ns, h.port)):
             _tc("-n", ns, "qdisc", "del", "dev", dev, "root", check=False)
 
     def dropped_packets(self, host: str) -> int:
         """Packets dropped by the partition qdiscs of ``host`` (to show the partition was hit)."""
         h = self.hosts[host]
         total = 0
-        for ns, dev in ((h.ns, HOST_IFNAME), (self.bridge_ns, h.port)):
+        for ns, dev in ((h.ns, h.ifname), (self.bridge_ns, h.port)):
             out = _tc("-n", ns, "-s", "qdisc", "show", "dev", dev, check=False).stdout
             total += sum(int(n) for n in re.findall(r"dropped (\d+)", out))
         return total
