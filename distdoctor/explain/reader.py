@@ -1,0 +1,169 @@
+"""Read log files (or stdin) as text blocks, in bounded memory, refusing what is not a text log.
+
+A log is read in blocks of about BLOCK_SIZE bytes cut at a line end, so memory does not grow with
+the file: a 100 MB log costs one block plus the partial line carried to the next. A single line
+longer than a block is cut (nobody's error message is a megabyte long; a binary blob would be).
+
+What is refused, with a message for the user (LogInputError, which the CLI turns into exit 2):
+a missing path, a directory, an unreadable file, an empty input, binary data (NUL bytes or
+mostly control characters) and text that is not UTF-8 in its first block (a latin-1 or UTF-16
+file: converting it is the user's call, guessing would quote garbled evidence). After the first
+block, stray undecodable bytes (a progress bar cut mid-character) are replaced and counted.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import stat
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+BLOCK_SIZE = 1 << 20
+STDIN_NAME = "<stdin>"
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_-]?(\d+)(?!\d)", re.I)
+
+
+class LogInputError(Exception):
+    """An input cannot be read as a text log; the message is meant for the user."""
+
+
+@dataclass
+class LogSource:
+    """One input: a file path or stdin, and the rank its name suggests (rank3.log -> 3)."""
+
+    name: str
+    path: Path | None = None
+    rank_hint: int | None = None
+    # Filled while reading.
+    lines: int = 0
+    bytes: int = 0
+    replaced_bytes: bool = False
+    stream: BinaryIO | None = field(default=None, repr=False)
+
+
+def rank_from_name(path: Path) -> int | None:
+    """rank3.log, job-rank_12.err -> the rank; torchrun --log-dir's attempt_0/<local rank>/stderr.log too."""
+    match = _RANK_IN_NAME.search(path.name)
+    if match:
+        return int(match.group(1))
+    if path.name in ("stdout.log", "stderr.log", "error.json") and path.parent.name.isdigit():
+        return int(path.parent.name)
+    return None
+
+
+def open_sources(inputs: list[str], stdin: BinaryIO | None = None) -> list[LogSource]:
+    """Check every input up front, so that a typo in the 5th path fails before any work."""
+    if not inputs:
+        raise LogInputError("no log given: pass one or more files, or - to read stdin")
+    sources: list[LogSource] = []
+    if inputs.count("-") > 1:
+        raise LogInputError("'-' (stdin) can be given only once")
+    for item in inputs:
+        if item == "-":
+            stream = stdin if stdin is not None else sys.stdin.buffer
+            if stdin is None and sys.stdin.isatty():
+                raise LogInputError("'-' reads the log from stdin, but stdin is a terminal: pipe a log in (… | distdoctor explain -)")
+            sources.append(LogSource(name=STDIN_NAME, stream=stream))
+            continue
+        path = Path(item)
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            raise LogInputError(f"{item}: no such file") from None
+        except PermissionError:
+            raise LogInputError(f"{item}: permission denied") from None
+        except OSError as exc:
+            raise LogInputError(f"{item}: cannot read ({exc.strerror or exc})") from None
+        if stat.S_ISDIR(info.st_mode):
+            raise LogInputError(f"{item}: is a directory; pass the log files in it (e.g. {item.rstrip('/')}/*.log)")
+        if stat.S_ISREG(info.st_mode) and info.st_size == 0:
+            raise LogInputError(f"{item}: is empty")
+        if not os.access(path, os.R_OK):
+            raise LogInputError(f"{item}: permission denied")
+        sources.append(LogSource(name=item, path=path, rank_hint=rank_from_name(path)))
+    return sources
+
+
+def _looks_binary(sample: bytes) -> bool:
+    if b"\x00" in sample:
+        return True
+    # Control bytes other than tab, newline, carriage return, form feed and escape (colour codes).
+    control = sum(1 for b in sample if b < 32 and b not in (9, 10, 12, 13, 27)) + sample.count(0x7F)
+    return control > max(8, len(sample) // 100)
+
+
+def _check_first_block(source: LogSource, data: bytes) -> None:
+    if not data.strip():
+        raise LogInputError(f"{source.name}: is empty" + (" (only whitespace)" if data else ""))
+    sample = data[:65536]
+    if _looks_binary(sample):
+        raise LogInputError(f"{source.name}: looks like binary data, not a text log")
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    try:
+        decoder.decode(sample, final=len(data) <= len(sample))
+    except UnicodeDecodeError as exc:
+        bad = sample[exc.start:exc.start + 1].hex()
+        raise LogInputError(
+            f"{source.name}: is not UTF-8 text (byte 0x{bad} at offset {exc.start}); "
+            f"if it is latin-1, convert it first: iconv -f latin1 -t utf-8 {source.name} > log.utf8"
+        ) from None
+
+
+def iter_blocks(source: LogSource, block_size: int = BLOCK_SIZE) -> Iterator[tuple[str, int]]:
+    """Yield (text, number of the block's first line), each block ending at a line end.
+
+    Raises LogInputError for input that is not a text log (checked on the first block).
+    """
+    opened = source.stream is None
+    try:
+        stream = source.stream if source.stream is not None else open(source.path, "rb")  # type: ignore[arg-type]
+    except OSError as exc:
+        raise LogInputError(f"{source.name}: cannot open ({exc.strerror or exc})") from None
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    carry = b""
+    first = True
+    line_no = 1
+    try:
+        while True:
+            try:
+                chunk = stream.read(block_size)
+            except OSError as exc:
+                raise LogInputError(f"{source.name}: read failed ({exc.strerror or exc})") from None
+            if first:
+                _check_first_block(source, chunk)
+                first = False
+            if not chunk:
+                if carry:
+                    yield from _emit(source, decoder, carry, line_no, final=True)
+                return
+            source.bytes += len(chunk)
+            data = carry + chunk
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                # One line longer than a block: treat the block as a line of its own.
+                if len(data) >= block_size:
+                    cut = len(data)
+                else:
+                    carry = data
+                    continue
+            carry = data[cut:]
+            for text, count in _emit(source, decoder, data[:cut], line_no, final=False):
+                yield text, count
+            line_no = source.lines + 1
+    finally:
+        if opened:
+            stream.close()
+
+
+def _emit(source: LogSource, decoder: codecs.IncrementalDecoder, data: bytes, line_no: int, *, final: bool):
+    text = decoder.decode(data, final=final)
+    if "\ufffd" in text and not source.replaced_bytes and b"\xef\xbf\xbd" not in data:
+        source.replaced_bytes = True
+    if not text.endswith("\n"):
+        text += "\n"
+    source.lines += text.count("\n")
+    yield text, line_no

@@ -1,0 +1,250 @@
+"""Match the catalog against text blocks: tokens first (whole-block str.find), regexes on hits only.
+
+Most lines of a training log say nothing about a failure. Instead of testing every line against
+every signature, each catalog token is searched in the whole block with str.find (C speed), and
+only the lines a token lands on are split out and matched against the regexes that token
+announces. Matches become Observations, folded into an Accumulator of bounded size.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from distdoctor.explain.catalog import Catalog, Context, Signature
+from distdoctor.explain.reader import LogSource, iter_blocks
+
+MAX_EVIDENCE = 5  # quoted lines kept per group (the first ones: the start of a failure matters)
+MAX_GROUPS = 512  # distinct (signature, key) groups; beyond it, occurrences are only counted
+MAX_LINE_CHARS = 400  # evidence lines are quoted up to this length
+RELEVANT_LINES = 8  # lines kept for the "nothing matched" answer
+
+_RANK_PREFIX = re.compile(r"\[(?:rank|default)(\d+)\]:")
+_GLOG_TIME = re.compile(r"(?:^|\]:?\[?)[EWIF](\d{4}) (\d\d:\d\d:\d\d(?:\.\d+)?)")
+_ISO_TIME = re.compile(r"\d{4}-(\d\d)-(\d\d)[ T_](\d\d:\d\d:\d\d)(?:[.,](\d+))?")
+
+# Words that make a line look relevant when no signature matches, with their weight.
+RELEVANCE_TOKENS: dict[str, int] = {
+    "Error": 2, "error": 2, "ERROR": 2, "Exception": 2, "FAILED": 2, "failed": 2, "Failed": 2,
+    "Timeout": 2, "timed out": 2, "Timed out": 2, "Killed": 2, "killed": 2, "fatal": 3, "Fatal": 3,
+    "FATAL": 3, "WARN": 1, "abort": 2, "Abort": 2, "Segmentation fault": 3, "Traceback": 1,
+}
+_EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]: )?[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b:?")
+
+
+def quote_line(text: str, span: tuple[int, int] | None = None) -> str:
+    """The line, or for a long one its start and the part around the match (what it is about)."""
+    if len(text) <= MAX_LINE_CHARS:
+        return text
+    if span is None or span[1] <= MAX_LINE_CHARS - 20:
+        return text[:MAX_LINE_CHARS] + " …"
+    head = text[:120]
+    start = max(120, span[0] - 60)
+    return head + " … " + text[start:start + MAX_LINE_CHARS - 120] + (" …" if start + MAX_LINE_CHARS - 120 < len(text) else "")
+
+
+def time_key(text: str, fallback: str | None = None) -> str | None:
+    """A sortable 'MMDD HH:MM:SS.ffffff' from a glog or ISO timestamp in the line, if any."""
+    m = _GLOG_TIME.search(text[:80])
+    if m:
+        return f"{m.group(1)} {m.group(2)}"
+    m = _ISO_TIME.search(text[:80])
+    if m:
+        frac = f".{m.group(4)}" if m.group(4) else ""
+        return f"{m.group(1)}{m.group(2)} {m.group(3)}{frac}"
+    if fallback:
+        m = _ISO_TIME.search(fallback)
+        if m:
+            return f"{m.group(1)}{m.group(2)} {m.group(3)}"
+    return None
+
+
+@dataclass
+class Observation:
+    signature: Signature
+    fields: dict[str, str]
+    rank: int | None
+    host: str | None
+    file: str
+    line: int
+    text: str
+    time: str | None
+    source_index: int
+
+
+@dataclass
+class Group:
+    """All occurrences of one signature with one key, across files and ranks."""
+
+    signature: Signature
+    key: tuple[str, ...]
+    fields: dict[str, str]
+    first: Observation
+    count: int = 0
+    ranks: set[int] = field(default_factory=set)
+    hosts: set[str] = field(default_factory=set)
+    files: dict[str, int] = field(default_factory=dict)
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+    first_time: str | None = None
+    flagged_first_failure: bool = False
+
+    @property
+    def order(self) -> tuple:
+        """When it was first seen: by timestamp where the log has one, else by position."""
+        return (self.first_time or "~", self.first.source_index, self.first.line)
+
+    def add(self, obs: Observation) -> None:
+        self.count += 1
+        rank_list = _ranks_of(obs)
+        self.ranks.update(rank_list)
+        if obs.host:
+            self.hosts.add(obs.host)
+        self.files[obs.file] = self.files.get(obs.file, 0) + 1
+        for k, v in obs.fields.items():
+            self.fields.setdefault(k, v)
+        if obs.time and (self.first_time is None or obs.time < self.first_time):
+            self.first_time = obs.time
+        if obs.fields.get("first_failure"):
+            self.flagged_first_failure = True
+        if len(self.evidence) < MAX_EVIDENCE:
+            entry: dict[str, Any] = {"file": obs.file, "line": obs.line, "text": obs.text}
+            if obs.rank is not None:
+                entry["rank"] = obs.rank
+            self.evidence.append(entry)
+
+
+def _ranks_of(obs: Observation) -> list[int]:
+    """The ranks an observation is about: ranks the message names, else the rank that printed it."""
+    named = obs.fields.get("ranks")
+    if named:
+        return [int(r) for r in re.findall(r"\d+", named)]
+    return [obs.rank] if obs.rank is not None else []
+
+
+@dataclass
+class Accumulator:
+    """Bounded summary of a scan: groups of matches, relevant lines, ranks seen, line counts."""
+
+    groups: dict[tuple, Group] = field(default_factory=dict)
+    overflow: int = 0
+    relevant: list[tuple[int, int, int, str, str]] = field(default_factory=list)  # heap
+    ranks_seen: set[int] = field(default_factory=set)
+    hosts_seen: set[str] = field(default_factory=set)
+
+    def add(self, obs: Observation) -> None:
+        sig = obs.signature
+        key = (sig.name, tuple(obs.fields.get(k, "") for k in sig.key))
+        group = self.groups.get(key)
+        if group is None:
+            if len(self.groups) >= MAX_GROUPS:
+                self.overflow += 1
+                return
+            group = self.groups[key] = Group(signature=sig, key=key[1], fields={}, first=obs)
+        group.add(obs)
+
+    def add_relevant(self, score: int, source_index: int, line: int, file: str, text: str) -> None:
+        # Highest score wins; among equals the later line (a failure is near the end of a log).
+        item = (score, source_index, line, file, text)
+        if len(self.relevant) < RELEVANT_LINES:
+            heapq.heappush(self.relevant, item)
+        elif item > self.relevant[0]:
+            heapq.heapreplace(self.relevant, item)
+
+
+class Scanner:
+    def __init__(self, catalog: Catalog, accumulator: Accumulator | None = None) -> None:
+        self.catalog = catalog
+        self.acc = accumulator or Accumulator()
+        # Tokens in a fixed order; each announces catalog items (contexts before signatures).
+        self._tokens = list(catalog.token_index.items())
+        self._relevance = list(RELEVANCE_TOKENS.items())
+
+    def scan(self, source: LogSource, source_index: int) -> None:
+        context: dict[str, str] = {}
+        for block, first_line in iter_blocks(source):
+            self._scan_block(block, first_line, source, source_index, context)
+
+    def _scan_block(self, block: str, first_line: int, source: LogSource, source_index: int, context: dict) -> None:
+        hits: dict[int, list] = {}
+        relevance: dict[int, int] = {}
+        find = block.find
+        for token, items in self._tokens:
+            i = find(token)
+            while i != -1:
+                start = block.rfind("\n", 0, i) + 1
+                hits.setdefault(start, []).extend(items)
+                end = find("\n", i)
+                i = find(token, end) if end != -1 else -1
+        for token, weight in self._relevance:
+            i = find(token)
+            while i != -1:
+                start = block.rfind("\n", 0, i) + 1
+                relevance[start] = relevance.get(start, 0) + weight
+                end = find("\n", i)
+                i = find(token, end) if end != -1 else -1
+        if not hits and not relevance:
+            return
+        line_no, pos = first_line, 0
+        for start in sorted(hits.keys() | relevance.keys()):
+            line_no += block.count("\n", pos, start)
+            pos = start
+            end = find("\n", start)
+            text = block[start:end if end != -1 else len(block)].rstrip("\r")
+            if start in hits:
+                self._match_line(text, line_no, hits[start], source, source_index, context)
+            if start in relevance:
+                score = relevance[start] + (2 if _EXCEPTION_LINE.match(text) else 0)
+                self.acc.add_relevant(score, source_index, line_no, source.name, quote_line(text))
+
+    def _match_line(self, text: str, line_no: int, items: Iterable, source: LogSource, source_index: int,
+                    context: dict) -> None:
+        seen: set[int] = set()
+        line_rank: int | None = None
+        prefix = _RANK_PREFIX.match(text)
+        if prefix:
+            line_rank = int(prefix.group(1))
+            self.acc.ranks_seen.add(line_rank)
+        for item in items:
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            match = item.regex.search(text)
+            if match is None:
+                continue
+            if isinstance(item, Context):
+                for name in item.reset:
+                    context.pop(name, None)
+                context.update({k: v for k, v in match.groupdict().items() if v})
+                context.update(item.fields)
+                if "rank" in context:
+                    self.acc.ranks_seen.add(int(context["rank"]))
+                if "host" in context:
+                    self.acc.hosts_seen.add(context["host"])
+                continue
+            sig: Signature = item
+            fields = sig.extract(match)
+            rank = line_rank
+            if rank is None and context.get("rank"):
+                rank = int(context["rank"])
+            if rank is None:
+                rank = source.rank_hint
+            if fields.get("rank"):
+                rank = int(fields["rank"])
+            for name in ("host", "local_rank", "ifname", "nccl_version", "first_failure", "summary_time"):
+                if name in context and name not in fields:
+                    fields[name] = context[name]
+            self.acc.add(
+                Observation(
+                    signature=sig,
+                    fields=fields,
+                    rank=rank,
+                    host=context.get("host"),
+                    file=source.name,
+                    line=line_no,
+                    text=quote_line(text, match.span()),
+                    time=time_key(text, context.get("summary_time")),
+                    source_index=source_index,
+                )
+            )
