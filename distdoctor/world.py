@@ -1,0 +1,450 @@
+"""Rendezvous and exchange between ranks over the c10d store (JSON with a size bound, never pickle).
+
+Who hosts the store:
+- under torchrun the elastic agent already hosts one on MASTER_ADDR:MASTER_PORT and tells its
+  workers so with TORCHELASTIC_USE_AGENT_STORE=True; every rank connects to it as a client, exactly
+  as torch.distributed.rendezvous._create_c10d_store does, so distdoctor never takes the agent's
+  port. The self-test supervisor (distdoctor.selftest) plays the agent's part and says so the same way.
+- otherwise (srun, mpirun, variables set by hand) rank 0 hosts a TCPStore on MASTER_PORT and the
+  other ranks connect to it; the store is released when rank 0 is done.
+
+What crosses the wire (every key under one namespace, ``distdoctor/<run>``):
+- ``claim/<rank>``     a counter every process claiming that rank adds 1 to; the answer tells a
+                       process whether it is the first claimant (1) or a duplicate (2, 3, ...).
+- ``checkin/<rank>/<claim>``  that process's check-in (JSON, bounded), so duplicates never
+                       overwrite each other.
+- ``roster``           one appended line per process (``rank:claim;``): rank 0 reads every
+                       arrival with one request, whatever the world size.
+- ``decision``         rank 0's verdict after the rendezvous stage, the same for every rank.
+- ``done/<stage>`` + ``results/<stage>/<rank>``  who finished a stage, and with what.
+- ``final``            the exit code rank 0 settled on; the others exit with it after rank 0 printed.
+Messages at rank 0 are O(1) per poll plus one multi_get per phase; bytes are O(world size).
+Every operation has a deadline: waits poll ``check`` (never a blocking get on a missing key).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, Iterable, Mapping
+
+from distdoctor.launchers import TORCHRUN, LaunchInfo
+
+# A check-in carries findings and a snapshot; 64 KiB is ~10x a typical one, and keeps a
+# 1024-rank gather at rank 0 under 64 MiB even when every rank is at the bound.
+MAX_MESSAGE_BYTES = 64 * 1024
+# Polling back-off for waits: quick first answers on a healthy world, little load on a slow one.
+POLL_FIRST_S, POLL_MAX_S = 0.005, 0.1
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+RUN_ID_ENV = "DISTDOCTOR_RUN_ID"
+
+
+class WorldError(Exception):
+    """The store could not be reached or used; ``cause`` is a vocabulary cause for the finding."""
+
+    def __init__(self, message: str, cause: str = "master_unreachable") -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+# -- wire format ------------------------------------------------------------------------------
+def encode(obj: Any, limit: int = MAX_MESSAGE_BYTES) -> bytes:
+    raw = json.dumps(obj, separators=(",", ":"), default=str).encode("utf-8")
+    if len(raw) > limit:
+        raise WorldError(f"message of {len(raw)} bytes exceeds the {limit}-byte bound", cause="unknown")
+    return raw
+
+
+def decode(raw: bytes | str, limit: int = MAX_MESSAGE_BYTES) -> Any:
+    """Parse a message from another rank; an oversized or malformed one is refused, not trusted."""
+    if len(raw) > limit:
+        raise WorldError(f"message of {len(raw)} bytes exceeds the {limit}-byte bound", cause="unknown")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise WorldError(f"message is not valid JSON: {exc}", cause="unknown") from None
+
+
+def fit(payload: Mapping[str, Any], limit: int = MAX_MESSAGE_BYTES, droppable: Iterable[str] = ()) -> dict[str, Any]:
+    """Drop the bulkiest optional fields (in the given order) until the payload fits the bound."""
+    out = dict(payload)
+    dropped: list[str] = []
+    for name in droppable:
+        if len(json.dumps(out, separators=(",", ":"), default=str).encode()) <= limit:
+            break
+        if name in out:
+            out[name] = None
+            dropped.append(name)
+    if dropped:
+        out["truncated"] = dropped
+    return out
+
+
+# -- where the world is -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class WorldSpec:
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    # "agent": a launcher process hosts the store (torchrun agent, self-test supervisor);
+    # "rank0": rank 0 hosts it on MASTER_PORT (srun, mpirun, by hand).
+    store_host: str
+    namespace: str
+    launcher: str
+
+    @classmethod
+    def from_launch(cls, launch: LaunchInfo, env: Mapping[str, str]) -> "WorldSpec | None":
+        """The world the environment describes, or None when it describes none usable."""
+        if not launch.world_configured:
+            return None
+        # The same test as torch.distributed.rendezvous._torchelastic_use_agent_store().
+        agent = env.get(AGENT_STORE_ENV) == str(True)
+        if launch.launcher == TORCHRUN and env.get("TORCHELASTIC_RUN_ID"):
+            # The agent's store outlives a restart of the workers; a fresh namespace per attempt.
+            run = f"{env['TORCHELASTIC_RUN_ID']}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        else:
+            run = env.get(RUN_ID_ENV, "default")
+        return cls(
+            rank=int(launch.rank.value),  # type: ignore[arg-type]
+            world_size=int(launch.world_size.value),  # type: ignore[arg-type]
+            master_addr=str(launch.master_addr).strip(),
+            master_port=int(launch.master_port.value),  # type: ignore[arg-type]
+            store_host="agent" if agent else "rank0",
+            namespace=f"distdoctor/{run}",
+            launcher=launch.launcher,
+        )
+
+
+def wait_for_listener(host: str, port: int, deadline: float, clock: Callable[[], float] = time.monotonic) -> str | None:
+    """Poll a TCP connect until something listens (None) or the deadline passes (the last error).
+
+    torch's TCPStore client retries by itself, but logs a C++ stack for every failed try; a plain
+    socket probe first keeps the terminal clean and the error precise.
+    """
+    delay, last = 0.02, "no attempt made"
+    while True:
+        left = deadline - clock()
+        if left <= 0:
+            return last
+        try:
+            with socket.create_connection((host, port), timeout=min(max(left, 0.05), 2.0)):
+                return None
+        except OSError as exc:
+            last = exc.strerror or str(exc)
+        time.sleep(min(delay, max(deadline - clock(), 0)))
+        delay = min(delay * 2, 0.25)
+
+
+def _tcp_store(host: str, port: int, *, is_master: bool, timeout_s: float) -> Any:
+    from torch.distributed import TCPStore
+
+    kwargs: dict[str, Any] = {"timeout": timedelta(seconds=max(timeout_s, 0.1))}
+    if is_master:
+        # wait_for_workers=False: rank 0 counts arrivals itself, with its own deadline.
+        kwargs.update(world_size=None, wait_for_workers=False, multi_tenant=True)
+    return TCPStore(host, port, is_master=is_master, **kwargs)
+
+
+def open_store(spec: WorldSpec, deadline: float, clock: Callable[[], float] = time.monotonic) -> tuple[Any, bool]:
+    """Connect to (or host) the c10d store; returns (store, hosted_here). Raises WorldError."""
+    left = deadline - clock()
+    if left <= 0:
+        raise WorldError("no time was left to reach the store")
+    if spec.store_host == "rank0" and spec.rank == 0:
+        try:
+            return _tcp_store(spec.master_addr, spec.master_port, is_master=True, timeout_s=left), True
+        except Exception as exc:  # port taken: maybe by a second process claiming rank 0
+            hosted_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        problem = wait_for_listener(spec.master_addr, spec.master_port, min(deadline, clock() + 1.0), clock)
+        if problem is not None:
+            raise WorldError(
+                f"rank 0 could not host the store on port {spec.master_port} ({hosted_error}) "
+                f"and nothing answers there ({problem})",
+                cause="port_in_use",
+            )
+    else:
+        problem = wait_for_listener(spec.master_addr, spec.master_port, deadline, clock)
+        if problem is not None:
+            who = "the launcher's store" if spec.store_host == "agent" else "rank 0's store"
+            raise WorldError(
+                f"{who} at {spec.master_addr}:{spec.master_port} did not answer before the deadline ({problem})"
+            )
+    try:
+        return _tcp_store(spec.master_addr, spec.master_port, is_master=False, timeout_s=max(deadline - clock(), 0.5)), False
+    except Exception as exc:
+        raise WorldError(f"connecting to the store at {spec.master_addr}:{spec.master_port} failed: {exc}") from None
+
+
+# -- the live world ---------------------------------------------------------------------------
+@dataclass
+class Arrival:
+    rank: int
+    claim: int
+    seen_s: float  # when rank 0 first saw it, seconds since rank 0 started waiting
+
+
+@dataclass
+class CheckIns:
+    """What rank 0 knows after the check-in phase."""
+
+    expected: int
+    arrivals: list[Arrival]
+    payloads: dict[tuple[int, int], dict[str, Any]]
+    unreadable: dict[tuple[int, int], str] = field(default_factory=dict)
+    waited_s: float = 0.0
+
+    @property
+    def accepted(self) -> dict[int, dict[str, Any]]:
+        """rank -> the check-in of its first claimant."""
+        return {r: p for (r, c), p in self.payloads.items() if c == 1}
+
+    @property
+    def reported(self) -> list[int]:
+        return sorted({a.rank for a in self.arrivals if 0 <= a.rank < self.expected})
+
+    @property
+    def missing(self) -> list[int]:
+        seen = {a.rank for a in self.arrivals}
+        return [r for r in range(self.expected) if r not in seen]
+
+    @property
+    def duplicates(self) -> dict[int, list[int]]:
+        """rank -> its claims, for every rank claimed by more than one process."""
+        claims: dict[int, list[int]] = {}
+        for a in self.arrivals:
+            claims.setdefault(a.rank, []).append(a.claim)
+        return {r: sorted(c) for r, c in claims.items() if len(c) > 1}
+
+
+def parse_roster(text: str) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for item in text.split(";"):
+        rank, _, claim = item.partition(":")
+        if rank.strip().lstrip("-").isdigit() and claim.strip().isdigit():
+            out.append((int(rank), int(claim)))
+    return out
+
+
+class World:
+    """One rank's handle on the store-backed world. Thread-safe for the watchdog's reads."""
+
+    def __init__(self, spec: WorldSpec, store: Any, *, hosted: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
+        from torch.distributed import PrefixStore
+
+        self.spec = spec
+        self.raw_store = store
+        self.store = PrefixStore(spec.namespace, store)
+        self.hosted = hosted
+        self.clock = clock
+        self.claim: int | None = None
+        self.nonce = secrets.token_hex(4)
+        self.process_groups: dict[str, Any] = {}
+        # Set by a collective check whose operation did not complete: the group is out of step
+        # and later collectives on it would pair up wrongly, so they are skipped.
+        self.poisoned: str | None = None
+        self._lock = threading.Lock()
+
+    # -- identity ------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.spec.rank
+
+    @property
+    def size(self) -> int:
+        return self.spec.world_size
+
+    @property
+    def is_root(self) -> bool:
+        return self.spec.rank == 0 and self.claim in (None, 1)
+
+    @property
+    def is_duplicate(self) -> bool:
+        return bool(self.claim and self.claim > 1)
+
+    @classmethod
+    def open(cls, spec: WorldSpec, deadline: float, clock: Callable[[], float] = time.monotonic) -> "World":
+        store, hosted = open_store(spec, deadline, clock)
+        return cls(spec, store, hosted=hosted, clock=clock)
+
+    # -- primitives ----------------------------------------------------------------------
+    def put(self, key: str, obj: Any, limit: int = MAX_MESSAGE_BYTES) -> None:
+        with self._lock:
+            self.store.set(key, encode(obj, limit))
+
+    def fetch(self, key: str, deadline: float, limit: int = MAX_MESSAGE_BYTES) -> Any:
+        """The JSON value under key once it exists; None when the deadline passes first."""
+        if not self.wait_key(key, deadline):
+            return None
+        with self._lock:
+            return decode(self.store.get(key), limit)
+
+    def wait_key(self, key: str, deadline: float) -> bool:
+        delay = POLL_FIRST_S
+        while True:
+            with self._lock:
+                if self.store.check([key]):
+                    return True
+            left = deadline - self.clock()
+            if left <= 0:
+                return False
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, POLL_MAX_S)
+
+    def read_text(self, key: str) -> str:
+        with self._lock:
+            if not self.store.check([key]):
+                return ""
+            return self.store.get(key).decode("utf-8", "replace")
+
+    # -- check-in ------------------------------------------------------------------------
+    def check_in(self, payload: Mapping[str, Any]) -> int:
+        """Claim this rank and post the check-in; returns the claim number (1 = first claimant)."""
+        with self._lock:
+            claim = int(self.store.add(f"claim/{self.rank}", 1))
+        self.claim = claim
+        body = {**payload, "rank": self.rank, "claim": claim, "nonce": self.nonce}
+        self.put(f"checkin/{self.rank}/{claim}", body)
+        with self._lock:
+            self.store.append("roster", f"{self.rank}:{claim};")
+        return claim
+
+    def wait_for_checkins(self, deadline: float, settle_s: float = 0.0) -> CheckIns:
+        """Rank 0: poll the roster until every rank 0..size-1 arrived or the deadline passed.
+
+        ``settle_s`` keeps listening that long after the last expected rank arrived, so that a
+        second process claiming a rank moments later is still seen.
+        """
+        start = self.clock()
+        seen: dict[tuple[int, int], float] = {}
+        delay = POLL_FIRST_S
+        complete_at: float | None = None
+        while True:
+            for rank, claim in parse_roster(self.read_text("roster")):
+                seen.setdefault((rank, claim), self.clock() - start)
+            now = self.clock()
+            have = {r for r, _ in seen}
+            if all(r in have for r in range(self.size)):
+                complete_at = complete_at if complete_at is not None else now
+                if now - complete_at >= settle_s:
+                    break
+            if now >= deadline:
+                break
+            time.sleep(max(min(delay, deadline - now), 0))
+            delay = min(delay * 2, POLL_MAX_S)
+        arrivals = [Arrival(r, c, t) for (r, c), t in sorted(seen.items(), key=lambda kv: kv[1])]
+        payloads, unreadable = self._read_checkins(list(seen))
+        return CheckIns(self.size, arrivals, payloads, unreadable, self.clock() - start)
+
+    def late_claims(self, known: Iterable[tuple[int, int]]) -> tuple[dict[tuple[int, int], dict[str, Any]], dict[tuple[int, int], str]]:
+        """Check-ins that arrived after the check-in phase (late duplicates), read once more."""
+        known = set(known)
+        fresh = [k for k in parse_roster(self.read_text("roster")) if k not in known]
+        return self._read_checkins(fresh)
+
+    def _read_checkins(self, keys: list[tuple[int, int]]) -> tuple[dict[tuple[int, int], dict[str, Any]], dict[tuple[int, int], str]]:
+        payloads: dict[tuple[int, int], dict[str, Any]] = {}
+        unreadable: dict[tuple[int, int], str] = {}
+        if not keys:
+            return payloads, unreadable
+        with self._lock:
+            # One request for all of them: the roster entry is appended after the payload is set.
+            raws = self.store.multi_get([f"checkin/{r}/{c}" for r, c in keys])
+        for key, raw in zip(keys, raws):
+            try:
+                value = decode(raw)
+                if not isinstance(value, dict):
+                    raise WorldError("check-in is not a JSON object")
+                payloads[key] = value
+            except WorldError as exc:
+                unreadable[key] = str(exc)
+        return payloads, unreadable
+
+    # -- stages --------------------------------------------------------------------------
+    def mark_done(self, stage: str, results: Mapping[str, Any]) -> None:
+        self.put(f"results/{stage}/{self.rank}", results)
+        with self._lock:
+            self.store.append(f"done/{stage}", f"{self.rank};")
+
+    def done_ranks(self, stage: str) -> set[int]:
+        return {int(x) for x in self.read_text(f"done/{stage}").split(";") if x.strip().lstrip("-").isdigit()}
+
+    def wait_done(self, stage: str, ranks: Iterable[int], deadline: float) -> set[int]:
+        """Rank 0: wait for these ranks to finish a stage; returns those that did."""
+        wanted = set(ranks)
+        delay = POLL_FIRST_S
+        while True:
+            done = self.done_ranks(stage) & wanted
+            left = deadline - self.clock()
+            if done == wanted or left <= 0:
+                return done
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, POLL_MAX_S)
+
+    def results(self, stage: str, ranks: Iterable[int]) -> dict[int, Any]:
+        ranks = sorted(set(ranks))
+        if not ranks:
+            return {}
+        with self._lock:
+            raws = self.store.multi_get([f"results/{stage}/{r}" for r in ranks])
+        out: dict[int, Any] = {}
+        for rank, raw in zip(ranks, raws):
+            try:
+                out[rank] = decode(raw)
+            except WorldError as exc:
+                out[rank] = {"unreadable": str(exc)}
+        return out
+
+    def say_goodbye(self) -> None:
+        with self._lock:
+            self.store.add("bye", 1)
+
+    def goodbyes(self) -> int:
+        with self._lock:
+            return int(self.store.add("bye", 0))
+
+    # -- process groups ------------------------------------------------------------------
+    def process_group(self, backend: str, timeout_s: float) -> Any:
+        """A process group over this world's store (created once per backend), with a short timeout.
+
+        gloo becomes the default group (what a user's script gets from init_process_group); any
+        other backend is a second group. Every rank must call this in the same order.
+        """
+        with self._lock:
+            existing = self.process_groups.get(backend)
+        if existing is not None:
+            return existing
+        import torch.distributed as dist
+        from torch.distributed import PrefixStore
+
+        timeout = timedelta(seconds=max(timeout_s, 0.5))
+        if not dist.is_initialized():
+            store = PrefixStore(f"{self.spec.namespace}/pg/{backend}", self.raw_store)
+            dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.size, timeout=timeout)
+            group = dist.group.WORLD
+        else:
+            group = dist.new_group(backend=backend, timeout=timeout)
+        with self._lock:
+            self.process_groups[backend] = group
+        return group
+
+    def close(self, destroy_groups: bool = True) -> None:
+        """Release the process groups and the store (rank 0's hosted store goes with it)."""
+        if destroy_groups and self.process_groups and self.poisoned is None:
+            try:
+                import torch.distributed as dist
+
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+            except Exception:
+                pass
+        self.process_groups.clear()
+        self.store = None  # type: ignore[assignment]
+        self.raw_store = None
+
