@@ -45,8 +45,6 @@ def explain_files(
         t0 = time.monotonic()
         before = sum(g.count for g in acc.groups.values())
         scanner.scan(source, index)
-        if source.rank_hint is not None:
-            acc.ranks_seen.add(source.rank_hint)
         matched = sum(g.count for g in acc.groups.values()) - before
         checks.append(_read_check(source, matched, time.monotonic() - t0))
     findings = findings_from(acc, catalog)

@@ -13,7 +13,10 @@ The rules, in order:
    the finding says what to run to tell them apart.
 5. Several ranks timing out in NCCL collectives with different op types at one sequence number is
    a collective mismatch, whatever each line alone suggests.
-6. Nothing matched: cause `unknown`, quoting the lines that looked most relevant.
+6. Ranks lost a peer ("Connection reset by peer") and one rank's own log stops without any error
+   line: that rank died without a word, which a Python exception never does; a signal did it,
+   most often SIGKILL from the out-of-memory killer. It is named, with moderate confidence.
+7. Nothing matched: cause `unknown`, quoting the lines that looked most relevant.
 """
 
 from __future__ import annotations
@@ -154,9 +157,49 @@ def findings_from(acc: Accumulator, catalog: Catalog) -> list[Finding]:
         involved = {id(mismatch.group), *(id(g) for g in mismatch.consequences)}
         roots = [r for r in roots if id(r.group) not in involved]
     for root in roots:
+        if root.group.signature.name in PEER_LOST and acc.quiet_ranks - root.group.ranks:
+            findings.append(_silent_death_finding(root, acc, catalog))
+            findings += _candidate_findings(root, ranks=acc.quiet_ranks - root.group.ranks)
+            continue
         findings.append(_finding(root, acc))
         findings += _candidate_findings(root)
     return findings
+
+
+PEER_LOST = ("gloo_peer_lost", "nccl_remote_error")
+SILENT_DEATH_CONFIDENCE = 0.55
+
+
+def _silent_death_finding(root: Root, acc: Accumulator, catalog: Catalog) -> Finding:
+    group = root.group
+    quiet = sorted(acc.quiet_ranks - group.ranks)
+    kind = catalog.kinds["log.E025"]
+    who = format_ranks(quiet)
+    lost = format_ranks(group.ranks) or "other ranks"
+    detail = [
+        f"Rank{'s' if len(quiet) > 1 else ''} {who}: the log ends without any error line, while rank"
+        f"{'s' if len(group.ranks) > 1 else ''} {lost} lost the connection to a peer:",
+        *_quote(group.evidence),
+        "A Python exception or a failed assertion always prints; a process that stops silently was killed by a "
+        "signal (SIGKILL from the OOM killer or the scheduler) or crashed in native code.",
+    ]
+    return kind(
+        f"Rank {who} stopped without an error while rank{'s' if len(group.ranks) > 1 else ''} {lost} lost their peer",
+        detail="\n".join(detail),
+        remediation=f"On rank {who}'s host run: dmesg -T | grep -i -E 'killed process|out of memory' (an OOM kill "
+        "names the process); check the scheduler's record of the job (sacct -j <job> -o State,ExitCode,MaxRSS); "
+        "running under torchrun prints each rank's exit code and signal in its failure summary.",
+        ranks=quiet,
+        hosts=group.hosts,
+        data={
+            "signature": "silent_rank_death",
+            "quiet_ranks": quiet,
+            "evidence": list(group.evidence),
+            "consequences": [_consequence(group)] + [_consequence(c) for c in root.consequences],
+        },
+        check=CHECK_NAME,
+        confidence=SILENT_DEATH_CONFIDENCE,
+    )
 
 
 def _finding(root: Root, acc: Accumulator) -> Finding:
@@ -230,7 +273,7 @@ def _consequence(group: Group) -> dict[str, Any]:
     }
 
 
-def _candidate_findings(root: Root) -> list[Finding]:
+def _candidate_findings(root: Root, ranks: set[int] | None = None) -> list[Finding]:
     group, sig = root.group, root.group.signature
     if not sig.candidates:
         return []
@@ -240,14 +283,14 @@ def _candidate_findings(root: Root) -> list[Finding]:
         why = render_template(cand.why, fields)
         out.append(
             cand.kind(
-                f"Possible cause: {cand.kind.title}",
+                f"Possible cause ({cand.kind.cause}): {why}",
                 detail="\n".join(
                     [f"Candidate explanation of: {render_template(sig.title, fields)}", f"Why: {why}"]
                     + _quote(group.evidence, 1)
                     + ["To tell apart: " + render_template(sig.tell_apart, fields)]
                 ),
                 remediation=cand.kind.hint,
-                ranks=group.ranks,
+                ranks=group.ranks if ranks is None else ranks,
                 hosts=group.hosts,
                 data={
                     "signature": sig.name,

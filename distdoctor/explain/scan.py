@@ -22,6 +22,8 @@ MAX_LINE_CHARS = 400  # evidence lines are quoted up to this length
 RELEVANT_LINES = 8  # lines kept for the "nothing matched" answer
 
 _RANK_PREFIX = re.compile(r"\[(?:rank|default)(\d+)\]:")
+# NCCL's own lines start with host:pid:tid [cuda device].
+_NCCL_PREFIX = re.compile(r"^(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[(?P<cuda_device>\d+)\] ")
 _GLOG_TIME = re.compile(r"(?:^|\]:?\[?)[EWIF](\d{4}) (\d\d:\d\d:\d\d(?:\.\d+)?)")
 _ISO_TIME = re.compile(r"\d{4}-(\d\d)-(\d\d)[ T_](\d\d:\d\d:\d\d)(?:[.,](\d+))?")
 
@@ -132,6 +134,9 @@ class Accumulator:
     relevant: list[tuple[int, int, int, str, str]] = field(default_factory=list)  # heap
     ranks_seen: set[int] = field(default_factory=set)
     hosts_seen: set[str] = field(default_factory=set)
+    # Ranks whose own log (a per-rank file) holds no error-looking line at all: they stopped
+    # without a word, which a Python exception never does.
+    quiet_ranks: set[int] = field(default_factory=set)
 
     def add(self, obs: Observation) -> None:
         sig = obs.signature
@@ -161,10 +166,17 @@ class Scanner:
         self._tokens = list(catalog.token_index.items())
         self._relevance = list(RELEVANCE_TOKENS.items())
 
-    def scan(self, source: LogSource, source_index: int) -> None:
+    def scan(self, source: LogSource, source_index: int) -> int:
+        """Scan one input; return how many lines in it matched a signature or looked like an error."""
         context: dict[str, str] = {}
+        self._noticed = 0
         for block, first_line in iter_blocks(source):
             self._scan_block(block, first_line, source, source_index, context)
+        if source.rank_hint is not None:
+            self.acc.ranks_seen.add(source.rank_hint)
+            if self._noticed == 0:
+                self.acc.quiet_ranks.add(source.rank_hint)
+        return self._noticed
 
     def _scan_block(self, block: str, first_line: int, source: LogSource, source_index: int, context: dict) -> None:
         hits: dict[int, list] = {}
@@ -187,6 +199,7 @@ class Scanner:
         if not hits and not relevance:
             return
         line_no, pos = first_line, 0
+        self._noticed += len(relevance)
         for start in sorted(hits.keys() | relevance.keys()):
             line_no += block.count("\n", pos, start)
             pos = start
@@ -202,10 +215,15 @@ class Scanner:
                     context: dict) -> None:
         seen: set[int] = set()
         line_rank: int | None = None
+        line_host: str | None = None
         prefix = _RANK_PREFIX.match(text)
         if prefix:
             line_rank = int(prefix.group(1))
             self.acc.ranks_seen.add(line_rank)
+        else:
+            nccl = _NCCL_PREFIX.match(text)
+            if nccl:
+                line_host = nccl.group("host")
         for item in items:
             if id(item) in seen:
                 continue
@@ -224,6 +242,7 @@ class Scanner:
                     self.acc.hosts_seen.add(context["host"])
                 continue
             sig: Signature = item
+            self._noticed += 1
             fields = sig.extract(match)
             rank = line_rank
             if rank is None and context.get("rank"):
@@ -240,7 +259,7 @@ class Scanner:
                     signature=sig,
                     fields=fields,
                     rank=rank,
-                    host=context.get("host"),
+                    host=line_host or context.get("host"),
                     file=source.name,
                     line=line_no,
                     text=quote_line(text, match.span()),

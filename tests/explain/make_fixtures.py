@@ -31,6 +31,8 @@ FIXTURES = HERE / "fixtures"
 HARD_LIMIT_S = 60.0
 
 SCENARIOS: dict[str, Callable[[Path], str]] = {}
+# Scenarios that write a directory of per-rank logs themselves.
+DIRECTORY_SCENARIOS = {"per_rank_sigkill"}
 
 
 def scenario(fn: Callable[[Path], str]) -> Callable[[Path], str]:
@@ -356,6 +358,33 @@ def uneven_inputs(tmp: Path) -> str:
     return run_ranks(script, 2, limit=40)[0]
 
 
+@scenario
+def per_rank_sigkill(tmp: Path) -> str:
+    """Three ranks, each logging to its own file (no torchrun); rank 2 is SIGKILLed mid-training.
+
+    Written as per_rank_sigkill/rank<N>.log; returns a listing for the console.
+    """
+    script = write_script(tmp, "train.py", """
+        import logging, signal
+        logging.basicConfig(format="%(asctime)s %(levelname)s [rank" + str(RANK) + "] %(message)s", level=logging.INFO)
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=10))
+        logging.info("joined the process group, world size %d", dist.get_world_size())
+        t = torch.ones(1 << 16)
+        for step in range(100000):
+            if RANK == 2 and step == 20:
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.all_reduce(t)
+            if step % 10 == 0:
+                logging.info("step %d", step)
+    """)
+    outputs = run_ranks(script, 3, limit=40)
+    out_dir = FIXTURES / "per_rank_sigkill"
+    out_dir.mkdir(exist_ok=True)
+    for rank, text in outputs.items():
+        (out_dir / f"rank{rank}.log").write_text(text.replace(str(tmp), "/tmp/job"), encoding="utf-8")
+    return "".join(f"rank{rank}.log: {len(text.splitlines())} lines\n" for rank, text in outputs.items())
+
+
 # -- torchrun and signals ----------------------------------------------------------------------
 
 KILL_SCRIPT = """
@@ -404,7 +433,10 @@ def main(names: list[str]) -> int:
             text = SCENARIOS[name](Path(tmp))
         # The temp path is random per run; a stable name keeps regenerated fixtures diffable.
         text = text.replace(tmp, "/tmp/job")
-        (FIXTURES / f"{name}.log").write_text(text, encoding="utf-8")
+        if name in DIRECTORY_SCENARIOS:
+            print(text, end="")
+        else:
+            (FIXTURES / f"{name}.log").write_text(text, encoding="utf-8")
         print(f"{name}: {len(text.splitlines())} lines in {time.monotonic() - started:.1f}s")
     return 0
 
