@@ -25,6 +25,7 @@ app = typer.Typer(
 RUN_PANEL = "What to run"
 OUTPUT_PANEL = "Output"
 POLICY_PANEL = "Policy"
+WORLD_PANEL = "World (by hand)"
 
 
 def _help(name: str) -> str:
@@ -93,6 +94,11 @@ def check(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.", rich_help_panel=OUTPUT_PANEL)] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also list every check with its status and time.", rich_help_panel=OUTPUT_PANEL)] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors and the summary line.", rich_help_panel=OUTPUT_PANEL)] = False,
+    all_ranks: Annotated[bool, typer.Option("--all-ranks", help="Every rank prints its own report too (by default only rank 0 reports, for the whole world).", rich_help_panel=OUTPUT_PANEL)] = False,
+    rank: Annotated[Optional[int], typer.Option("--rank", help="This process's rank, as RANK would set it (for worlds started by hand).", rich_help_panel=WORLD_PANEL)] = None,
+    world_size: Annotated[Optional[int], typer.Option("--world-size", help="The number of ranks, as WORLD_SIZE would set it.", rich_help_panel=WORLD_PANEL)] = None,
+    master_addr: Annotated[Optional[str], typer.Option("--master-addr", help="Rank 0's host, as MASTER_ADDR would set it.", rich_help_panel=WORLD_PANEL)] = None,
+    master_port: Annotated[Optional[int], typer.Option("--master-port", help="The rendezvous port on rank 0's host, as MASTER_PORT would set it.", rich_help_panel=WORLD_PANEL)] = None,
 ) -> None:
     """Diagnose this node (and, with a launcher or --nproc, the whole world).
 
@@ -116,15 +122,25 @@ def check(
         )
     except ConfigError as exc:
         fail_usage(str(exc))
-    from distdoctor.engine import diagnose
+    import functools
+    import os
+
+    from distdoctor.crossrank import check_entry, process_started
+    from distdoctor.launchers import NONE, detect
     from distdoctor.registry import RegistryError
 
+    started = process_started()
+    # Given by hand, the world options act exactly like the variables they stand for.
+    by_hand = {"RANK": rank, "WORLD_SIZE": world_size, "MASTER_ADDR": master_addr, "MASTER_PORT": master_port}
+    env = {**os.environ, **{k: str(v) for k, v in by_hand.items() if v is not None}}
+    if nproc is not None and detect(env, sys.argv).launcher != NONE:
+        fail_usage("--nproc starts a self-test world on this node; under a launcher every process is already one rank")
+    render = functools.partial(render_report, fmt=config.format, output=output, verbose=verbose, quiet=quiet)
     try:
-        report = diagnose(config)
+        code = check_entry(config, render, env=env, argv=sys.argv, all_ranks=all_ranks, started=started)
     except RegistryError as exc:
         fail_usage(str(exc))
-    render_report(report, config.format, output, verbose=verbose, quiet=quiet)
-    raise typer.Exit(report.exit_code(config.fail_level))
+    raise typer.Exit(code)
 
 
 @app.command("list")
@@ -226,6 +242,35 @@ def env(
         else:
             lines.append(f"{key}: {value}")
     emit("\n".join(lines), output)
+
+
+@app.command()
+def explain(
+    files: Annotated[list[str], typer.Argument(help="Log files (one log, or one per rank), or - to read stdin.", show_default=False)],
+    fmt: Annotated[Optional[str], typer.Option("--format", "-f", help=_help("format"), rich_help_panel=OUTPUT_PANEL)] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.", rich_help_panel=OUTPUT_PANEL)] = None,
+    fail_level: Annotated[Optional[str], typer.Option("--fail-level", help=_help("fail_level"), rich_help_panel=POLICY_PANEL)] = None,
+    silence: Annotated[Optional[list[str]], typer.Option("--silence", help=_help("silence"), rich_help_panel=POLICY_PANEL)] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every detail line and the files read.", rich_help_panel=OUTPUT_PANEL)] = False,
+) -> None:
+    """Name the cause of a failed job from its logs (torchrun output, per-rank logs, NCCL/Gloo errors).
+
+    Each finding carries a confidence; a text with several possible causes lists them as
+    candidates and says what to run to tell them apart. Exit codes: 0 nothing at or above
+    --fail-level; 1 a cause was found at or above it; 2 unreadable input or usage error.
+    """
+    try:
+        config = load_config({"format": fmt, "fail_level": fail_level, "silence": silence})
+    except ConfigError as exc:
+        fail_usage(str(exc))
+    from distdoctor.explain import LogInputError, explain_files
+
+    try:
+        report = explain_files(files, silence=config.silence)
+    except LogInputError as exc:
+        fail_usage(str(exc))
+    render_report(report, config.format, output, verbose=verbose, quiet=False)
+    raise typer.Exit(report.exit_code(config.fail_level))
 
 
 def run() -> None:
