@@ -1,0 +1,58 @@
+"""`distdoctor check --stage local` against `python -c "import torch"`.
+
+The local stage's floor is importing torch (it reads the torch build's backends and versions),
+so the figure is how much the diagnosis adds on top of that import. Target: <= 1.15x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from timing import PYTHON, Figure, clean_env, describe_failure, distdoctor, interleaved, timed  # noqa: E402
+
+TARGET = "<= 1.15x"
+
+
+def measure(repeats: int = 5, quick: bool = False) -> list[Figure]:
+    env = clean_env()
+    # A directory without a pyproject.toml: the run uses distdoctor's defaults only.
+    with tempfile.TemporaryDirectory(prefix="distdoctor-bench-") as cwd:
+        subject_argv = distdoctor("check", "--stage", "local", "--format", "json")
+        baseline_argv = [PYTHON, "-c", "import torch"]
+        subjects, baselines = interleaved(lambda: timed(subject_argv, env, bound=120, cwd=cwd),
+                                          lambda: timed(baseline_argv, env, bound=120, cwd=cwd),
+                                          repeats, warmup=not quick)
+    # Exit 0/1 are diagnoses (1: findings at the fail level on this machine); 2/3 are not.
+    bad = [r for r in subjects if r.code not in (0, 1)]
+    if bad:
+        return [Figure.unavailable("local stage", describe_failure(bad[0], "distdoctor check --stage local"), TARGET)]
+    checks = json.loads(subjects[-1].stdout).get("checks", [])
+    note = f"{len(checks)} local checks ran"
+    return [Figure.from_runs("local stage", "distdoctor check --stage local", subjects,
+                             'python -c "import torch"', baselines, TARGET, note)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    figures = measure(1 if args.quick else args.repeats, args.quick)
+    if args.json:
+        print(json.dumps([f.to_dict() for f in figures], indent=2))
+    else:
+        from run import print_table
+
+        print_table(figures)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""The full 2-rank self-test (`distdoctor check --nproc 2`) against a bare torchrun script that
+only inits gloo and runs one all_reduce (bare_allreduce.py). Target: <= 1.0x.
+
+The self-test counts only when it really ran the cross-rank stages: its JSON must show both
+ranks reported and rendezvous and collective checks passed; otherwise the figure says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from timing import PYTHON, Figure, Timed, clean_env, describe_failure, distdoctor, interleaved, timed  # noqa: E402
+
+TARGET = "<= 1.0x"
+BARE = str(Path(__file__).with_name("bare_allreduce.py"))
+
+
+def baseline_argv() -> list[str]:
+    # --standalone: a c10d rendezvous on a free localhost port, as a one-node torchrun job runs.
+    return [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", BARE]
+
+
+def verify_selftest(run: Timed) -> str | None:
+    """None when the run is a real 2-rank self-test that passed, else what is missing."""
+    if run.code not in (0, 1):
+        return describe_failure(run, "distdoctor check --nproc 2")
+    try:
+        report = json.loads(run.stdout[run.stdout.find("{"):])
+    except (json.JSONDecodeError, ValueError):
+        return "distdoctor check --nproc 2 printed no JSON report"
+    reported = sorted(report.get("world", {}).get("ranks_reported", []))
+    stages = {c.get("stage") for c in report.get("checks", []) if c.get("status") == "pass"}
+    if reported != [0, 1] or not {"rendezvous", "collective"} <= stages:
+        return (f"distdoctor check --nproc 2 ran no 2-rank world (ranks reported {reported}, "
+                f"stages passed {sorted(s for s in stages if s)})")
+    return None
+
+
+def measure(repeats: int = 5, quick: bool = False) -> list[Figure]:
+    env = clean_env(OMP_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory(prefix="distdoctor-bench-") as cwd:
+        probe = timed(distdoctor("check", "--nproc", "2", "--format", "json"), env, bound=120, cwd=cwd)
+        problem = verify_selftest(probe)
+        if problem:
+            return [Figure.unavailable("2-rank self-test", problem, TARGET)]
+        bare = timed(baseline_argv(), env, bound=120, cwd=cwd)
+        if bare.code != 0:
+            return [Figure.unavailable("2-rank self-test", describe_failure(bare, "the bare torchrun script"), TARGET)]
+        subjects, baselines = interleaved(
+            lambda: timed(distdoctor("check", "--nproc", "2", "--format", "json"), env, bound=120, cwd=cwd),
+            lambda: timed(baseline_argv(), env, bound=120, cwd=cwd),
+            repeats, warmup=False)  # the two probe runs above were the warm-up
+    problems = [p for p in map(verify_selftest, subjects) if p]
+    if problems:
+        return [Figure.unavailable("2-rank self-test", problems[0], TARGET)]
+    return [Figure.from_runs("2-rank self-test", "distdoctor check --nproc 2", subjects,
+                             "torchrun --standalone --nproc-per-node 2 bare_allreduce.py", baselines, TARGET,
+                             "every run verified: ranks 0,1 reported, rendezvous + collective passed")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    figures = measure(1 if args.quick else args.repeats, args.quick)
+    if args.json:
+        print(json.dumps([f.to_dict() for f in figures], indent=2))
+    else:
+        from run import print_table
+
+        print_table(figures)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Run every benchmark and print each figure: its median, its baseline's, and their ratio.
+
+    python benchmarks/run.py               # every figure, 5 runs each (a few minutes)
+    python benchmarks/run.py --quick       # 1 run each, small sizes: checks that it all runs
+    python benchmarks/run.py --only local,selftest --repeats 9
+    python benchmarks/run.py --markdown    # the table as markdown (docs/performance.md)
+
+Each benchmark is a script ``bench_<name>.py`` here that prints its figures as JSON with
+``--json`` (see README.md); each runs in its own process so that one failing benchmark is a
+line in the table, not the end of the run. A benchmark whose script does not exist yet, or
+whose subject is not built yet, prints "not available yet" and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from timing import Figure  # noqa: E402
+
+# name -> (script, the design's target, what it measures)
+BENCHMARKS: dict[str, tuple[str, str, str]] = {
+    "local": ("bench_local.py", "<= 1.15x", "distdoctor check --stage local vs python -c 'import torch'"),
+    "selftest": ("bench_selftest.py", "<= 1.0x", "2-rank self-test vs a bare torchrun gloo all_reduce script"),
+    "detection": ("bench_detection.py", "<= deadline + 1 s", "missing rank / unreachable master named vs plain torch"),
+    "preflight": ("bench_preflight.py", "<= 1.10x", "preflight(model) on 2 ranks vs the bare script, small and large model"),
+    "exchange": ("bench_exchange.py", "a few s at 1024 ranks", "exchange + aggregation at rank 0 for 1-1024 simulated ranks"),
+    "explain": ("bench_explain.py", "", "distdoctor explain on logs"),
+}
+BOUND_S = 900  # one benchmark script, all its runs
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+    }
+    try:
+        import psutil
+
+        info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except Exception:  # the figures matter more than the header
+        info["memory_gib"] = None
+    try:
+        info["cpu"] = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                            if line.startswith("model name")), platform.processor())
+    except OSError:
+        info["cpu"] = platform.processor()
+    version = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"],
+                             capture_output=True, text=True, timeout=120)
+    info["torch"] = version.stdout.strip() or "unknown"
+    return info
+
+
+def run_benchmark(name: str, quick: bool, repeats: int) -> list[tuple[str, Figure]]:
+    """(benchmark name, figure) for every figure the benchmark's script printed."""
+    return [(name, figure) for figure in _figures(name, quick, repeats)]
+
+
+def _figures(name: str, quick: bool, repeats: int) -> list[Figure]:
+    script, target, _ = BENCHMARKS[name]
+    path = HERE / script
+    if not path.exists():
+        return [Figure.unavailable(name, f"benchmarks/{script} does not exist", target)]
+    argv = [sys.executable, str(path), "--json"] + (["--quick"] if quick else ["--repeats", str(repeats)])
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=BOUND_S, cwd=str(HERE.parent))
+    except subprocess.TimeoutExpired:
+        return [Figure.unavailable(name, f"{script} ran past {BOUND_S} s", target)]
+    try:
+        data = json.loads(proc.stdout[proc.stdout.find("["):]) if "[" in proc.stdout else None
+    except json.JSONDecodeError:
+        data = None
+    if proc.returncode != 0 or not isinstance(data, list):
+        tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
+        return [Figure.unavailable(name, f"{script} --json exited {proc.returncode}: {tail[:200]}", target)]
+    known = set(Figure.__dataclass_fields__)
+    return [Figure(**{k: v for k, v in item.items() if k in known}) for item in data]
+
+
+def _seconds(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
+
+
+def _ratio(f: Figure) -> str:
+    if f.ratio_text:
+        return f.ratio_text
+    return "-" if f.ratio is None else f"{f.ratio:.2f}x"
+
+
+def rows(figures: Sequence[tuple[str, Figure]]) -> list[list[str]]:
+    out = []
+    for bench, f in figures:
+        if f.median_s is None:
+            out.append([bench, f.name, "not available yet", "", "", f.target,
+                        f.note.removeprefix("not available yet: ")])
+            continue
+        runs = f"{_seconds(f.median_s)} (n={len(f.runs_s)})"
+        base = f.baseline + (f": {_seconds(f.baseline_median_s)} (n={len(f.baseline_runs_s)})"
+                             if f.baseline_median_s is not None else "")
+        out.append([bench, f.name, runs, base, _ratio(f), f.target, f.subject + (f"; {f.note}" if f.note else "")])
+    return out
+
+
+HEADER = ["bench", "figure", "median", "baseline (median)", "ratio", "target", "subject; note"]
+
+
+def print_table(figures: Sequence[tuple[str, Figure] | Figure], markdown: bool = False, file=None) -> None:
+    """Print (benchmark, figure) pairs; bare figures (a bench script run alone) get "-"."""
+    file = file or sys.stdout
+    table = rows([item if isinstance(item, tuple) else ("-", item) for item in figures])
+    if markdown:
+        print("| " + " | ".join(HEADER) + " |", file=file)
+        print("|" + "---|" * len(HEADER), file=file)
+        for row in table:
+            print("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |", file=file)
+        return
+    widths = [min(max(len(r[i]) for r in [HEADER, *table]), 60) for i in range(len(HEADER) - 1)]
+    for row in [HEADER, *table]:
+        cells = [row[i].ljust(widths[i]) for i in range(len(HEADER) - 1)] + [row[-1]]
+        print("  ".join(cells).rstrip(), file=file)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="1 run each, small sizes (a smoke run)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per figure for the median (default 5)")
+    parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
+    parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    parser.add_argument("--json", dest="json_path", help="also write machine and figures as JSON to this file")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(BENCHMARKS)}")
+
+    info = machine()
+    started = time.time()
+    print(f"machine: {info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB, "
+          f"python {info['python']}, torch {info['torch']}, load {info['loadavg_1m']} at start", flush=True)
+    figures: list[tuple[str, Figure]] = []
+    for name in names:
+        print(f"running {name}: {BENCHMARKS[name][2]} ...", file=sys.stderr, flush=True)
+        figures += run_benchmark(name, args.quick, max(1, args.repeats))
+    info["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
+    info["duration_s"] = round(time.time() - started, 1)
+    print(f"({'quick' if args.quick else f'{args.repeats} runs'} per figure; {info['duration_s']} s in all; "
+          f"load {info['loadavg_1m_end']} at end)")
+    print_table(figures, markdown=args.markdown)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"machine": info, "figures": [{"bench": b, **f.to_dict()} for b, f in figures]},
+                                                   indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
