@@ -1,0 +1,422 @@
+"""The embedded API: ``preflight`` at a script's start and a bounded ``init_process_group``.
+
+    import distdoctor
+    distdoctor.init_process_group("gloo")          # torch's arguments; bounded rendezvous
+    model = build_model()
+    distdoctor.preflight(model=model, dataloader=loader)   # raises PreflightError on every rank
+
+preflight's exchange, in order (every step has a deadline within ``timeout``):
+1. check-in through the process group's store: every rank sets ``arrive/<rank>``; rank 0 also
+   publishes its spec table (the reference). Rank 0 waits for all and sets one verdict with
+   compare_set (``go``, or ``abort`` naming the ranks that never came); a rank that gives up
+   first sets the abort verdict the same way. So all ranks act on one decision and no rank
+   enters a collective that another has abandoned.
+2. each rank compares its own specs with rank 0's (O(tensors)) and runs its local checks;
+3. one all_gather of a fixed-size int64 tensor: payload size and batch count per rank
+   (waited on with the remaining deadline);
+4. only when some rank found something: one all_gather of those ranks' findings and spec
+   deltas (JSON bytes, padded to the largest). Every rank then builds the same report from the
+   same data, so the decision to raise is the same everywhere.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import time
+from datetime import timedelta
+from typing import Any, Mapping
+
+from distdoctor.findings import Finding, Severity
+from distdoctor.report import Report, WorldSummary, build_report
+
+logger = logging.getLogger("distdoctor")
+
+# Local registry checks whose tags say they probe the network (DNS, connect) may block for
+# seconds; inside a running job those questions are already answered by the live group.
+PREFLIGHT_SKIPPED_TAGS = ("network",)
+_GENERATIONS: dict[str, int] = {}
+
+
+class PreflightError(RuntimeError):
+    """Raised (on every rank) when preflight or init_process_group finds a problem.
+
+    ``str(error)`` is the rendered plain-text report; ``error.report`` is the Report.
+    """
+
+    def __init__(self, report: Report, message: str | None = None) -> None:
+        self.report = report
+        super().__init__(message if message is not None else render_plain(report))
+
+
+def render_plain(report: Report) -> str:
+    from distdoctor.render import make_console, render_rich
+
+    buffer = io.StringIO()
+    render_rich(report, make_console(buffer))
+    return "distdoctor found problems:\n" + buffer.getvalue().rstrip()
+
+
+# -- preflight ---------------------------------------------------------------------------------
+
+
+def preflight(
+    model: Any = None,
+    dataloader: Any = None,
+    tensors: Mapping[str, Any] | None = None,
+    *,
+    timeout: float = 60.0,
+    fail_level: str | Severity = Severity.ERROR,
+    group: Any = None,
+    silence: tuple[str, ...] | list[str] = (),
+    local_checks: bool = True,
+    max_samples: int | None = None,
+    rtol: float | None = None,
+) -> Report:
+    """Compare the model (and ``tensors``) across ranks and check the DDP set-up.
+
+    Returns the Report when nothing reaches ``fail_level``; otherwise raises PreflightError on
+    every rank. ``timeout`` (seconds) bounds the whole call. ``silence`` takes finding IDs or
+    patterns ("spec.E004", "pre.*"). ``max_samples``/``rtol`` tune the value fingerprint
+    (see distdoctor.tensorspec).
+    """
+    from distdoctor import preflight_checks as pc
+    from distdoctor import tensorspec as ts
+
+    started = time.monotonic()
+    deadline = started + float(timeout)
+    fail = Severity.parse(fail_level)
+    max_samples = ts.DEFAULT_MAX_SAMPLES if max_samples is None else max_samples
+    rtol = ts.DEFAULT_RTOL if rtol is None else rtol
+
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        report = build_report([pc.NOT_INITIALIZED(check=pc.CHECK)], duration_s=time.monotonic() - started)
+        raise PreflightError(report)
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    backend = str(dist.get_backend(group))
+    local_rank = _int_env("LOCAL_RANK")
+    cuda_index = _expected_cuda_index(torch, local_rank)
+
+    # -- this rank's facts ----------------------------------------------------------------
+    named: list[tuple[str, Any]] = []
+    local: list[Finding] = []
+    table = ts.SpecTable()
+    if model is not None:
+        table = pc.model_spec_table(model, max_samples)
+        local += pc.model_findings(model, rank=rank, world_size=world, local_rank=local_rank, backend=backend,
+                                   expected_cuda_index=cuda_index)
+    if tensors:
+        named = [(f"tensors[{k!r}]", v) for k, v in tensors.items()]
+        table = ts.SpecTable(table.specs + ts.spec_table(named, max_samples=max_samples).specs)
+        local += pc.tensors_findings(tensors, rank=rank, backend=backend, local_rank=local_rank,
+                                     expected_cuda_index=cuda_index)
+    local += pc.dataloader_findings(dataloader, rank=rank, world_size=world)
+    batches = pc.batch_count(dataloader)
+    versions = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    checks: list[dict[str, Any]] = []
+
+    # -- 1. check-in and reference through the store -------------------------------------
+    store = dist.distributed_c10d._get_default_store()
+    name = str(getattr(group or dist.group.WORLD, "group_name", "world"))
+    generation = _GENERATIONS[name] = _GENERATIONS.get(name, 0) + 1
+    prefix = f"distdoctor/preflight/{name}/{generation}"
+    if rank == 0:
+        store.set(f"{prefix}/reference", json.dumps({"table": table.encode(), "versions": versions}))
+    store.set(f"{prefix}/arrive/{rank}", "1")
+    verdict = _decide(store, prefix, rank, world, started, deadline)
+    if not verdict.get("ok"):
+        findings = [Finding.from_dict(f) for f in verdict.get("findings", ())]
+        raise PreflightError(_report(findings, checks, world, list(verdict.get("arrived", ())), started, silence,
+                                     incomplete=True))
+
+    # -- 2. compare with rank 0, local registry checks -------------------------------------
+    delta: dict[str, Any] = {}
+    ref_table = table
+    if rank != 0:
+        reference = json.loads(store.get(f"{prefix}/reference"))
+        ref_table = ts.SpecTable.decode(reference["table"])
+        delta = _delta(ref_table, table, rtol)
+        local += pc.version_findings(versions, reference.get("versions", {}), rank)
+    if local_checks:
+        local_findings, local_results = _local_checks(deadline, started, float(timeout))
+        local += local_findings
+        checks += local_results
+
+    # -- 3. fixed-size summary of every rank -----------------------------------------------
+    payload = b""
+    if local or delta:
+        payload = json.dumps({"findings": [f.to_dict() for f in local], "delta": delta},
+                             separators=(",", ":")).encode()
+    device = _collective_device(torch, backend)
+    mine = torch.tensor([len(payload), -1 if batches is None else batches], dtype=torch.int64, device=device)
+    summary = [torch.zeros_like(mine) for _ in range(world)]
+    _wait(dist.all_gather(summary, mine, group=group, async_op=True), deadline, "summary all_gather", world)
+    sizes = [int(s[0]) for s in summary]
+    counts = {r: (None if int(s[1]) < 0 else int(s[1])) for r, s in enumerate(summary)}
+
+    # -- 4. details, only from the ranks that found something -------------------------------
+    per_rank: dict[int, dict[str, Any]] = {}
+    if any(sizes):
+        width = max(sizes)
+        padded = torch.zeros(width, dtype=torch.uint8, device=device)
+        if payload:
+            padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        gathered = [torch.zeros_like(padded) for _ in range(world)]
+        _wait(dist.all_gather(gathered, padded, group=group, async_op=True), deadline, "details all_gather", world)
+        for r, (size, data) in enumerate(zip(sizes, gathered)):
+            if size:
+                per_rank[r] = json.loads(bytes(data[:size].cpu().tolist()).decode())
+
+    # -- the same report on every rank ------------------------------------------------------
+    findings: list[Finding] = []
+    tables = {0: ref_table}
+    for r, item in per_rank.items():
+        findings += [Finding.from_dict(f) for f in item.get("findings", ())]
+        if item.get("delta"):
+            tables[r] = _apply_delta(ref_table, item["delta"])
+    if len(tables) > 1:
+        findings += ts.compare_tables(tables, rtol=rtol, label="parameter" if model is not None else "tensor",
+                                      check=pc.CHECK)
+    findings += pc.batch_count_findings(counts) if dataloader is not None else []
+    checks.append({"name": "preflight.exchange", "stage": "collective", "status": "fail" if findings else "pass",
+                   "duration_s": round(time.monotonic() - started, 4)})
+    report = _report(findings, checks, world, list(range(world)), started, silence)
+    if report.exit_code(fail) != 0:
+        raise PreflightError(report)
+    if rank == 0:
+        logger.info("distdoctor preflight: %s on %d ranks, %d tensors compared, %d warnings (%.2f s)",
+                    report.status, world, len(table), report.counts()["warning"], report.duration_s)
+    return report
+
+
+def _report(findings: list[Finding], checks: list[dict[str, Any]], world: int, reported: list[int],
+            started: float, silence: Any, incomplete: bool = False) -> Report:
+    missing = sorted(set(range(world)) - set(reported))
+    return build_report(findings, checks, world=WorldSummary(size=world, launcher=_launcher(), ranks_reported=tuple(reported),
+                                                            ranks_missing=tuple(missing)),
+                        duration_s=time.monotonic() - started, incomplete=incomplete, silence=tuple(silence))
+
+
+def _launcher() -> str:
+    try:
+        from distdoctor.launchers import detect
+
+        return detect(dict(os.environ), ()).launcher
+    except Exception:
+        return "unknown"
+
+
+def _decide(store: Any, prefix: str, rank: int, world: int, started: float, deadline: float) -> dict[str, Any]:
+    """One verdict for all ranks: rank 0 decides when all arrived; whoever gives up first aborts."""
+    from distdoctor import preflight_checks as pc
+    from distdoctor.guarded_init import _poll
+
+    decision_key = f"{prefix}/decision"
+    keys = [f"{prefix}/arrive/{r}" for r in range(world)]
+    budget = deadline - time.monotonic()
+    if rank == 0:
+        # Rank 0 (who can name the missing) decides first: it stops waiting at 85 % of the budget.
+        if _poll(lambda: store.check(keys), time.monotonic() + budget * 0.85):
+            proposal = {"ok": True}
+        else:
+            arrived = [r for r, k in enumerate(keys) if store.check([k])]
+            missing = sorted(set(range(world)) - set(arrived))
+            proposal = {"ok": False, "arrived": arrived,
+                        "findings": [pc.ranks_missing_finding(missing, world, deadline - started, "Rank 0").to_dict()]}
+    else:
+        if _poll(lambda: store.check([decision_key]), deadline):
+            return json.loads(store.get(decision_key))
+        arrived = [r for r, k in enumerate(keys) if store.check([k])]
+        missing = sorted(set(range(world)) - set(arrived))
+        proposal = {"ok": False, "arrived": arrived,
+                    "findings": [pc.ranks_missing_finding(missing or [0], world, deadline - started, f"Rank {rank}").to_dict()]}
+    raw = store.compare_set(decision_key, "", json.dumps(proposal))
+    return json.loads(raw)
+
+
+def _delta(reference: Any, mine: Any, rtol: float) -> dict[str, Any]:
+    """My specs that differ from rank 0's (rows), and the names of its tensors I lack."""
+    from distdoctor.tensorspec import values_close
+
+    ref_index = reference.index()
+    changed = []
+    for spec in mine.specs:
+        ref = ref_index.get(spec.name)
+        if ref is None or (spec.shape, spec.dtype, spec.device, spec.note) != (ref.shape, ref.dtype, ref.device, ref.note):
+            changed.append(spec.to_row())
+        elif spec.checksum is not None and ref.checksum is not None and (
+                spec.sampled != ref.sampled or not values_close(ref.checksum, spec.checksum, ref.sampled, rtol)):
+            changed.append(spec.to_row())
+    index = mine.index()
+    missing = [name for name in ref_index if name not in index] if len(index) != len(ref_index) or changed else []
+    if not changed and not missing:
+        return {}
+    return {"changed": changed, "missing": missing}
+
+
+def _apply_delta(reference: Any, delta: Mapping[str, Any]) -> Any:
+    """Rebuild a rank's table from rank 0's and that rank's delta (O(tensors))."""
+    from distdoctor.tensorspec import SpecTable, TensorSpec
+
+    changed = {row[0]: TensorSpec.from_row(row) for row in delta.get("changed", ())}
+    missing = set(delta.get("missing", ()))
+    specs = [changed.pop(s.name, s) for s in reference.specs if s.name not in missing]
+    return SpecTable(specs + list(changed.values()))
+
+
+def _wait(work: Any, deadline: float, what: str, world: int) -> None:
+    from distdoctor.core_findings import RUN_DEADLINE
+
+    remaining = max(0.1, deadline - time.monotonic())
+    try:
+        ok = work.wait(timeout=timedelta(seconds=remaining))
+    except Exception as exc:
+        ok = False
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    else:
+        reason = "did not complete in time"
+    if ok is False:
+        finding = RUN_DEADLINE(f"preflight's {what} did not complete within the deadline",
+                               detail=f"Every rank had checked in, then the collective failed: {reason}",
+                               check="preflight")
+        raise PreflightError(build_report([finding], world=WorldSummary(size=world), incomplete=True))
+
+
+def _local_checks(deadline: float, started: float, timeout: float) -> tuple[list[Finding], list[dict[str, Any]]]:
+    """The registry's local checks (minus the network probes), with a tight deadline."""
+    from distdoctor.config import load_config
+    from distdoctor.context import build_context
+    from distdoctor.engine import load_registry
+    from distdoctor.runner import Runner
+
+    budget = max(0.5, min(5.0, (deadline - time.monotonic()) * 0.25))
+    try:
+        config = load_config(cli={"stages": ("local",), "timeout": budget, "check_timeout": min(2.0, budget)})
+    except Exception:
+        from distdoctor.config import Config
+
+        config = Config(stages=("local",), timeout=budget, check_timeout=min(2.0, budget))
+    registry = load_registry(config)
+    ctx = build_context(config)
+    chosen = [c for c in registry.select(("local",), config.tags) if not set(c.tags) & set(PREFLIGHT_SKIPPED_TAGS)]
+    runner = Runner(registry, timeout=budget, check_timeout=config.check_timeout, silence=config.silence)
+    runner.run(ctx, chosen, ("local",))
+    rank = ctx.rank
+    findings = [f if f.ranks or rank is None else f.with_(ranks=(rank,)) for f in
+                [*registry.load_problems, *runner.state.findings]]
+    return findings, [r.to_dict() for r in runner.state.results]
+
+
+def _collective_device(torch: Any, backend: str) -> Any:
+    parts = [p.split(":")[-1].strip().lower() for p in backend.split(",")]
+    if "nccl" in parts and not any(p in ("gloo", "mpi", "ucc") for p in parts):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _int_env(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _expected_cuda_index(torch: Any, local_rank: int | None) -> int | None:
+    """This rank's GPU: LOCAL_RANK when set (the torchrun convention), else the current device."""
+    try:
+        if not torch.cuda.is_available():
+            return None
+        if local_rank is not None and local_rank < torch.cuda.device_count():
+            return local_rank
+        return torch.cuda.current_device()
+    except Exception:
+        return None
+
+
+# -- bounded init_process_group ------------------------------------------------------------------
+
+_UNSET: Any = object()
+
+
+def init_process_group(
+    backend: Any = _UNSET,
+    init_method: Any = _UNSET,
+    timeout: Any = _UNSET,
+    world_size: Any = _UNSET,
+    rank: Any = _UNSET,
+    store: Any = _UNSET,
+    group_name: Any = _UNSET,
+    pg_options: Any = _UNSET,
+    device_id: Any = _UNSET,
+    *,
+    rendezvous_timeout: float = 60.0,
+    fail_level: str | Severity = Severity.ERROR,
+    local_checks: bool = True,
+    **torch_kwargs: Any,
+) -> None:
+    """torch.distributed.init_process_group with local checks and a bounded rendezvous.
+
+    Takes torch's arguments and passes exactly those given on to torch. Before that it runs
+    the local checks (raising PreflightError on findings at ``fail_level``) and, for env:// and
+    tcp:// (the default), a check-in through the rendezvous store bounded by
+    ``rendezvous_timeout`` seconds that names missing ranks, an unreachable master, a port in
+    use or duplicate ranks. file:// and an explicit ``store`` are passed to torch unchecked
+    apart from the local checks.
+    """
+    import torch.distributed as dist
+
+    from distdoctor import guarded_init as gi
+
+    started = time.monotonic()
+    deadline = started + float(rendezvous_timeout)
+    fail = Severity.parse(fail_level)
+    given = {k: v for k, v in dict(backend=backend, init_method=init_method, timeout=timeout, world_size=world_size,
+                                   rank=rank, store=store, group_name=group_name, pg_options=pg_options,
+                                   device_id=device_id).items() if v is not _UNSET}
+    given.update(torch_kwargs)
+    env = dict(os.environ)
+
+    if local_checks:
+        report = _init_local_checks(given.get("backend"), min(10.0, float(rendezvous_timeout) / 2))
+        if report.exit_code(fail) != 0:
+            raise PreflightError(report)
+
+    target = None
+    if given.get("store") is None:
+        target = gi.resolve_target(given.get("init_method"), int(given.get("rank", -1)),
+                                   int(given.get("world_size", -1)), env)
+    if target is not None and target.world_size > 1:
+        try:
+            from distdoctor.probes import Probes
+
+            our_store = gi.open_store(target, deadline, Probes())
+            gi.check_in(our_store, target, deadline, env)
+        except gi.CheckInFailed as failed:
+            report = build_report(failed.findings, world=WorldSummary(size=target.world_size, launcher=_launcher()),
+                                  duration_s=time.monotonic() - started, incomplete=False)
+            raise PreflightError(report) from None
+    try:
+        dist.init_process_group(**given)
+    except Exception as exc:
+        if target is None:
+            raise
+        finding = gi.INIT_TORCH_FAILED(
+            f"torch's init_process_group failed on rank {target.rank}: {type(exc).__name__}",
+            detail=str(exc)[:2000], ranks=(target.rank,), check=gi.CHECK)
+        raise PreflightError(build_report([finding], duration_s=time.monotonic() - started)) from exc
+
+
+def _init_local_checks(backend: Any, budget: float) -> Report:
+    from distdoctor.config import load_config
+    from distdoctor.engine import diagnose
+
+    cli: dict[str, Any] = {"stages": ("local",), "timeout": max(1.0, budget), "check_timeout": max(0.5, min(5.0, budget))}
+    if isinstance(backend, str) and backend.lower() in ("nccl", "gloo", "mpi", "ucc", "xccl"):
+        cli["backend"] = backend.lower()
+    return diagnose(load_config(cli=cli))
