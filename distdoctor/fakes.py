@@ -16,7 +16,8 @@ from typing import Any, Mapping, Sequence
 
 from distdoctor.config import Config
 from distdoctor.context import CheckContext, build_context
-from distdoctor.probes import GPU, ConnectResult, Interface, Probes, Resolution, Unknown
+from distdoctor.foreign import SILENT, PortIdentity
+from distdoctor.probes import GPU, ConnectResult, Interface, Probes, Resolution, Route, Unknown
 
 
 @dataclass
@@ -51,6 +52,16 @@ class FakeProbes(Probes):
     disks: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
     writable_paths: Mapping[str, bool] = field(default_factory=dict)
     clock: float = 1000.0
+    # destination address -> (source address, interface); default: lo for 127.x, else eth0.
+    routes: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # addresses that belong to this host besides the interfaces' own (127.0.0.0/8 always does).
+    local_addrs: Sequence[str] = field(default_factory=tuple)
+    # (host, port) -> what answers there (distdoctor.foreign.PortIdentity); default: silent.
+    port_identities: Mapping[tuple[str, int], PortIdentity] = field(default_factory=dict)
+    # path -> text (read_text / exists); path -> filesystem type
+    files: Mapping[str, str] = field(default_factory=dict)
+    fs_types: Mapping[str, str] = field(default_factory=dict)
+    rdma: list[str] | Unknown = field(default_factory=list)
 
     def monotonic(self) -> float:
         return self.clock
@@ -86,6 +97,40 @@ class FakeProbes(Probes):
 
     def interfaces(self) -> Mapping[str, Interface] | Unknown:
         return self.nics
+
+    def route(self, address: str) -> Route | Unknown:
+        if address in self.routes:
+            source, interface = self.routes[address]
+            return Route(address, source, interface)
+        nics = self.nics if isinstance(self.nics, Mapping) else {}
+        name = "lo" if address.startswith("127.") or address == "::1" else next((n for n in nics if n != "lo"), "lo")
+        nic = nics.get(name)
+        source = (nic.ipv4 or nic.ipv6 or (None,))[0] if nic else None
+        return Route(address, source, name if nic else None)
+
+    def is_local_address(self, address: str) -> bool:
+        if address.startswith("127.") or address == "::1" or address in self.local_addrs:
+            return True
+        nics = self.nics if isinstance(self.nics, Mapping) else {}
+        return any(address in nic.addresses for nic in nics.values())
+
+    def identify_port(self, host: str, port: int, timeout: float = 1.5) -> PortIdentity:
+        return self.port_identities.get((host, port), PortIdentity(SILENT, "fake: nothing answers"))
+
+    def read_text(self, path: str, limit: int = 65536) -> str | Unknown:
+        if path in self.files:
+            return self.files[path][:limit]
+        return Unknown(f"FileNotFoundError: {path}")
+
+    def exists(self, path: str) -> bool:
+        return path in self.files
+
+    def filesystem_type(self, path: str) -> str | Unknown:
+        best = max((p for p in self.fs_types if path == p or path.startswith(p.rstrip("/") + "/")), key=len, default=None)
+        return self.fs_types[best] if best is not None else Unknown(f"no mount holds {path}")
+
+    def rdma_devices(self) -> list[str] | Unknown:
+        return self.rdma
 
     def cpu_count(self) -> int | Unknown:
         return self.cpus

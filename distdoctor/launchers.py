@@ -86,6 +86,10 @@ class LaunchInfo:
     scheduler_size: IntVar | None = None
     scheduler_local_rank: IntVar | None = None
     node_rank: IntVar | None = None
+    # The scheduler's tasks per node and node count (SLURM_NTASKS_PER_NODE / SLURM_NNODES,
+    # OMPI_COMM_WORLD_LOCAL_SIZE...), for "torchrun inside a multi-task srun" and size checks.
+    scheduler_local_size: IntVar | None = None
+    scheduler_nodes: IntVar | None = None
     restart_count: int | None = None
     evidence: tuple[str, ...] = ()
     also_present: tuple[str, ...] = field(default_factory=tuple)
@@ -124,6 +128,26 @@ class LaunchInfo:
         }
 
 
+def _tasks_per_node(env: Mapping[str, str]) -> IntVar | None:
+    """SLURM_NTASKS_PER_NODE, or the first count of SLURM_TASKS_PER_NODE ("4(x2),3" -> 4)."""
+    if "SLURM_NTASKS_PER_NODE" in env:
+        return read_int(env, "SLURM_NTASKS_PER_NODE", minimum=1)
+    raw = env.get("SLURM_TASKS_PER_NODE")
+    if raw is None:
+        return None
+    head = raw.split(",", 1)[0].split("(", 1)[0].strip()
+    parsed = read_int({"SLURM_TASKS_PER_NODE": head}, "SLURM_TASKS_PER_NODE", minimum=1)
+    return IntVar("SLURM_TASKS_PER_NODE", raw, parsed.value, parsed.problem)
+
+
+def local_rank_flag(argv: Sequence[str]) -> str | None:
+    """The --local_rank / --local-rank argument torch.distributed.launch appends, if present."""
+    for arg in argv:
+        if arg.startswith(("--local_rank", "--local-rank")):
+            return arg
+    return None
+
+
 def _has_prefix(env: Mapping[str, str], *prefixes: str) -> list[str]:
     return sorted(k for k in env if k.startswith(prefixes))
 
@@ -133,7 +157,17 @@ def detect(env: Mapping[str, str], argv: Sequence[str] = ()) -> LaunchInfo:
     evidence: list[str] = []
     found: list[str] = []
     scheduler_rank = scheduler_size = scheduler_local = node_rank = None
+    scheduler_local_size = scheduler_nodes = None
     restart_count: int | None = None
+
+    # torch.distributed.launch runs the elastic agent too (TORCHELASTIC_* and LOCAL_RANK are
+    # set), but unlike torchrun it appends --local-rank=N to the script's argv. A --local-rank
+    # in argv without LOCAL_RANK in env is the launcher of torch < 1.9 (or a hand-made imitation).
+    flag = local_rank_flag(argv)
+    elastic = "TORCHELASTIC_RUN_ID" in env or "TORCHELASTIC_RESTART_COUNT" in env
+    if flag is not None and ("LOCAL_RANK" not in env or elastic):
+        found.append(DEPRECATED_LAUNCH)
+        evidence.append(f"{flag} in argv" + ("" if "LOCAL_RANK" in env else " without LOCAL_RANK in env"))
 
     if "TORCHELASTIC_RUN_ID" in env or "TORCHELASTIC_RESTART_COUNT" in env or "GROUP_RANK" in env and "ROLE_RANK" in env:
         found.append(TORCHRUN)
@@ -141,9 +175,6 @@ def detect(env: Mapping[str, str], argv: Sequence[str] = ()) -> LaunchInfo:
         restart = read_int(env, "TORCHELASTIC_RESTART_COUNT")
         restart_count = restart.value
         node_rank = read_int(env, "GROUP_RANK")
-    if any(a.startswith(("--local_rank", "--local-rank")) for a in argv) and "LOCAL_RANK" not in env:
-        found.append(DEPRECATED_LAUNCH)
-        evidence.append("--local_rank in argv without LOCAL_RANK in env")
     if "SLURM_PROCID" in env and "SLURM_JOB_ID" in env or "SLURM_STEP_ID" in env:
         found.append(SLURM)
         evidence += [k for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID") if k in env]
@@ -151,18 +182,25 @@ def detect(env: Mapping[str, str], argv: Sequence[str] = ()) -> LaunchInfo:
         scheduler_size = read_int(env, "SLURM_NTASKS", minimum=1)
         scheduler_local = read_int(env, "SLURM_LOCALID")
         node_rank = node_rank or read_int(env, "SLURM_NODEID")
+        scheduler_local_size = _tasks_per_node(env)
+        if "SLURM_NNODES" in env or "SLURM_JOB_NUM_NODES" in env:
+            scheduler_nodes = read_int(env, "SLURM_NNODES" if "SLURM_NNODES" in env else "SLURM_JOB_NUM_NODES", minimum=1)
     if "OMPI_COMM_WORLD_RANK" in env:
         found.append(OPENMPI)
         evidence.append("OMPI_COMM_WORLD_RANK")
         scheduler_rank = scheduler_rank or read_int(env, "OMPI_COMM_WORLD_RANK")
         scheduler_size = scheduler_size or read_int(env, "OMPI_COMM_WORLD_SIZE", minimum=1)
         scheduler_local = scheduler_local or read_int(env, "OMPI_COMM_WORLD_LOCAL_RANK")
+        if "OMPI_COMM_WORLD_LOCAL_SIZE" in env:
+            scheduler_local_size = scheduler_local_size or read_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", minimum=1)
     elif "PMI_RANK" in env and ("HYDRA_CONTROL_FD" in env or "MPI_LOCALRANKID" in env or "PMI_SIZE" in env):
         found.append(MPICH)
         evidence.append("PMI_RANK")
         scheduler_rank = scheduler_rank or read_int(env, "PMI_RANK")
         scheduler_size = scheduler_size or read_int(env, "PMI_SIZE", minimum=1)
         scheduler_local = scheduler_local or read_int(env, "MPI_LOCALRANKID")
+        if "MPI_LOCALNRANKS" in env:
+            scheduler_local_size = scheduler_local_size or read_int(env, "MPI_LOCALNRANKS", minimum=1)
     elif "PMIX_RANK" in env:
         found.append(PMIX)
         evidence.append("PMIX_RANK")
@@ -179,10 +217,14 @@ def detect(env: Mapping[str, str], argv: Sequence[str] = ()) -> LaunchInfo:
         found.append(KUBEFLOW)
         evidence += [k for k in ("PET_NPROC_PER_NODE", "PET_MASTER_ADDR", "KUBERNETES_SERVICE_HOST") if k in env]
     # torch.multiprocessing.spawn leaves no variables of its own; its children are spawned
-    # multiprocessing children with the parent's env. We only see it through the process tree.
+    # multiprocessing children with the parent's env, started as
+    # `python -c "from multiprocessing.spawn import spawn_main; ..." --multiprocessing-fork`.
     if "DISTDOCTOR_MP_SPAWN" in env:
         found.append(MP_SPAWN)
         evidence.append("DISTDOCTOR_MP_SPAWN")
+    elif "--multiprocessing-fork" in argv:
+        found.append(MP_SPAWN)
+        evidence.append("--multiprocessing-fork in argv (a multiprocessing spawn child)")
 
     if found:
         launcher = found[0]
@@ -204,6 +246,8 @@ def detect(env: Mapping[str, str], argv: Sequence[str] = ()) -> LaunchInfo:
         scheduler_size=scheduler_size,
         scheduler_local_rank=scheduler_local,
         node_rank=node_rank,
+        scheduler_local_size=scheduler_local_size,
+        scheduler_nodes=scheduler_nodes,
         restart_count=restart_count,
         evidence=tuple(evidence),
         also_present=tuple(found[1:]),

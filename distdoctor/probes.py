@@ -97,6 +97,15 @@ class Interface:
 
 
 @dataclass(frozen=True)
+class Route:
+    """The source address (and its interface) the kernel picks to reach a destination."""
+
+    destination: str
+    source: str | None
+    interface: str | None = None
+
+
+@dataclass(frozen=True)
 class GPU:
     index: int
     name: str
@@ -169,6 +178,8 @@ class Probes:
     def can_bind(self, port: int, host: str = "") -> tuple[bool, str]:
         """Whether a TCP listener could bind the port here (as the c10d store would)."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # The c10d store sets SO_REUSEADDR; without it a port in TIME_WAIT would look taken.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
             return True, ""
@@ -197,6 +208,84 @@ class Probes:
                 is_loopback=name == "lo" or any(a.startswith("127.") for a in v4),
             )
         return out
+
+
+    @never_raises
+    def route(self, address: str) -> Route:
+        """The local address and interface used to reach ``address`` (a literal IP).
+
+        A UDP socket's connect() only asks the kernel's routing table: no packet is sent.
+        """
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            sock.connect((address, 9))
+            source = sock.getsockname()[0]
+        finally:
+            sock.close()
+        interface = None
+        nics = self.interfaces()
+        if isinstance(nics, dict):
+            for nic in nics.values():
+                if source in nic.addresses:
+                    interface = nic.name
+                    break
+        return Route(address, source, interface)
+
+    @never_raises
+    def is_local_address(self, address: str) -> bool:
+        """Whether ``address`` belongs to this host (it can be bound here)."""
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.bind((address, 0))
+            return True
+        except OSError:
+            return False
+        finally:
+            sock.close()
+
+    @never_raises
+    def identify_port(self, host: str, port: int, timeout: float = 1.5) -> Any:
+        """Whether a c10d store or a foreign service answers on host:port (foreign.identify)."""
+        from distdoctor.foreign import identify
+
+        return identify(host, port, timeout)
+
+    # -- files ----------------------------------------------------------------------------
+    @never_raises
+    def read_text(self, path: str, limit: int = 65536) -> str:
+        """At most ``limit`` bytes of a file, decoded leniently (error files may be garbage)."""
+        with open(path, "rb") as handle:
+            return handle.read(limit).decode("utf-8", errors="replace")
+
+    @never_raises
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    @never_raises
+    def filesystem_type(self, path: str) -> str:
+        """The type of the filesystem holding ``path`` (ext4, nfs4, tmpfs...), from /proc/mounts."""
+        target = os.path.realpath(path)
+        best, best_type = "", ""
+        with open("/proc/mounts", encoding="utf-8", errors="replace") as mounts:
+            for line in mounts:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mount_point = parts[1].replace("\\040", " ")
+                inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+                if inside and len(mount_point) >= len(best):
+                    best, best_type = mount_point, parts[2]
+        if not best_type:
+            raise OSError(f"no mount holds {target}")
+        return best_type
+
+    @never_raises
+    def rdma_devices(self) -> list[str]:
+        """InfiniBand/RoCE devices (/sys/class/infiniband); memlock matters only with them."""
+        path = "/sys/class/infiniband"
+        return sorted(os.listdir(path)) if os.path.isdir(path) else []
 
     # -- processes and resources ----------------------------------------------------------
     @never_raises
@@ -268,27 +357,67 @@ class Probes:
 
     @never_raises
     def gpus(self) -> list[GPU]:
-        """The GPUs this process sees (after CUDA_VISIBLE_DEVICES)."""
+        """The GPUs this process sees (after CUDA_VISIBLE_DEVICES), without creating a CUDA context.
+
+        Device properties come from torch (cudaGetDeviceProperties needs no context); memory in
+        use and the processes holding it come from NVML when pynvml is installed, matched by UUID
+        (NVML numbers GPUs in PCI order, CUDA may not). torch.cuda.mem_get_info is avoided on
+        purpose: it creates a context (hundreds of MiB) on every GPU it touches.
+        """
         import torch
 
-        if not torch.cuda.is_available():
+        if not torch.backends.cuda.is_built() or not torch.cuda.is_available():
             return []
+        usage = _nvml_usage()
         out = []
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
-            uuid = getattr(props, "uuid", None)
-            free_total = None
-            try:
-                free_total = torch.cuda.mem_get_info(index)
-            except Exception:
-                pass
+            raw_uuid = getattr(props, "uuid", None)
+            uuid = None
+            if raw_uuid is not None:
+                uuid = str(raw_uuid) if str(raw_uuid).startswith("GPU-") else f"GPU-{raw_uuid}"
+            used, processes = usage.get(uuid or "", (None, ()))
             out.append(
                 GPU(
                     index=index,
                     name=props.name,
-                    uuid=f"GPU-{uuid}" if uuid is not None and not str(uuid).startswith("GPU-") else (str(uuid) if uuid else None),
+                    uuid=uuid,
                     total_memory=props.total_memory,
-                    used_memory=(free_total[1] - free_total[0]) if free_total else None,
+                    used_memory=used,
+                    processes=processes,
                 )
             )
         return out
+
+
+def _nvml_usage() -> dict[str, tuple[int | None, tuple[int, ...]]]:
+    """UUID -> (bytes in use, PIDs of compute processes), from NVML; {} when NVML is not at hand."""
+    try:
+        import pynvml  # nvidia-ml-py; optional
+    except Exception:
+        return {}
+    out: dict[str, tuple[int | None, tuple[int, ...]]] = {}
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return {}
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                uuid = pynvml.nvmlDeviceGetUUID(handle)
+                uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+                used = int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+                try:
+                    procs = tuple(int(p.pid) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+                except Exception:
+                    procs = ()
+                out[uuid] = (used, procs)
+            except Exception:
+                continue
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return out

@@ -131,3 +131,355 @@ def rendezvous_env(ctx: CheckContext):
             remediation=how_launcher_sets("LOCAL_RANK", launch),
             data={"variable": "LOCAL_RANK", "value": local, "local_world_size": local_size},
         )
+
+
+# -- launcher misuse ---------------------------------------------------------------------------
+
+DEPRECATED_LAUNCHER = finding_kind(
+    "launch.W003",
+    cause="launcher_misuse",
+    title="Started by the deprecated torch.distributed.launch",
+    hint="Use torchrun and read LOCAL_RANK from the environment",
+)
+NESTED_LAUNCHER = finding_kind(
+    "launch.E004",
+    cause="launcher_misuse",
+    title="torchrun runs inside a multi-task scheduler step and spawns every rank twice over",
+    hint="Run one torchrun per node (srun --ntasks-per-node=1), or drop torchrun and let the scheduler start the ranks",
+)
+SCHEDULER_DISAGREES = finding_kind(
+    "launch.E005",
+    cause="rank_config_error",
+    title="The scheduler's view of the world disagrees with RANK / WORLD_SIZE",
+    hint="Derive RANK, WORLD_SIZE and LOCAL_RANK from the scheduler's variables",
+)
+RESTARTED = finding_kind(
+    "launch.W006",
+    cause="unknown",
+    title="torchelastic restarted the workers after a failure",
+    hint="Read the previous attempt's error file and logs; a restart hides the first failure",
+)
+INIT_METHOD_INVALID = finding_kind(
+    "launch.C007",
+    cause="env_invalid",
+    title="The init_method cannot be used",
+    hint="Use env://, tcp://HOST:PORT or file:///absolute/path/on/a/shared/filesystem",
+)
+INIT_FILE_LEFT_OVER = finding_kind(
+    "launch.E008",
+    cause="env_invalid",
+    title="The file:// rendezvous file is left over from an earlier run",
+    hint="Delete the file, or use a new file name for every run",
+)
+INIT_FILE_NOT_SHARED = finding_kind(
+    "launch.E009",
+    cause="env_invalid",
+    title="The file:// rendezvous file is on a filesystem the other nodes cannot see",
+    hint="Put the file on a shared filesystem (NFS, Lustre, GPFS...) or use tcp:// / env://",
+)
+INIT_FILE_UNKNOWN_FS = finding_kind(
+    "launch.I010",
+    cause="env_invalid",
+    title="Could not tell whether the file:// rendezvous file is shared between nodes",
+    hint="Make sure every node sees the same file (a shared filesystem)",
+)
+
+
+def _launch_flavour(ctx: CheckContext) -> str:
+    """How torchrun would be started here, for remediations."""
+    return "python -m torch.distributed.launch" if ctx.launch.launcher == DEPRECATED_LAUNCH else "torchrun"
+
+
+@check(stage="local", tags=("launch",), emits=(DEPRECATED_LAUNCHER,))
+def deprecated_launcher(ctx: CheckContext):
+    """python -m torch.distributed.launch: --local-rank in argv instead of LOCAL_RANK in env."""
+    from distdoctor.launchers import local_rank_flag
+
+    if ctx.launch.launcher != DEPRECATED_LAUNCH:
+        return
+    flag = local_rank_flag(ctx.argv) or "--local-rank"
+    no_env = "LOCAL_RANK" not in ctx.env
+    underscore = flag.startswith("--local_rank")
+    detail = (
+        f"The script received {flag!r} on its command line. torch.distributed.launch is deprecated "
+        "(torch prints a FutureWarning) and will be removed; torch >= 2.0 passes '--local-rank' "
+        "with a hyphen, so scripts whose argparse declares only '--local_rank' fail with "
+        "'unrecognized arguments'."
+    )
+    if no_env:
+        detail += " LOCAL_RANK is not in the environment, so code that reads os.environ['LOCAL_RANK'] fails."
+    yield DEPRECATED_LAUNCHER(
+        "Started by the deprecated torch.distributed.launch (" + flag + " in argv"
+        + (", no LOCAL_RANK in env)" if no_env else ")"),
+        detail=detail,
+        remediation=(
+            "Replace `python -m torch.distributed.launch --nproc_per_node=N script.py` with "
+            "`torchrun --nproc-per-node=N script.py` and read the local rank with "
+            "int(os.environ['LOCAL_RANK']); until then accept both spellings: "
+            "parser.add_argument('--local-rank', '--local_rank', type=int, default=int(os.environ.get('LOCAL_RANK', 0)))"
+        ),
+        data={"argument": flag, "local_rank_in_env": not no_env, "underscore_form": underscore},
+    )
+
+
+def _elastic(ctx: CheckContext) -> bool:
+    return ctx.launch.launcher in (TORCHRUN, DEPRECATED_LAUNCH) or TORCHRUN in ctx.launch.also_present
+
+
+@check(stage="local", tags=("launch", "slurm", "mpi"), emits=(NESTED_LAUNCHER, SCHEDULER_DISAGREES))
+def scheduler_consistency(ctx: CheckContext):
+    """torchrun inside a multi-task srun/mpirun; the scheduler's task count vs WORLD_SIZE."""
+    launch = ctx.launch
+    schedulers = {launch.launcher, *launch.also_present} & {SLURM, OPENMPI, MPICH}
+    if not schedulers:
+        return
+    scheduler = sorted(schedulers)[0]
+    per_node = launch.scheduler_local_size.value if launch.scheduler_local_size else None
+    nodes = launch.scheduler_nodes.value if launch.scheduler_nodes else None
+    tasks = launch.scheduler_size.value if launch.scheduler_size else None
+    if _elastic(ctx):
+        doubled = (per_node is not None and per_node > 1) or (
+            per_node is None and tasks is not None and nodes is not None and tasks > nodes
+        )
+        if doubled:
+            where = f"{per_node} tasks per node" if per_node else f"{tasks} tasks on {nodes} node(s)"
+            fix = (
+                "srun --nodes=N --ntasks-per-node=1 torchrun --nnodes=N --nproc-per-node=G "
+                "--rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:29500 script.py; or drop torchrun: "
+                "srun --ntasks-per-node=G python script.py with RANK=$SLURM_PROCID, "
+                "LOCAL_RANK=$SLURM_LOCALID, WORLD_SIZE=$SLURM_NTASKS"
+                if scheduler == SLURM
+                else "mpirun -np N --map-by ppr:1:node torchrun --nproc-per-node=G ...; or drop torchrun and "
+                "map OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK to RANK / WORLD_SIZE / LOCAL_RANK"
+            )
+            yield NESTED_LAUNCHER(
+                f"torchrun runs inside {scheduler} with {where}: every task starts its own torchrun",
+                detail=(
+                    f"The scheduler started {where}, and each of them ran torchrun, which starts "
+                    f"--nproc-per-node workers of its own. The node gets (tasks x nproc) workers that "
+                    "fight over MASTER_PORT and GPUs, claim the same ranks, and the rendezvous "
+                    "fails or waits for a world size that never forms."
+                ),
+                remediation=fix,
+                data={"scheduler": scheduler, "tasks_per_node": per_node, "nodes": nodes, "tasks": tasks},
+            )
+        return
+    # The scheduler starts the ranks itself: its numbers must be torch's numbers.
+    size = launch.world_size.value
+    if tasks is not None and size is not None and tasks != size:
+        var = launch.scheduler_size.name if launch.scheduler_size else "the task count"
+        yield SCHEDULER_DISAGREES(
+            f"WORLD_SIZE={size} but {var}={tasks}",
+            detail=(
+                f"{scheduler} started {tasks} task(s) but WORLD_SIZE says {size}: the rendezvous "
+                + ("waits for ranks that do not exist until it times out." if size > tasks else "gets more ranks than it expects and fails.")
+            ),
+            remediation=how_launcher_sets("WORLD_SIZE", launch),
+            data={"scheduler": scheduler, "world_size": size, "tasks": tasks},
+        )
+    rank = launch.rank.value
+    srank = launch.scheduler_rank.value if launch.scheduler_rank else None
+    if rank is not None and srank is not None and rank != srank:
+        var = launch.scheduler_rank.name
+        yield SCHEDULER_DISAGREES(
+            f"RANK={rank} but {var}={srank}",
+            detail="When the scheduler starts the ranks, RANK must be its task id; otherwise two tasks can claim the same rank.",
+            remediation=how_launcher_sets("RANK", launch),
+            data={"scheduler": scheduler, "rank": rank, "scheduler_rank": srank},
+        )
+    local = launch.local_rank.value
+    slocal = launch.scheduler_local_rank.value if launch.scheduler_local_rank else None
+    if local is not None and slocal is not None and local != slocal:
+        var = launch.scheduler_local_rank.name
+        yield SCHEDULER_DISAGREES(
+            f"LOCAL_RANK={local} but {var}={slocal}",
+            detail="Two tasks on one node may pick the same GPU (LOCAL_RANK) while another GPU stays idle.",
+            remediation=how_launcher_sets("LOCAL_RANK", launch),
+            data={"scheduler": scheduler, "local_rank": local, "scheduler_local_rank": slocal},
+        )
+
+
+# -- torchelastic restarts --------------------------------------------------------------------
+
+_ERROR_FILE_LIMIT = 64 * 1024
+
+
+def previous_error_files(error_file: str, restart_count: int) -> list[str]:
+    """Where the last failed attempt wrote its error: torchelastic keeps one directory per
+    attempt (<log_dir>/<run_id>/attempt_<n>/<local_rank>/error.json) and points
+    TORCHELASTIC_ERROR_FILE at the current attempt's."""
+    import re
+
+    candidates = []
+    match = re.search(r"([/\\])attempt_(\d+)([/\\])", error_file)
+    if match and restart_count > 0:
+        previous = int(match.group(2)) - 1
+        if previous >= 0:
+            candidates.append(error_file[: match.start()] + f"{match.group(1)}attempt_{previous}{match.group(3)}" + error_file[match.end():])
+    candidates.append(error_file)
+    return candidates
+
+
+def summarize_error_file(text: str) -> tuple[str, str | None]:
+    """(one-line message, timestamp) from a torchelastic error.json; tolerant of garbage."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        line = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), "")
+        return (f"(not JSON) {line[:300]}" if line else "(empty or unreadable)"), None
+    message: object = data.get("message") if isinstance(data, dict) else data
+    timestamp = None
+    if isinstance(message, dict):
+        extra = message.get("extraInfo")
+        if isinstance(extra, dict) and extra.get("timestamp") is not None:
+            timestamp = str(extra.get("timestamp"))
+        message = message.get("message", message)
+    text_message = str(message)
+    lines = [ln.strip() for ln in text_message.splitlines() if ln.strip()]
+    summary = lines[-1] if lines else "(no message)"
+    if len(lines) > 1 and not summary.startswith(lines[0].split(":", 1)[0]):
+        summary = f"{lines[0][:150]} ... {summary}"
+    return summary[:400], timestamp
+
+
+@check(stage="local", tags=("launch", "torchrun"), emits=(RESTARTED,))
+def elastic_restarts(ctx: CheckContext):
+    """A torchelastic restart count above 0, with what the last failure's error file says."""
+    count = ctx.launch.restart_count
+    if not count or count <= 0:
+        return
+    error_file = ctx.env.get("TORCHELASTIC_ERROR_FILE")
+    said = "no TORCHELASTIC_ERROR_FILE is set, so the failure's error file is unknown"
+    data: dict = {"restart_count": count, "error_file": None}
+    if error_file:
+        reasons = []
+        for path in previous_error_files(error_file, count):
+            text = ctx.probes.read_text(path, _ERROR_FILE_LIMIT)
+            if isinstance(text, str):
+                summary, timestamp = summarize_error_file(text)
+                said = f"{path} says: {summary}" + (f" (timestamp {timestamp})" if timestamp else "")
+                data.update(error_file=path, message=summary, timestamp=timestamp)
+                break
+            reasons.append(f"{path}: {text}")
+        else:
+            said = "the failed attempt left no readable error file (" + "; ".join(reasons) + "); the worker may have been killed (OOM, signal) before writing one"
+    yield RESTARTED(
+        f"This is restart {count} of the workers: an earlier attempt failed",
+        detail=f"torchelastic restarts all workers when one fails (--max-restarts). The last failure: {said}.",
+        remediation=(
+            "Fix the first failure rather than relying on restarts: read the error above and the "
+            "previous attempt's logs (torchrun --log-dir DIR keeps attempt_<n>/<rank>/ stdout, stderr "
+            "and error.json; decorate main() with torch.distributed.elastic.multiprocessing.errors.record "
+            "so the error file has the traceback), or run `distdoctor explain <log>`"
+        ),
+        data=data,
+    )
+
+
+# -- init_method ------------------------------------------------------------------------------
+
+# Filesystems that only this host sees. A file:// rendezvous on them never meets the other nodes.
+_LOCAL_FILESYSTEMS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "f2fs", "ramfs", "devtmpfs", "squashfs", "vfat", "aufs"}
+_SHARED_FILESYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "beegfs", "cephfs", "ceph", "glusterfs", "fuse.", "9p", "wekafs", "panfs", "virtiofs")
+
+
+def _multi_node(ctx: CheckContext) -> bool | None:
+    launch = ctx.launch
+    size, local = launch.world_size.value, launch.local_world_size.value
+    if launch.scheduler_nodes and launch.scheduler_nodes.value:
+        return launch.scheduler_nodes.value > 1
+    if size is not None and local is not None:
+        return size > local
+    return None
+
+
+def _torch_pg_initialized() -> bool:
+    """Whether this process already joined a process group (preflight after init)."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist and dist.is_available() and dist.is_initialized())
+    except Exception:
+        return False
+
+
+@check(stage="local", tags=("launch", "env"), emits=(INIT_METHOD_INVALID, INIT_FILE_LEFT_OVER, INIT_FILE_NOT_SHARED, INIT_FILE_UNKNOWN_FS))
+def init_method(ctx: CheckContext):
+    """The init_method (DISTDOCTOR_INIT_METHOD): env://, tcp://, file://, mpi:// validated."""
+    from distdoctor.init_method import INIT_METHOD_VAR, from_env
+
+    method = from_env(ctx.env)
+    if method is None:
+        return
+    setting = f"{INIT_METHOD_VAR}={method.raw}"
+    fix_hint = "init_process_group(backend, init_method=...)"
+    if method.problem:
+        yield INIT_METHOD_INVALID(
+            f"init_method {method.raw!r} cannot be used: {method.problem}",
+            detail=f"init_process_group raises before any rank connects ({setting}).",
+            remediation=f"Pass a valid URL to {fix_hint}: env:// (with MASTER_ADDR/MASTER_PORT), "
+            "tcp://<rank 0 host>:<free port>, or file:///<path on a filesystem every node shares>",
+            data={"init_method": method.raw, "problem": method.problem},
+        )
+        return
+    if method.scheme == "mpi":
+        if ctx.backend != "mpi":
+            yield INIT_METHOD_INVALID(
+                f"init_method 'mpi://' with backend {ctx.backend!r}",
+                detail="torch has no mpi:// rendezvous handler; only backend='mpi' ignores init_method (MPI itself is the rendezvous).",
+                remediation="Use backend='mpi' under mpirun (needs a torch built with MPI), or init_method='env://' for other backends",
+                data={"init_method": method.raw, "backend": ctx.backend},
+            )
+        return
+    if method.scheme != "file" or not method.path:
+        return
+    import posixpath
+
+    path = method.path
+    parent = posixpath.dirname(path) or "/"
+    if ctx.probes.exists(parent) is not True:
+        yield INIT_METHOD_INVALID(
+            f"The directory of the file:// rendezvous file does not exist: {parent}",
+            detail=f"FileStore cannot create {path}; init_process_group fails on every rank.",
+            remediation=f"mkdir -p {parent} on a shared filesystem, or point file:// at an existing shared directory",
+            data={"init_method": method.raw, "path": path},
+        )
+        return
+    if ctx.probes.exists(path) is True and not _torch_pg_initialized():
+        content = ctx.probes.read_text(path, 1)
+        if not isinstance(content, str) or content:
+            yield INIT_FILE_LEFT_OVER(
+                f"The file:// rendezvous file {path} already exists and is not empty",
+                detail="torch's FileStore needs a new (or empty) file for every run: a file left by an "
+                "earlier run carries its keys and rank counters, and the new rendezvous hangs or fails.",
+                remediation=f"rm -f {path} before starting the job, or include the job id in the name "
+                "(e.g. file:///shared/rdzv_$SLURM_JOB_ID)",
+                data={"init_method": method.raw, "path": path},
+            )
+    multi = _multi_node(ctx)
+    if not multi:
+        return
+    fs = ctx.probes.filesystem_type(parent)
+    if not isinstance(fs, str):
+        yield INIT_FILE_UNKNOWN_FS(
+            f"Could not tell whether {parent} is shared between nodes: {fs}",
+            remediation="Make sure every node sees the same file at that path (a shared filesystem), or use env:// / tcp://",
+            data={"init_method": method.raw, "path": path},
+        )
+    elif fs in _LOCAL_FILESYSTEMS:
+        yield INIT_FILE_NOT_SHARED(
+            f"The file:// rendezvous file is on a local {fs} filesystem in a multi-node job",
+            detail=f"{parent} is {fs}: each node sees its own copy of {path}, so ranks on different "
+            "nodes never meet and the rendezvous waits until it times out.",
+            remediation="Use a path on a shared filesystem (NFS, Lustre, GPFS...), or env:// with MASTER_ADDR/MASTER_PORT",
+            data={"init_method": method.raw, "path": path, "filesystem": fs},
+        )
+    elif not fs.startswith(_SHARED_FILESYSTEMS):
+        yield INIT_FILE_UNKNOWN_FS(
+            f"Could not tell whether {parent} ({fs}) is shared between nodes",
+            remediation="Make sure every node sees the same file at that path, or use env:// / tcp://",
+            data={"init_method": method.raw, "path": path, "filesystem": fs},
+        )

@@ -1,0 +1,112 @@
+"""Backends: torch.distributed itself, which of nccl/gloo/mpi/ucc/xccl are built, versions."""
+
+from __future__ import annotations
+
+from distdoctor.context import CheckContext
+from distdoctor.launchers import LSF, MPICH, OPENMPI, PMIX, SLURM
+from distdoctor.probes import Unknown
+from distdoctor.registry import check, finding_kind
+
+DISTRIBUTED_MISSING = finding_kind(
+    "backend.C001", cause="backend_unavailable",
+    title="torch.distributed is not available in this torch build",
+    hint="Install a torch build with distributed support (the Linux wheels from pytorch.org have it)",
+)
+BACKEND_NOT_BUILT = finding_kind(
+    "backend.C002", cause="backend_unavailable",
+    title="The requested backend is not built into this torch",
+    hint="Install a torch build that includes the backend, or request one that is built",
+)
+BACKENDS_UNKNOWN = finding_kind(
+    "backend.I003", cause="backend_unavailable",
+    title="Could not tell which backends this torch has",
+    hint="Check that `python -c 'import torch.distributed'` works in the job's environment",
+)
+NCCL_VERSIONS = finding_kind(
+    "backend.I004", cause="version_incompat",
+    title="NCCL and CUDA versions in use",
+    hint="Every rank must run the same torch, CUDA and NCCL versions",
+)
+MPI_WITHOUT_MPIRUN = finding_kind(
+    "backend.W005", cause="launcher_misuse",
+    title="The mpi backend is requested but no MPI launcher started this process",
+    hint="Start the job with mpirun/mpiexec (or srun --mpi=pmix)",
+)
+
+# How to get each backend, for the remediation.
+_HOW_TO_GET = {
+    "nccl": "install a CUDA build of torch (e.g. pip install torch --index-url https://download.pytorch.org/whl/cu126) "
+    "on a machine with NVIDIA GPUs; on CPU-only machines use backend='gloo'",
+    "gloo": "gloo ships with the Linux and macOS wheels; reinstall the official torch wheel",
+    "mpi": "build torch from source against your MPI (USE_MPI=1, with mpicc on PATH); the pip wheels have no MPI backend",
+    "ucc": "build torch from source with USE_UCC=1 and UCC installed",
+    "xccl": "install an XPU build of torch (pip install torch --index-url https://download.pytorch.org/whl/xpu) on Intel GPUs",
+}
+
+
+def torch_backends(ctx: CheckContext):
+    return ctx.torch_info()
+
+
+@check(stage="local", tags=("backend",), emits=(DISTRIBUTED_MISSING, BACKEND_NOT_BUILT, BACKENDS_UNKNOWN, NCCL_VERSIONS))
+def backend_available(ctx: CheckContext):
+    """torch.distributed is available and the requested backend is built."""
+    info = torch_backends(ctx)
+    backend = ctx.backend
+    if isinstance(info, Unknown):
+        yield BACKENDS_UNKNOWN(
+            f"Could not tell whether backend {backend!r} is built: {info.reason}",
+            detail="Importing torch (or torch.distributed) failed or timed out in this process.",
+            remediation="Run `python -c 'import torch, torch.distributed as d; print(d.is_available())'` in the job's environment",
+            data={"backend": backend, "reason": info.reason},
+        )
+        return
+    version = info.get("torch")
+    if not info.get("distributed"):
+        yield DISTRIBUTED_MISSING(
+            f"torch {version} is built without torch.distributed",
+            detail="torch.distributed.is_available() is False: init_process_group does not exist in this build "
+            "(typical of some macOS/Windows or custom builds).",
+            remediation="Install the official Linux wheel from pytorch.org (pip install torch), which includes torch.distributed",
+            data={"torch": version},
+        )
+        return
+    built = sorted(b for b, ok in (info.get("backends") or {}).items() if ok)
+    if not (info.get("backends") or {}).get(backend):
+        yield BACKEND_NOT_BUILT(
+            f"Backend {backend!r} is not built into torch {version} (built: {', '.join(built) or 'none'})",
+            detail=f"The backend comes from {ctx.backend_source}. init_process_group(backend={backend!r}) raises "
+            f"\"Distributed package doesn't have {backend.upper()} built in\"."
+            + (" This torch has no CUDA support at all (torch.version.cuda is None)." if backend == "nccl" and not info.get("cuda") else ""),
+            remediation=_HOW_TO_GET.get(backend, "install a torch build with this backend")
+            + (f"; or choose a built backend: {', '.join(built)}" if built else ""),
+            data={"backend": backend, "built": built, "torch": version, "cuda": info.get("cuda"), "source": ctx.backend_source},
+        )
+        return
+    if backend == "nccl":
+        yield NCCL_VERSIONS(
+            f"NCCL {info.get('nccl') or '?'} with CUDA {info.get('cuda') or '?'} (torch {version})",
+            detail="The rendezvous stage compares these across ranks: a mismatch between nodes makes NCCL fail or hang.",
+            remediation="Install the same torch wheel (hence the same CUDA and NCCL) on every node; "
+            "NCCL_DEBUG=INFO prints the NCCL version each rank loads",
+            data={"torch": version, "cuda": info.get("cuda"), "nccl": info.get("nccl")},
+        )
+
+
+@check(stage="local", tags=("backend", "mpi"), emits=(MPI_WITHOUT_MPIRUN,))
+def mpi_backend_launcher(ctx: CheckContext):
+    """backend='mpi' takes rank and size from MPI, so it needs an MPI launcher."""
+    if ctx.backend != "mpi":
+        return
+    launchers = {ctx.launch.launcher, *ctx.launch.also_present}
+    if launchers & {OPENMPI, MPICH, PMIX, LSF}:
+        return
+    if SLURM in launchers and any(k.startswith(("PMI_", "PMIX_")) for k in ctx.env):
+        return  # srun --mpi=pmi2/pmix provides the MPI wire-up
+    yield MPI_WITHOUT_MPIRUN(
+        f"backend 'mpi' requested, but this process was started by {ctx.launch.title}",
+        detail="With backend='mpi' torch ignores RANK/WORLD_SIZE and asks MPI: a process not started by an MPI "
+        "launcher is a world of size 1 (or fails in MPI_Init).",
+        remediation="mpirun -np N python script.py (Open MPI), mpiexec -n N python script.py (MPICH), or srun --mpi=pmix",
+        data={"launcher": ctx.launch.launcher},
+    )

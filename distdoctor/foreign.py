@@ -1,0 +1,154 @@
+"""Tell a c10d TCPStore from a foreign service listening on MASTER_PORT, in bounded time.
+
+How a TCPStore behaves on the wire (torch/csrc/distributed/c10d/TCPStoreBackend.hpp, measured
+with torch 2.13 on both the libuv and the legacy backend):
+  - it never speaks first: no banner on connect;
+  - to a client that sends QueryType::VALIDATE (0) with the magic 0x3C85F7CE and then
+    QueryType::PING (13) with a 32-bit nonce, it answers the nonce (4 bytes) at once. Both
+    messages are read-only: the store's keys are untouched;
+  - to an HTTP request or a short garbage write it answers nothing and keeps the connection
+    open (it waits for the rest of a "message"), so silence alone proves nothing.
+So the probe: (1) wait briefly for a banner (SSH, SMTP, FTP, MySQL... speak first) -> foreign;
+(2) send VALIDATE+PING -> the nonce back means a c10d store, other bytes or a close mean a
+foreign service; (3) still silent: on a fresh connection send an HTTP request -> an "HTTP/"
+answer means a web server (python -m http.server, a metrics endpoint...). Silent throughout:
+"could not tell". Every step has its own socket timeout, so the whole probe is bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass
+
+VALIDATE, PING = 0, 13
+MAGIC = 0x3C85F7CE
+
+C10D_STORE = "c10d_store"
+FOREIGN = "foreign"
+SILENT = "silent"
+UNREACHABLE = "unreachable"
+
+
+@dataclass(frozen=True)
+class PortIdentity:
+    kind: str  # C10D_STORE, FOREIGN, SILENT or UNREACHABLE
+    detail: str
+    answer: str = ""  # the first bytes the service sent, printable
+    protocol: str = ""  # "http", "ssh", "smtp"... when recognisable
+    elapsed_s: float = 0.0
+
+
+def _printable(data: bytes, limit: int = 80) -> str:
+    text = data[:limit].decode("latin-1")
+    return "".join(ch if 32 <= ord(ch) < 127 else "." for ch in text)
+
+
+def _protocol(data: bytes) -> str:
+    head = data[:16].upper()
+    for marker, name in ((b"HTTP/", "http"), (b"SSH-", "ssh"), (b"220", "smtp/ftp"), (b"+OK", "pop3"), (b"* OK", "imap"), (b"RFB ", "vnc")):
+        if head.startswith(marker):
+            return name
+    if b"HTTP/" in data[:64].upper():
+        return "http"
+    return ""
+
+
+def _recv(sock: socket.socket, timeout: float, want: int = 256) -> bytes | None:
+    """Bytes received within timeout; b"" when the peer closed; None when it stayed silent."""
+    sock.settimeout(max(timeout, 0.01))
+    try:
+        return sock.recv(want)
+    except socket.timeout:
+        return None
+    except ConnectionResetError:
+        return b""
+
+
+def _connect(address: tuple, family: int, timeout: float) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def identify(host: str, port: int, timeout: float = 1.5) -> PortIdentity:
+    """What listens on host:port. Never raises; takes at most about ``timeout`` seconds."""
+    start = time.monotonic()
+    budget = max(timeout, 0.3)
+
+    def left() -> float:
+        return budget - (time.monotonic() - start)
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, _, _, _, address = infos[0]
+    except (OSError, IndexError) as exc:
+        return PortIdentity(UNREACHABLE, f"{host} does not resolve: {exc}")
+
+    # Steps 1 and 2 on one connection.
+    try:
+        sock = _connect(address, family, min(left(), 1.0))
+    except OSError as exc:
+        return PortIdentity(UNREACHABLE, f"cannot connect: {exc.strerror or exc}", elapsed_s=time.monotonic() - start)
+    try:
+        banner = _recv(sock, min(0.15, left() / 4))
+        if banner:
+            return PortIdentity(
+                FOREIGN, "it sends a greeting as soon as a client connects; a c10d store never speaks first",
+                _printable(banner), _protocol(banner), time.monotonic() - start,
+            )
+        if banner == b"":
+            return PortIdentity(FOREIGN, "it closes a new connection at once, without a word; a c10d store keeps it open",
+                                elapsed_s=time.monotonic() - start)
+        nonce = int.from_bytes(os.urandom(4), "little") | 1
+        try:
+            sock.sendall(struct.pack("<BI", VALIDATE, MAGIC) + struct.pack("<BI", PING, nonce))
+        except OSError as exc:
+            return PortIdentity(FOREIGN, f"it refused a c10d handshake ({exc.strerror or exc})", elapsed_s=time.monotonic() - start)
+        reply = b""
+        while len(reply) < 4 and left() > 0:
+            chunk = _recv(sock, min(0.5, left() / 2), 4 - len(reply))
+            if chunk is None:
+                break
+            if chunk == b"":
+                return PortIdentity(FOREIGN, "it closed the connection on a c10d store handshake (validate + ping)",
+                                    _printable(reply), _protocol(reply), time.monotonic() - start)
+            reply += chunk
+        if len(reply) == 4 and struct.unpack("<I", reply)[0] == nonce:
+            return PortIdentity(C10D_STORE, "it answered a c10d store ping (validate + ping, read-only)",
+                                elapsed_s=time.monotonic() - start)
+        if reply:
+            return PortIdentity(FOREIGN, "it answered a c10d store ping with something else",
+                                _printable(reply), _protocol(reply), time.monotonic() - start)
+    finally:
+        sock.close()
+
+    # Step 3: silent to the store protocol. Is it a web server waiting for a request line?
+    if left() > 0.1:
+        try:
+            http = _connect(address, family, min(left(), 1.0))
+        except OSError as exc:
+            return PortIdentity(SILENT, f"silent to a c10d ping, then refused a second connection ({exc.strerror or exc})",
+                                elapsed_s=time.monotonic() - start)
+        try:
+            http.sendall(f"HEAD / HTTP/1.0\r\nHost: {host}\r\nUser-Agent: distdoctor\r\n\r\n".encode())
+            answer = _recv(http, left())
+        except OSError:
+            answer = None
+        finally:
+            http.close()
+        if answer:
+            return PortIdentity(FOREIGN, "it does not answer a c10d store ping but answers an HTTP request",
+                                _printable(answer), _protocol(answer) or "unknown", time.monotonic() - start)
+    return PortIdentity(
+        SILENT,
+        f"it accepts connections but answered neither a c10d store ping nor an HTTP request within {budget:g}s",
+        elapsed_s=time.monotonic() - start,
+    )
