@@ -1,0 +1,191 @@
+"""The pytest plugin (entry point ``pytest11``): session checks, a report fixture, a multi-rank marker.
+
+- ``pytest --distdoctor`` (or ``distdoctor = true`` in the ini file) runs the checks once per
+  session, shows a one-line summary in the report header, and fails the session (exit status
+  1, with the findings in the terminal summary) when a finding reaches
+  ``--distdoctor-fail-level``.
+- ``distdoctor_report``: a session-scoped fixture with the Report (the checks run on first use).
+- ``@pytest.mark.distributed(world_size=2, backend="gloo", timeout=60)``: the test body runs in
+  ``world_size`` fresh processes with an initialized process group (distdoctor.testing).
+
+Loading the plugin costs nothing measurable: this module imports neither torch nor rich nor
+the check registry; they are imported when an option, the fixture or the marker is used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+MARKER = "distributed"
+_REPORT_KEY = pytest.StashKey[Any]()
+_INI = {
+    # ini key -> (option name in distdoctor.config.OPTIONS or None, type, default)
+    "distdoctor": (None, "bool", False),
+    "distdoctor_fail_level": ("fail_level", "string", None),
+    "distdoctor_timeout": ("timeout", "string", None),
+    "distdoctor_silence": ("silence", "args", []),
+    "distdoctor_stages": ("stages", "args", []),
+    "distdoctor_checks_dirs": ("checks_dirs", "args", []),
+}
+_ENABLE_HELP = "Run the distdoctor checks once per session: summary in the header, session fails per the fail level."
+
+
+def _help(option: str | None) -> str:
+    if option is None:
+        return _ENABLE_HELP
+    # distdoctor.config is light (no torch); it holds the help text the CLI shows too.
+    from distdoctor.config import OPTIONS
+
+    return OPTIONS[option].help
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("distdoctor", "distdoctor: PyTorch distributed diagnostics")
+    group.addoption("--distdoctor", action="store_true", default=None, help=_help(None))
+    group.addoption("--distdoctor-fail-level", default=None, metavar="LEVEL", help=_help("fail_level"))
+    group.addoption("--distdoctor-timeout", default=None, metavar="SECONDS", help=_help("timeout"))
+    group.addoption("--distdoctor-silence", action="append", default=None, metavar="IDS", help=_help("silence"))
+    for key, (option, kind, default) in _INI.items():
+        parser.addini(key, _help(option), type=kind, default=default)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(world_size=2, backend='gloo', timeout=60): run the test in world_size processes, each a rank "
+        "of an initialized torch.distributed process group (distdoctor)",
+    )
+
+
+def _enabled(config: pytest.Config) -> bool:
+    flag = config.getoption("--distdoctor")
+    return bool(flag) if flag is not None else bool(config.getini("distdoctor"))
+
+
+def _settings(config: pytest.Config) -> dict[str, Any]:
+    """Command line over ini; what is unset here comes from DISTDOCTOR_* env / pyproject / defaults."""
+    cli: dict[str, Any] = {}
+    for key, (option, _kind, _default) in _INI.items():
+        if option is None:
+            continue
+        value = config.getini(key)
+        if value not in (None, "", []):
+            cli[option] = value
+    for flag, option in (("--distdoctor-fail-level", "fail_level"), ("--distdoctor-timeout", "timeout"),
+                         ("--distdoctor-silence", "silence")):
+        value = config.getoption(flag)
+        if value not in (None, [], ""):
+            cli[option] = value
+    return cli
+
+
+def _session_report(config: pytest.Config) -> Any:
+    """The checks' Report, computed once per session (cached on the config)."""
+    cached = config.stash.get(_REPORT_KEY, None)
+    if cached is not None:
+        return cached
+    from distdoctor.config import ConfigError, load_config
+    from distdoctor.engine import diagnose
+
+    try:
+        settings = load_config(cli=_settings(config), cwd=config.rootpath)
+    except ConfigError as exc:
+        raise pytest.UsageError(f"distdoctor: {exc}") from None
+    report = diagnose(settings)
+    config.stash[_REPORT_KEY] = (report, settings)
+    return report, settings
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    if not _enabled(config):
+        return None
+    from distdoctor.render import summary_line
+
+    report, settings = _session_report(config)
+    return [f"distdoctor: {summary_line(report)} (fail level {settings.fail_level.label})"]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if not _enabled(config):
+        return
+    report, settings = _session_report(config)
+    if report.exit_code(settings.fail_level) != 0 and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if not _enabled(config):
+        return
+    report, settings = _session_report(config)
+    code = report.exit_code(settings.fail_level)
+    if code == 0:
+        return
+    from distdoctor.report import format_where
+
+    terminalreporter.section("distdoctor", sep="=", red=True, bold=True)
+    worst = [f for f in report.findings if f.severity >= settings.fail_level]
+    reason = "the diagnosis was cut off by its deadline" if report.incomplete else (
+        f"{len(worst)} finding(s) at or above fail level {settings.fail_level.label}")
+    terminalreporter.line(f"distdoctor failed the session: {reason}", red=True)
+    for finding in worst:
+        where = format_where(finding)
+        terminalreporter.line(f"  {finding.id} [{finding.cause}] {finding.title}" + (f" ({where})" if where else ""))
+        if finding.remediation:
+            terminalreporter.line(f"      fix: {finding.remediation}")
+
+
+@pytest.fixture(scope="session")
+def distdoctor_report(request: pytest.FixtureRequest) -> Any:
+    """The distdoctor Report of this machine (checks run once per session, on first use)."""
+    report, _settings = _session_report(request.config)
+    return report
+
+
+# -- the distributed marker ------------------------------------------------------------------------
+
+
+def _marker_settings(mark: pytest.Mark) -> dict[str, Any]:
+    def _distributed(world_size: int = 2, backend: str = "gloo", timeout: float = 60.0, grace: float = 3.0) -> dict[str, Any]:
+        return {"world_size": int(world_size), "backend": str(backend), "timeout": float(timeout), "grace": float(grace)}
+
+    return _distributed(*mark.args, **mark.kwargs)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    mark = pyfuncitem.get_closest_marker(MARKER)
+    if mark is None:
+        return None
+    import pickle
+
+    from distdoctor.testing import run_distributed
+
+    try:
+        settings = _marker_settings(mark)
+    except TypeError as exc:
+        pytest.fail(f"@pytest.mark.{MARKER}: {exc}", pytrace=False)
+    names = pyfuncitem._fixtureinfo.argnames
+    kwargs = {name: pyfuncitem.funcargs[name] for name in names}
+    try:
+        pickle.dumps(kwargs)
+    except Exception as exc:
+        pytest.fail(f"@pytest.mark.{MARKER}: the test's arguments cannot be sent to the rank processes "
+                    f"(they are pickled): {type(exc).__name__}: {exc}", pytrace=False)
+    function = pyfuncitem.function
+    module = pyfuncitem.module
+    result = run_distributed(
+        f"{module.__name__}:{function.__qualname__}",
+        module_file=str(pyfuncitem.path),
+        kwargs=kwargs,
+        **settings,
+    )
+    skipped = result.skipped
+    if skipped is not None:
+        pytest.skip(skipped.message or "skipped on every rank")
+    if not result.ok:
+        pytest.fail(result.failure_message(), pytrace=False)
+    return True
