@@ -27,11 +27,11 @@ _NCCL_PREFIX = re.compile(r"^(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[(?P<cuda_devic
 _GLOG_TIME = re.compile(r"(?:^|\]:?\[?)[EWIF](\d{4}) (\d\d:\d\d:\d\d(?:\.\d+)?)")
 _ISO_TIME = re.compile(r"\d{4}-(\d\d)-(\d\d)[ T_](\d\d:\d\d:\d\d)(?:[.,](\d+))?")
 
-# Words that make a line look relevant when no signature matches, with their weight.
+# Words that make a line look relevant when no signature matches, with their weight. They are
+# searched in the lower-cased block: one pass per word whatever its capitalisation.
 RELEVANCE_TOKENS: dict[str, int] = {
-    "Error": 2, "error": 2, "ERROR": 2, "Exception": 2, "FAILED": 2, "failed": 2, "Failed": 2,
-    "Timeout": 2, "timed out": 2, "Timed out": 2, "Killed": 2, "killed": 2, "fatal": 3, "Fatal": 3,
-    "FATAL": 3, "WARN": 1, "abort": 2, "Abort": 2, "Segmentation fault": 3, "Traceback": 1,
+    "error": 2, "exception": 2, "failed": 2, "timeout": 2, "timed out": 2, "killed": 2, "fatal": 3,
+    "warn": 1, "abort": 2, "segmentation fault": 3, "traceback": 1,
 }
 _EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]: )?[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b:?")
 
@@ -158,12 +158,27 @@ class Accumulator:
             heapq.heapreplace(self.relevant, item)
 
 
+def search_tokens(catalog: Catalog) -> list[tuple[str, tuple]]:
+    """The tokens to search, each with the catalog items it may announce.
+
+    A token that contains another ('exitcode  : -9' contains 'exitcode  : -') is not searched on
+    its own: the shorter one finds every line the longer one would, and the regexes decide.
+    """
+    tokens = list(catalog.token_index)
+    searched: dict[str, list] = {t: [] for t in tokens if not any(o != t and o in t for o in tokens)}
+    for token, items in catalog.token_index.items():
+        for short in searched:
+            if short in token:
+                searched[short].extend(i for i in items if i not in searched[short])
+                break
+    return [(t, tuple(items)) for t, items in searched.items()]
+
+
 class Scanner:
     def __init__(self, catalog: Catalog, accumulator: Accumulator | None = None) -> None:
         self.catalog = catalog
         self.acc = accumulator or Accumulator()
-        # Tokens in a fixed order; each announces catalog items (contexts before signatures).
-        self._tokens = list(catalog.token_index.items())
+        self._tokens = search_tokens(catalog)
         self._relevance = list(RELEVANCE_TOKENS.items())
 
     def scan(self, source: LogSource, source_index: int) -> int:
@@ -189,13 +204,17 @@ class Scanner:
                 hits.setdefault(start, []).extend(items)
                 end = find("\n", i)
                 i = find(token, end) if end != -1 else -1
+        lower = block.lower()  # lower() can change the length of some non-ASCII text; then positions would not align
+        if len(lower) != len(block):
+            lower = block
+        lfind = lower.find
         for token, weight in self._relevance:
-            i = find(token)
+            i = lfind(token)
             while i != -1:
                 start = block.rfind("\n", 0, i) + 1
                 relevance[start] = relevance.get(start, 0) + weight
                 end = find("\n", i)
-                i = find(token, end) if end != -1 else -1
+                i = lfind(token, end) if end != -1 else -1
         if not hits and not relevance:
             return
         line_no, pos = first_line, 0

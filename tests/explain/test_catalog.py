@@ -1,0 +1,75 @@
+"""The catalog is consistent: IDs registered, causes in the vocabulary, every ID documented."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from distdoctor.causes import CAUSES
+from distdoctor.docs import finding_doc
+from distdoctor.explain import CATALOG
+from distdoctor.explain.catalog import CatalogError, parse_catalog
+from distdoctor.registry import REGISTRY, Registry
+
+SIGNATURE_IDS = sorted({s.kind.id for s in CATALOG.signatures} | {c.kind.id for s in CATALOG.signatures for c in s.candidates})
+
+
+@pytest.mark.parametrize("kind_id", sorted(CATALOG.kinds))
+def test_each_kind_is_registered_valid_and_documented(kind_id):
+    kind = CATALOG.kinds[kind_id]
+    assert REGISTRY.kinds.get(kind_id) is kind
+    assert kind.cause in CAUSES
+    assert kind_id.startswith("log.")
+    section = finding_doc(kind_id)
+    assert section is not None, f"docs/findings/log.md has no section for {kind_id}"
+    assert f"**Cause:** `{kind.cause}`" in section
+
+
+@pytest.mark.parametrize("sig", CATALOG.signatures, ids=lambda s: s.name)
+def test_each_signature_is_sound(sig):
+    assert sig.cause in CAUSES
+    assert sig.kind.id in CATALOG.kinds
+    assert sig.tokens and all(t for t in sig.tokens)
+    if sig.candidates:
+        # An ambiguous text never states its top cause with high confidence.
+        assert sig.confidence < 0.8
+        assert sig.tell_apart
+        assert all(c.confidence < sig.confidence + 0.01 for c in sig.candidates)
+
+
+def test_every_declared_kind_is_used():
+    used = set(SIGNATURE_IDS) | {"log.W030"}
+    assert set(CATALOG.kinds) == used
+
+
+def test_a_bad_catalog_is_rejected_at_load():
+    base = {"kind": [{"id": "tst.E001", "cause": "port_in_use", "title": "t", "hint": "h"}]}
+    good = {"name": "x", "kind": "tst.E001", "role": "cause", "tokens": ["a"], "pattern": "a(?P<p>\\d+)",
+            "confidence": 0.5, "title": "port {p}", "remediation": "r"}
+    parse_catalog({**base, "signature": [good]}, register=Registry().finding_kind)
+    for bad, message in [
+        ({"pattern": "a(("}, "does not compile"),
+        ({"title": "port {nope}"}, "never extracts"),
+        ({"kind": "tst.E999"}, "not declared"),
+        ({"role": "maybe"}, "role"),
+        ({"tokens": []}, "prefilter"),
+        ({"explains": ["ghost"]}, "explains unknown"),
+        ({"candidates": [{"kind": "tst.E001", "confidence": 0.2, "why": "w"}]}, "tell_apart"),
+    ]:
+        with pytest.raises(CatalogError, match=message):
+            parse_catalog({**base, "signature": [{**good, **bad}]}, register=Registry().finding_kind)
+
+
+def test_unknown_cause_is_rejected():
+    with pytest.raises(ValueError, match="vocabulary"):
+        parse_catalog({"kind": [{"id": "tst.E001", "cause": "gremlins", "title": "t", "hint": "h"}]},
+                      register=Registry().finding_kind)
+
+
+def test_docs_sections_exist_only_for_catalog_ids():
+    from distdoctor.docs import docs_root
+
+    text = (docs_root() / "findings" / "log.md").read_text()
+    documented = set(re.findall(r"^## (log\.[IWEC]\d{3})\b", text, re.M))
+    assert documented == set(CATALOG.kinds)

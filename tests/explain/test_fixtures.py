@@ -1,0 +1,113 @@
+"""Each stored fixture (real torch output, or synthetic GPU formats) yields its cause first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from distdoctor.explain import explain_files
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+# fixture -> (finding ID, cause, a text the quoted evidence must contain, ranks named or None)
+REAL = {
+    "port_in_use": ("log.E002", "port_in_use", "EADDRINUSE", None),
+    "port_in_use_torchrun": ("log.E002", "port_in_use", "EADDRINUSE", None),
+    "env_missing": ("log.E001", "env_missing", "environment variable RANK expected, but not set", None),
+    "store_connect_timeout": ("log.E003", "master_unreachable", "client socket has timed out after 3000ms", None),
+    "hostname_unresolvable": ("log.E004", "hostname_unresolvable", "gai error: -2", None),
+    "missing_rank": ("log.E006", "rank_missing", "1/2 clients joined", None),
+    "torchrun_rendezvous_timeout": ("log.E006", "rank_missing", "RendezvousTimeoutError", None),
+    "gloo_connection_closed": ("log.E025", "oom_killed_rank", "Connection reset by peer", (0,)),
+    "gloo_recv_timeout": ("log.E020", "collective_timeout_hang", "Timed out waiting 3000ms for recv", (0,)),
+    "gloo_allreduce_timeout": ("log.E020", "collective_timeout_hang", "Timed out waiting 3000ms", (0,)),
+    "monitored_barrier": ("log.E019", "straggler_rank", "Rank 1 failed to pass monitoredBarrier in 3000 ms", (1,)),
+    "detail_collective_mismatch": ("log.E018", "collective_mismatch", "Op type: ALLREDUCEvs BROADCAST", (0, 1)),
+    "detail_shape_mismatch": ("log.E016", "shape_mismatch", "Tensor shapes: 4vs 5", (0, 1)),
+    "detail_dtype_mismatch": ("log.E017", "dtype_mismatch", "Tensor dtypes: Floatvs Double", (0, 1)),
+    "nccl_not_built": ("log.E010", "backend_unavailable", "doesn't have NCCL built in", None),
+    "pg_not_initialized": ("log.E023", "pg_not_initialized", "Default process group has not been initialized", None),
+    "ddp_unused_parameters": ("log.E022", "unused_parameters", "Expected to have finished reduction", (0,)),
+    "gloo_wrong_interface": ("log.E008", "wrong_interface", "Unable to find address for: ib9", None),
+    "launch_deprecated_local_rank": ("log.E028", "launcher_misuse", "unrecognized arguments: --local-rank=0", None),
+    "uneven_inputs": ("log.E021", "uneven_inputs", "exhausted inputs", (0,)),
+    "torchrun_sigkill": ("log.E025", "oom_killed_rank", "exitcode  : -9", (3,)),
+    "torchrun_sigsegv": ("log.E029", "unknown", "(SIGSEGV)", (1,)),
+    "torchrun_sigabrt": ("log.E029", "unknown", "(SIGABRT)", (1,)),
+}
+
+SYNTHETIC = {
+    "nccl_watchdog_timeout": ("log.E020", "collective_timeout_hang", "WorkNCCL(SeqNum=45, OpType=ALLREDUCE", (0, 1)),
+    "nccl_watchdog_mismatch": ("log.E018", "collective_mismatch", "OpType=BROADCAST", (0, 1)),
+    "nccl_no_gpus": ("log.E011", "no_gpu_for_nccl", "no GPUs found", None),
+    "cuda_invalid_device_ordinal": ("log.E013", "invalid_device_ordinal", "invalid device ordinal", (2,)),
+    "cuda_oom": ("log.E029", "unknown", "CUDA out of memory", (0,)),
+    "nccl_unhandled_system_error": ("log.E008", "wrong_interface", "unhandled system error", (1,)),
+    "nccl_bootstrap_no_interface": ("log.E008", "wrong_interface", "no socket interface found", None),
+    "nccl_ib_error": ("log.E009", "ib_rdma_issue", "NET/IB : Got completion from peer", None),
+    "nccl_duplicate_gpu": ("log.E014", "duplicate_gpu", "Duplicate GPU detected", (0, 1)),
+    "nccl_shm": ("log.E024", "shm_too_small", "Error while creating shared memory segment", None),
+    "nccl_remote_error": ("log.E025", "oom_killed_rank", "ncclRemoteError", (5,)),
+    "bare_socket_timeout": ("log.E020", "collective_timeout_hang", "Socket Timeout", None),
+    "dataloader_bus_error": ("log.E024", "shm_too_small", "insufficient shared memory", None),
+    "cpu_tensor_on_nccl": ("log.E012", "cpu_tensor_on_nccl", "No backend type associated with device type cpu", (0,)),
+    "cuda_driver_too_old": ("log.E027", "version_incompat", "driver on your system is too old", (0,)),
+}
+
+
+def _check(path: Path, expected: tuple) -> None:
+    finding_id, cause, quoted, ranks = expected
+    report = explain_files([str(path)])
+    top = report.findings[0]
+    assert (top.id, top.cause) == (finding_id, cause), [(f.id, f.cause, f.confidence, f.title) for f in report.findings]
+    evidence = top.data["evidence"]
+    assert evidence and all({"file", "line", "text"} <= set(e) for e in evidence)
+    assert any(quoted in e["text"] for e in evidence), evidence
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for e in evidence:  # line numbers point at the quoted line
+        assert lines[e["line"] - 1].startswith(e["text"][:60])
+    if ranks is not None:
+        assert top.ranks == ranks
+    assert top.confidence is not None and 0 < top.confidence <= 1
+    assert top.check == "explain"
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_real_fixture_names_its_cause_first(name):
+    _check(FIXTURES / f"{name}.log", REAL[name])
+
+
+@pytest.mark.parametrize("name", sorted(SYNTHETIC))
+def test_synthetic_fixture_names_its_cause_first(name):
+    _check(FIXTURES / "synthetic" / f"{name}.log", SYNTHETIC[name])
+
+
+def test_every_fixture_file_is_covered():
+    real = {p.stem for p in FIXTURES.glob("*.log")}
+    synthetic = {p.stem for p in (FIXTURES / "synthetic").glob("*.log")}
+    assert real == set(REAL)
+    assert synthetic == set(SYNTHETIC)
+
+
+def test_settings_named_in_the_log_are_used_in_the_remediation():
+    port = explain_files([str(FIXTURES / "port_in_use.log")]).findings[0]
+    assert f"sport = :{port.data['port']}" in port.remediation
+    gloo = explain_files([str(FIXTURES / "gloo_wrong_interface.log")]).findings[0]
+    assert "GLOO_SOCKET_IFNAME=ib9" in gloo.remediation and gloo.data["ifname"] == "ib9"
+    nccl = explain_files([str(FIXTURES / "synthetic" / "nccl_bootstrap_no_interface.log")]).findings[0]
+    assert "NCCL_SOCKET_IFNAME=eth9" in nccl.remediation
+    store = explain_files([str(FIXTURES / "store_connect_timeout.log")]).findings[0]
+    assert store.data["timeout_ms"] == "3000" and store.data["address"] == "127.0.0.1"
+    assert f"MASTER_PORT={store.data['port']}" in store.remediation
+    watchdog = explain_files([str(FIXTURES / "synthetic" / "nccl_watchdog_timeout.log")]).findings[0]
+    assert (watchdog.data["seq"], watchdog.data["op"], watchdog.data["timeout_ms"]) == ("45", "ALLREDUCE", "600000")
+    assert "SeqNum 45" in watchdog.remediation
+
+
+def test_hostname_failure_explains_the_connect_timeouts_that_follow():
+    report = explain_files([str(FIXTURES / "hostname_unresolvable.log")])
+    assert [f.cause for f in report.findings] == ["hostname_unresolvable"]
+    top = report.findings[0]
+    assert top.data["address"] == "trainer-0.no-such-domain.invalid"
+    assert {c["signature"] for c in top.data["consequences"]} == {"store_client_connect_timeout"}

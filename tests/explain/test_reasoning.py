@@ -1,0 +1,124 @@
+"""Ambiguous texts give candidates, multi-rank logs name the first failure, nothing matched is unknown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from distdoctor.explain import explain_files, explain_text
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+AMBIGUOUS = {
+    "socket timeout": "Traceback (most recent call last):\nRuntimeError: Socket Timeout\n",
+    "unhandled system error": "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error "
+    "(run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n",
+    "connection reset": "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+    "[10.0.0.2]:41234: Connection reset by peer\n",
+}
+
+
+@pytest.mark.parametrize("text", AMBIGUOUS.values(), ids=AMBIGUOUS.keys())
+def test_ambiguous_text_lists_several_candidates_none_confident(text):
+    report = explain_text(text)
+    causes = [f.cause for f in report.findings]
+    assert len(set(causes)) >= 3, causes
+    assert all(f.confidence < 0.6 for f in report.findings), [(f.cause, f.confidence) for f in report.findings]
+    confidences = [f.confidence for f in report.findings]
+    assert confidences == sorted(confidences, reverse=True)
+    top = report.findings[0]
+    assert "distdoctor check" in top.data["tell_apart"] or "NCCL_DEBUG=INFO" in top.data["tell_apart"]
+    assert {c["cause"] for c in top.data["candidates"]} == set(causes[1:])
+
+
+def test_socket_timeout_says_which_stages_to_run():
+    top = explain_text(AMBIGUOUS["socket timeout"]).findings[0]
+    assert "distdoctor check --stage local --stage rendezvous" in top.data["tell_apart"]
+
+
+def test_sigkilled_rank_is_the_cause_and_peer_resets_its_consequences():
+    report = explain_files([str(FIXTURES / "torchrun_sigkill.log")])
+    assert len(report.findings) == 1, [(f.cause, f.title) for f in report.findings]
+    top = report.findings[0]
+    assert top.cause == "oom_killed_rank" and top.ranks == (3,)
+    assert "Rank 3" in top.title and top.data["signal"] == "SIGKILL"
+    assert top.confidence >= 0.8  # corroborated by the peers and torchrun's first-failure mark
+    consequences = top.data["consequences"]
+    assert {c["signature"] for c in consequences} == {"gloo_peer_lost"}
+    assert sorted(r for c in consequences for r in c["ranks"]) == [0, 1, 2]
+    # SIGTERMs sent by torchrun to the survivors are not failures of their own.
+    assert "SIGTERM" not in top.title
+
+
+def test_per_rank_logs_name_the_rank_that_died_silently():
+    files = sorted(str(p) for p in (FIXTURES / "per_rank_sigkill").glob("rank*.log"))
+    report = explain_files(files)
+    top = report.findings[0]
+    assert top.cause == "oom_killed_rank" and top.ranks == (2,)
+    assert top.confidence < 0.6  # inferred from silence, not from an exit code
+    assert report.world.ranks_reported == (0, 1, 2)
+    assert {r for c in top.data["consequences"] for r in c["ranks"]} == {0, 1}
+
+
+def test_same_error_on_many_ranks_is_one_finding():
+    text = "".join(
+        f"[rank{r}]: torch.distributed.DistBackendError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!\n"
+        for r in range(8)
+    )
+    report = explain_text(text)
+    assert len(report.findings) == 1
+    assert report.findings[0].ranks == tuple(range(8))
+    assert report.findings[0].data["occurrences"] == 8
+
+
+def test_first_failure_in_time_wins_across_files(tmp_path):
+    # rank 1 failed first (env missing); rank 0 then timed out waiting for it.
+    (tmp_path / "rank0.log").write_text(
+        "2024-05-01 10:00:09,000 ERROR Timed out after 5 seconds waiting for clients. 1/2 clients joined.\n"
+        "[rank0]: RuntimeError: Socket Timeout\n"
+    )
+    (tmp_path / "rank1.log").write_text(
+        "2024-05-01 10:00:01,000 ERROR ValueError: Error initializing torch.distributed using env:// rendezvous: "
+        "environment variable MASTER_ADDR expected, but not set\n"
+    )
+    report = explain_files([str(tmp_path / "rank0.log"), str(tmp_path / "rank1.log")])
+    top = report.findings[0]
+    assert top.cause == "env_missing" and top.ranks == (1,) and top.data["variable"] == "MASTER_ADDR"
+    assert [c["signature"] for c in top.data["consequences"]] == ["bare_socket_timeout"]
+
+
+def test_watchdog_timeouts_name_the_ranks_that_did_not_time_out(tmp_path):
+    line = ("[rank{r}]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank {r}] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+            "ran for 600081 milliseconds before timing out.\n")
+    for r in range(3):
+        (tmp_path / f"rank{r}.log").write_text(line.format(r=r))
+    (tmp_path / "rank3.log").write_text("step 100 loss 0.25\nloading shard 7\n")
+    report = explain_files(sorted(str(p) for p in tmp_path.glob("*.log")))
+    top = report.findings[0]
+    assert top.cause == "collective_timeout_hang" and top.ranks == (0, 1, 2)
+    assert top.data["ranks_without_error"] == [3]
+
+
+def test_nothing_matched_is_unknown_with_the_relevant_lines():
+    text = "".join(f"step {i} loss 0.{i:04d}\n" for i in range(500))
+    text += "Traceback (most recent call last):\n  File \"train.py\", line 3\nKeyError: 'labels'\n"
+    text += "".join(f"step {i} loss 0.1\n" for i in range(10))
+    report = explain_text(text)
+    assert [f.id for f in report.findings] == ["log.W030"]
+    top = report.findings[0]
+    assert top.cause == "unknown" and top.confidence == 0.0
+    assert any("KeyError: 'labels'" in e["text"] for e in top.data["evidence"])
+    assert report.exit_code() == 0  # a warning: nothing at the default fail level
+
+
+def test_json_contract(tmp_path):
+    report = explain_files([str(FIXTURES / "port_in_use.log")])
+    data = report.to_dict()
+    assert data["schema"] == "distdoctor.report/1"
+    assert data["world"]["launcher"] == "log"
+    finding = data["findings"][0]
+    assert {"id", "severity", "cause", "title", "detail", "remediation", "ranks", "hosts", "check", "confidence",
+            "data"} <= set(finding)
+    assert data["checks"][0]["name"].startswith("read ") and data["checks"][0]["lines"] > 0
