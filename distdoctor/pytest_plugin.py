@@ -27,6 +27,7 @@ _INI = {
     "distdoctor_timeout": ("timeout", "string", None),
     "distdoctor_silence": ("silence", "args", []),
     "distdoctor_stages": ("stages", "args", []),
+    "distdoctor_tags": ("tags", "args", []),
     "distdoctor_checks_dirs": ("checks_dirs", "args", []),
 }
 _ENABLE_HELP = "Run the distdoctor checks once per session: summary in the header, session fails per the fail level."
@@ -65,19 +66,31 @@ def _enabled(config: pytest.Config) -> bool:
 
 
 def _settings(config: pytest.Config) -> dict[str, Any]:
-    """Command line over ini; what is unset here comes from DISTDOCTOR_* env / pyproject / defaults."""
+    """Command line over ini; what is unset here comes from DISTDOCTOR_* env / pyproject / defaults.
+
+    Each value is parsed here with the option's own parser so that an error names the pytest
+    option or ini key it came from.
+    """
+    from distdoctor.config import OPTIONS
+
     cli: dict[str, Any] = {}
+
+    def take(option: str, value: Any, source: str) -> None:
+        try:
+            OPTIONS[option].parse(value)
+        except ValueError as exc:
+            raise pytest.UsageError(f"distdoctor: {source}: {exc}") from None
+        cli[option] = value
+
     for key, (option, _kind, _default) in _INI.items():
-        if option is None:
-            continue
         value = config.getini(key)
-        if value not in (None, "", []):
-            cli[option] = value
+        if option is not None and value not in (None, "", []):
+            take(option, value, f"ini {key}")
     for flag, option in (("--distdoctor-fail-level", "fail_level"), ("--distdoctor-timeout", "timeout"),
                          ("--distdoctor-silence", "silence")):
         value = config.getoption(flag)
         if value not in (None, [], ""):
-            cli[option] = value
+            take(option, value, flag)
     return cli
 
 
