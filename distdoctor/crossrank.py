@@ -1,0 +1,690 @@
+"""Cross-rank diagnosis for one rank: local stage, check-in, rendezvous and collective stages, one report.
+
+Every rank runs :func:`run_rank`. The flow, and why each step is where it is:
+
+1. local stage on every rank (no communication).
+2. every rank connects to the store (distdoctor.world) and checks in: its local findings and
+   check results, and a snapshot (host, pid, versions, NCCL_*/TORCH_*/GLOO_* settings, GPUs,
+   the device it will use). A second process claiming a rank learns so from its claim number
+   and stays out of the collectives (it would corrupt them), quietly.
+3. rank 0 waits for the check-ins (until the run's working deadline), runs the rendezvous stage
+   over them and publishes one decision: run the collective stage, or skip it and why. Every
+   rank follows that decision, so nobody waits for a collective the others will not join.
+4. collective stage on every accepted rank; each rank posts its results and marks itself done.
+5. rank 0 gathers, names the ranks that did not finish, renders ONE report, then publishes the
+   exit code; the other ranks exit with that code after rank 0 printed (under torchrun an early
+   non-zero exit of a worker would make the agent kill rank 0 mid-report).
+
+A watchdog (distdoctor.watchdog) holds the overall deadline: past it, rank 0 renders a partial
+report naming the stage and the ranks that did not finish, and every rank exits with code 3.
+Whenever a rank cannot hand its results to rank 0 (no store, no rank 0), it prints its own
+report: somebody must.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from distdoctor.config import Config
+from distdoctor.context import CheckContext, build_context
+from distdoctor.core_findings import RUN_DEADLINE
+from distdoctor.engine import load_registry, local_world_summary
+from distdoctor.findings import Finding
+from distdoctor.probes import Probes, call_with_deadline
+from distdoctor.redact import secret_values
+from distdoctor.registry import STAGES, Registry
+from distdoctor.report import EXIT_INCOMPLETE, Report, WorldSummary, build_report, format_ranks
+from distdoctor.runner import Runner
+from distdoctor.snapshot import collect_snapshot
+from distdoctor.checks.rendezvous import NO_DECISION, STORE_PORT_TAKEN, STORE_UNREACHABLE
+from distdoctor.watchdog import Watchdog
+from distdoctor.world import Arrival, CheckIns, World, WorldError, WorldSpec, fit
+
+CROSS_RANK_STAGES = ("rendezvous", "collective")
+# Non-root ranks keep their watchdog this much longer than rank 0, so that rank 0 (which
+# knows the most) is the one that reports when a deadline passes.
+NON_ROOT_GRACE_S = 1.0
+# After the last expected rank checked in, rank 0 listens this much longer so that a second
+# process claiming a rank at nearly the same moment is still caught before the collectives.
+SETTLE_S = 0.05
+# How long rank 0 waits for the others' goodbyes before releasing a store it hosts.
+GOODBYE_S = 1.0
+
+def working_reserve(timeout: float) -> float:
+    """Time kept back from the run's deadline for gathering and rendering the report."""
+    return min(max(0.1 * timeout, 0.5), 2.0)
+
+
+def cross_rank_requested(config: Config) -> bool:
+    return any(stage in config.stages for stage in CROSS_RANK_STAGES)
+
+
+# -- what a rank tells the others -------------------------------------------------------------
+def device_mapping(ctx: CheckContext) -> dict[str, Any] | None:
+    """The GPU this rank will use, as the usual script picks it (cuda:LOCAL_RANK), by UUID."""
+    gpus = ctx.gpus()
+    if not isinstance(gpus, list) or not gpus:
+        return None
+    local = ctx.launch.local_rank.value
+    if len(gpus) == 1:
+        gpu, how = gpus[0], "the only GPU this rank sees"
+    elif local is not None and local < len(gpus):
+        gpu, how = gpus[local], f"cuda:{local} (LOCAL_RANK) of {len(gpus)} visible GPUs"
+    else:
+        return None
+    return {"index": gpu.index, "uuid": gpu.uuid, "name": gpu.name, "how": how}
+
+
+def node_rank(ctx: CheckContext) -> int | None:
+    launch = ctx.launch
+    if launch.node_rank is not None and launch.node_rank.value is not None:
+        return launch.node_rank.value
+    raw = ctx.env.get("NODE_RANK", "").strip()
+    return int(raw) if raw.isdigit() else None
+
+
+def checkin_payload(ctx: CheckContext, runner: Runner) -> dict[str, Any]:
+    snapshot = collect_snapshot(ctx)
+    payload = {
+        "host": snapshot.get("host"),
+        "pid": snapshot.get("pid"),
+        "snapshot": snapshot,
+        "node_rank": node_rank(ctx),
+        "local_rank": ctx.launch.local_rank.value,
+        "local_world_size": ctx.launch.local_world_size.value,
+        "device": device_mapping(ctx),
+        "findings": [f.to_dict() for f in runner.state.findings],
+        "checks": [r.to_dict() for r in runner.state.results],
+    }
+    payload["snapshot"] = fit(snapshot, 40 * 1024, droppable=("interfaces", "platform", "gpus", "env"))
+    return fit(payload, droppable=("findings",))
+
+
+# -- merging check entries across ranks -------------------------------------------------------
+def merge_check_entries(entries: Iterable[tuple[Sequence[int], Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """One entry per (check, stage, status, reason), with the ranks it holds for."""
+    merged: dict[tuple, dict[str, Any]] = {}
+    for ranks, entry in entries:
+        key = (entry.get("name"), entry.get("stage"), entry.get("status"), entry.get("reason", ""))
+        if key not in merged:
+            merged[key] = {**entry, "ranks": set(ranks)}
+        else:
+            target = merged[key]
+            target["ranks"].update(ranks)
+            target["duration_s"] = max(float(target.get("duration_s", 0.0)), float(entry.get("duration_s", 0.0)))
+    out = [{**e, "ranks": sorted(e["ranks"])} for e in merged.values()]
+    order = {s: i for i, s in enumerate(STAGES)}
+    return sorted(out, key=lambda e: order.get(e.get("stage"), len(order)))
+
+
+def _findings_from(raw: Iterable[Mapping[str, Any]]) -> list[Finding]:
+    out = []
+    for item in raw or ():
+        try:
+            out.append(Finding.from_dict(item))
+        except (KeyError, ValueError, TypeError):
+            continue  # a malformed finding from another rank is dropped, not trusted
+    return out
+
+
+# -- the run of one rank ----------------------------------------------------------------------
+@dataclass
+class RankOutcome:
+    report: Report | None
+    exit_code: int
+    # True when this process rendered a report (rank 0, --all-ranks, or a rank on its own).
+    reported: bool = False
+    world_opened: bool = False
+
+
+@dataclass
+class _Progress:
+    """What rank 0 knows so far; the watchdog builds the partial report from it."""
+
+    stage: str = "local"
+    expected: list[int] = field(default_factory=list)
+    checkins: CheckIns | None = None
+    remote: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+class RankRun:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        env: Mapping[str, str] | None = None,
+        argv: Sequence[str] | None = None,
+        probes: Probes | None = None,
+        registry: Registry | None = None,
+        all_ranks: bool = False,
+        emit: Callable[[Report], None] | None = None,
+        started: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        exit: Callable[[int], None] = os._exit,
+        watchdog: bool = True,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.started = clock() if started is None else started
+        self.deadline = self.started + config.timeout
+        self.work_deadline = self.deadline - working_reserve(config.timeout)
+        self.registry = load_registry(config, registry)
+        self.ctx = build_context(config, env=env, argv=argv, probes=probes)
+        self.runner = Runner(
+            self.registry,
+            timeout=max(self.work_deadline - clock(), 0.01),
+            check_timeout=config.check_timeout,
+            silence=config.silence,
+            clock=clock,
+        )
+        self.runner.started = self.started  # durations count from the process's start
+        self.checks = self.registry.select(config.stages, config.tags)
+        self.all_ranks = all_ranks
+        self.emit = emit
+        self.exit = exit
+        self.use_watchdog = watchdog
+        self.world: World | None = None
+        self.progress = _Progress()
+        self.rank = self.ctx.rank if self.ctx.rank is not None else 0
+
+    # -- helpers -------------------------------------------------------------------------
+    def _stage(self, stage: str, skip_reason: str | None = None) -> None:
+        self.progress.stage = stage
+        if stage in self.config.stages:
+            self.runner.run_stage(stage, self.checks, self.ctx, skip_reason=skip_reason)
+
+    def _own_report(self, extra: Iterable[Finding] = ()) -> Report:
+        return build_report(
+            [*self.registry.load_problems, *self.runner.state.findings, *extra],
+            [{**r.to_dict(), "ranks": [self.rank]} for r in self.runner.state.results],
+            world=local_world_summary(self.ctx),
+            duration_s=self.clock() - self.started,
+            incomplete=self.runner.state.incomplete,
+            silence=self.config.silence,
+            secrets=secret_values(self.ctx.env),
+        )
+
+    def _render(self, report: Report) -> bool:
+        if self.emit is None:
+            return False
+        self.emit(report)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        return True
+
+    def _finish_alone(self, extra: Iterable[Finding] = ()) -> RankOutcome:
+        """This rank could not hand its results to rank 0: it reports for itself."""
+        report = self._own_report(extra)
+        code = report.exit_code(self.config.fail_level)
+        return RankOutcome(report, code, self._render(report), self.world is not None)
+
+    # -- the flow ------------------------------------------------------------------------
+    def run(self) -> RankOutcome:
+        spec = WorldSpec.from_launch(self.ctx.launch, self.ctx.env)
+        watchdog = Watchdog(
+            self.deadline + (0.0 if self.rank == 0 else NON_ROOT_GRACE_S),
+            self._on_deadline,
+            clock=self.clock,
+            exit=self.exit,
+        )
+        if self.use_watchdog:
+            watchdog.start()
+        try:
+            if spec is not None:
+                # Every check of a rank needs torch; importing it here (seconds on a busy node)
+                # keeps that time out of the first check's own deadline.
+                import torch.distributed  # noqa: F401
+            self._testing_hang("local")
+            self._stage("local")
+            if spec is None:
+                # No usable world (the local stage says why): the cross-rank stages cannot run.
+                reason = "skipped: the environment does not describe a usable world (see the launch findings)"
+                for stage in CROSS_RANK_STAGES:
+                    self._stage(stage, skip_reason=reason)
+                return self._finish_alone()
+            blocking = self.runner.skip_reason("rendezvous", _AnyWorld(self.ctx))
+            if blocking:
+                for stage in CROSS_RANK_STAGES:
+                    self._stage(stage, skip_reason=blocking)
+                return self._finish_alone()
+            return self._run_in_world(spec)
+        finally:
+            watchdog.cancel()
+
+    def _run_in_world(self, spec: WorldSpec) -> RankOutcome:
+        self.progress.stage = "rendezvous"
+        try:
+            self.world = World.open(spec, self.work_deadline, self.clock)
+        except WorldError as exc:
+            kind = STORE_PORT_TAKEN if exc.cause == "port_in_use" else STORE_UNREACHABLE
+            finding = kind(
+                f"Rank {spec.rank} could not reach the store at {spec.master_addr}:{spec.master_port}"
+                if kind is STORE_UNREACHABLE
+                else f"Rank 0 could not host the store: port {spec.master_port} is taken",
+                detail=str(exc),
+                ranks=(spec.rank,),
+                hosts=self._host(),
+                data={"master_addr": spec.master_addr, "master_port": spec.master_port, "store_host": spec.store_host},
+            )
+            reason = "skipped: the rendezvous store could not be reached"
+            for stage in CROSS_RANK_STAGES:
+                self._stage(stage, skip_reason=reason)
+            return self._finish_alone([finding])
+        world = self.world
+        self.ctx.world = world
+        claim = world.check_in(checkin_payload(self.ctx, self.runner))
+        if claim > 1:
+            return self._run_as_duplicate()
+        if world.rank == 0:
+            return self._run_root()
+        return self._run_member()
+
+    def _host(self) -> tuple[str, ...]:
+        host = self.ctx.memo("hostname", self.ctx.probes.hostname)
+        return (host,) if isinstance(host, str) else ()
+
+    # -- rank 0 --------------------------------------------------------------------------
+    def _run_root(self) -> RankOutcome:
+        world = self.world
+        assert world is not None
+        self.progress.expected = list(range(world.size))
+        self._testing_hang("rendezvous")
+        # Stop waiting early enough that the rendezvous checks still run before the deadline.
+        checkin_deadline = self.work_deadline - working_reserve(self.config.timeout)
+        checkins = world.wait_for_checkins(checkin_deadline, settle_s=SETTLE_S)
+        world.checkins = checkins  # type: ignore[attr-defined]
+        self.progress.checkins = checkins
+        self._stage("rendezvous")
+        accepted = sorted(r for r in checkins.accepted if 0 <= r < world.size)
+        skip = None
+        if "collective" not in self.config.stages:
+            skip = "skipped: the collective stage was not selected"
+        else:
+            skip = self.runner.skip_reason("collective", self.ctx)
+            if skip is None and checkins.missing:
+                skip = f"skipped: ranks {format_ranks(checkins.missing)} never checked in"
+        decision = {"skip": skip, "accepted": accepted, "size": world.size, **nccl_decision(checkins, self.config)}
+        world.decision = decision  # type: ignore[attr-defined]
+        world.put("decision", decision)
+        self.progress.expected = accepted
+        self._stage("collective", skip_reason=skip)
+        self._testing_hang("gather")
+        others = [r for r in accepted if r != 0]
+        self.progress.stage = "collective"
+        done = world.wait_done("collective", others, self.work_deadline) if others else set()
+        self.progress.remote = world.results("collective", done)
+        not_done = sorted(set(others) - done)
+        cut_off = sorted(r for r, res in self.progress.remote.items() if isinstance(res, dict) and res.get("incomplete"))
+        if self.runner.state.incomplete:
+            cut_off = sorted({0, *cut_off})
+        if not_done or cut_off:
+            self._mark_stuck(not_done, cut_off)
+        report = self._consolidated(extra=self._late_duplicates(checkins))
+        code = report.exit_code(self.config.fail_level)
+        reported = self._render(report)
+        reported_claims = sorted(f"{r}:{c}" for r, c in checkins.payloads)
+        world.put("final", {"exit": code, "claims": reported_claims})
+        self._release(expect_goodbyes=len(checkins.arrivals) - 1)
+        return RankOutcome(report, code, reported, True)
+
+    def _mark_stuck(self, not_done: list[int], cut_off: list[int]) -> None:
+        stuck = sorted(set(not_done) | set(cut_off))
+        stuck_checks = sorted({
+            str(self.progress.remote.get(r, {}).get("stuck_check"))
+            for r in cut_off if self.progress.remote.get(r, {}).get("stuck_check")
+        })
+        detail = []
+        if not_done:
+            detail.append(f"Ranks {format_ranks(not_done)} never reported the end of the collective stage.")
+        if cut_off:
+            detail.append(f"Ranks {format_ranks(cut_off)} were cut off by their deadline inside it"
+                          + (f" (in {', '.join(stuck_checks)})." if stuck_checks else "."))
+        self.runner.state.incomplete = False  # re-marked below with the ranks named
+        self.runner.state.findings = [f for f in self.runner.state.findings if f.id != RUN_DEADLINE.id]
+        self.runner.mark_incomplete("collective", self.ctx, stuck, " ".join(detail))
+
+    def _late_duplicates(self, checkins: CheckIns) -> list[Finding]:
+        """Processes that claimed a rank after the check-in phase: named too."""
+        world = self.world
+        assert world is not None
+        try:
+            late, _ = world.late_claims(list(checkins.payloads) + list(checkins.unreadable))
+        except Exception:
+            return []
+        if not late:
+            return []
+        from distdoctor.checks.rendezvous import collision_findings
+
+        for rank, claim in late:
+            checkins.arrivals.append(Arrival(rank, claim, checkins.waited_s))
+        checkins.payloads.update(late)
+        return collision_findings(checkins, only_ranks={r for r, _ in late})
+
+    def _consolidated(self, extra: Iterable[Finding] = ()) -> Report:
+        checkins = self.progress.checkins
+        findings: list[Finding] = [*self.registry.load_problems, *self.runner.state.findings, *extra]
+        examined = checkins.reported if checkins else [0]
+        entries: list[tuple[Sequence[int], Mapping[str, Any]]] = []
+        for result in self.runner.state.results:
+            ranks = examined if result.stage == "rendezvous" else [0]
+            entries.append((ranks, result.to_dict()))
+        if checkins:
+            for rank, payload in sorted(checkins.accepted.items()):
+                if rank == 0 or not 0 <= rank < checkins.expected:
+                    continue
+                findings += _findings_from(payload.get("findings", ()))
+                entries += [([rank], c) for c in payload.get("checks", ()) if isinstance(c, Mapping)]
+        for rank, result in sorted(self.progress.remote.items()):
+            if not isinstance(result, Mapping):
+                continue
+            findings += _findings_from(result.get("findings", ()))
+            entries += [([rank], c) for c in result.get("checks", ()) if isinstance(c, Mapping)]
+        world = self.world
+        summary = WorldSummary(
+            size=world.size if world else self.ctx.world_size,
+            launcher=self.ctx.launch.launcher,
+            ranks_reported=tuple(checkins.reported) if checkins else (self.rank,),
+            ranks_missing=tuple(checkins.missing) if checkins else (),
+        )
+        return build_report(
+            findings,
+            merge_check_entries(entries),
+            world=summary,
+            duration_s=self.clock() - self.started,
+            incomplete=self.runner.state.incomplete,
+            silence=self.config.silence,
+            secrets=secret_values(self.ctx.env),
+        )
+
+    def _release(self, expect_goodbyes: int) -> None:
+        world = self.world
+        assert world is not None
+        if world.hosted and expect_goodbyes > 0:
+            # The others read "final" from the store this process hosts: let them, briefly.
+            until = min(self.clock() + GOODBYE_S, self.deadline)
+            while self.clock() < until:
+                try:
+                    if world.goodbyes() >= expect_goodbyes:
+                        break
+                except Exception:
+                    break
+                time.sleep(0.01)
+        world.close(destroy_groups=False)
+
+    # -- the other ranks -----------------------------------------------------------------
+    def _run_member(self) -> RankOutcome:
+        world = self.world
+        assert world is not None
+        self._testing_hang("rendezvous")
+        # Rank 0 decides only when its check-in wait ends: wait for it up to this rank's own end.
+        decision = world.fetch("decision", self.deadline + NON_ROOT_GRACE_S - 0.2)
+        if not isinstance(decision, dict):
+            reason = "skipped: rank 0 published no decision before this rank's deadline"
+            self._stage("rendezvous", skip_reason=reason)
+            self._stage("collective", skip_reason=reason)
+            finding = NO_DECISION(
+                ranks=(world.rank,),
+                hosts=self._host(),
+                detail="This rank checked in, but rank 0 never published the outcome of the check-in "
+                "(rank 0 not started, stuck, or killed).",
+            )
+            self.runner.mark_incomplete("rendezvous", self.ctx, (0,), "Rank 0 did not finish the rendezvous stage.")
+            return self._finish_member(None, [finding])
+        world.decision = decision  # type: ignore[attr-defined]
+        skip = decision.get("skip")
+        if skip is None and world.rank not in decision.get("accepted", ()):
+            skip = f"skipped: rank {world.rank} is not part of rank 0's world of {decision.get('size')}"
+        if skip is None and decision.get("size") != world.size:
+            skip = f"skipped: WORLD_SIZE here ({world.size}) differs from rank 0's ({decision.get('size')})"
+        self._stage("collective", skip_reason=skip)
+        self._testing_hang("gather")
+        world.mark_done("collective", self._results_message())
+        final = world.fetch("final", self.deadline + NON_ROOT_GRACE_S - 0.2)
+        return self._finish_member(final)
+
+    def _results_message(self) -> dict[str, Any]:
+        results = [r for r in self.runner.state.results if r.stage == "collective"]
+        stuck = next((r.name for r in results if r.status == "timeout"), None)
+        findings = [f for r in results for f in r.findings]
+        findings += [f for f in self.runner.state.findings if f.id == RUN_DEADLINE.id]
+        return fit(
+            {
+                "checks": [r.to_dict() for r in results],
+                "findings": [f.to_dict() for f in findings],
+                "incomplete": self.runner.state.incomplete,
+                "stuck_check": stuck,
+            },
+            droppable=("findings",),
+        )
+
+    def _run_as_duplicate(self) -> RankOutcome:
+        """A second process claiming a taken rank: it stays out of the collectives, quietly."""
+        world = self.world
+        assert world is not None
+        reason = f"skipped: another process already claimed rank {world.rank}"
+        self._stage("rendezvous", skip_reason=reason)
+        self._stage("collective", skip_reason=reason)
+        final = world.fetch("final", self.deadline + NON_ROOT_GRACE_S - 0.2)
+        claims = final.get("claims") if isinstance(final, dict) else None
+        if isinstance(claims, list) and f"{world.rank}:{world.claim}" not in claims:
+            # Rank 0 finished before this process arrived: nobody else will name the collision.
+            return self._finish_alone(self._own_collision())
+        return self._finish_member(final)
+
+    def _own_collision(self) -> list[Finding]:
+        from distdoctor.checks.rendezvous import collision_findings
+
+        world = self.world
+        assert world is not None and world.claim is not None
+        keys = [(world.rank, c) for c in range(1, world.claim + 1)]
+        try:
+            payloads, _ = world._read_checkins(keys)
+        except Exception:
+            payloads = {}
+        checkins = CheckIns(world.size, [Arrival(r, c, 0.0) for r, c in keys], payloads)
+        return collision_findings(checkins)
+
+    def _finish_member(self, final: Any, extra: Iterable[Finding] = ()) -> RankOutcome:
+        world = self.world
+        report = self._own_report(extra)
+        if isinstance(final, dict) and isinstance(final.get("exit"), int):
+            code = int(final["exit"])
+            reported = self._render(report) if self.all_ranks else False
+        else:
+            # Rank 0 never said how it went: this rank reports what it knows itself.
+            if not self.runner.state.incomplete:
+                self.runner.mark_incomplete("collective", self.ctx, (0,), "Rank 0 published no final report before this rank's deadline.")
+                report = self._own_report(extra)
+            code = report.exit_code(self.config.fail_level)
+            reported = self._render(report)
+        if world is not None:
+            try:
+                world.say_goodbye()
+            except Exception:
+                pass
+            world.close(destroy_groups=False)
+        return RankOutcome(report, code, reported, True)
+
+    # -- the deadline --------------------------------------------------------------------
+    def _on_deadline(self) -> None:
+        """Watchdog thread: the main flow is stuck. Rank 0 renders what it knows; others stay quiet."""
+        is_root = self.world is not None and self.world.is_root and self.world.rank == 0
+        if not is_root and not self.all_ranks:
+            if self.world is None or self.rank == 0:
+                # Not in a world yet (stuck in the local stage): this process is on its own.
+                self._render(self._partial(None))
+            return
+        self._render(self._partial(self.world if is_root else None))
+        if is_root and self.world is not None:
+            # Tell the others (bounded: the store may be what hangs) so they end quietly.
+            world = self.world
+            claims = sorted(f"{r}:{c}" for r, c in (self.progress.checkins.payloads if self.progress.checkins else {}))
+            call_with_deadline(lambda: world.put("final", {"exit": EXIT_INCOMPLETE, "claims": claims}), 0.5, "final")
+
+    def _partial(self, world: World | None) -> Report:
+        stage = self.progress.stage
+        stuck: list[int] = [self.rank]
+        if world is not None and stage in CROSS_RANK_STAGES:
+            expected = self.progress.expected or list(range(world.size))
+            if stage == "rendezvous" and self.progress.checkins is None:
+                from distdoctor.world import parse_roster
+
+                roster = call_with_deadline(lambda: world.read_text("roster"), 1.0, "roster")
+                arrived = {r for r, _ in parse_roster(roster)} if isinstance(roster, str) else set()
+                stuck = [r for r in expected if r not in arrived] or [0]
+            else:
+                done = call_with_deadline(lambda: world.done_ranks(stage), 1.0, "progress")
+                done = done if isinstance(done, set) else set()
+                stuck = sorted({0, *(r for r in expected if r != 0 and r not in done)})
+        deadline_finding = RUN_DEADLINE(
+            f"The {stage} stage did not finish before the run's deadline on ranks {format_ranks(stuck)}",
+            detail=f"The watchdog ended the run {self.config.timeout:g}s after it started, in the {stage} stage; "
+            "the report is partial.",
+            ranks=stuck,
+            check="watchdog",
+            data={"stage": stage},
+        )
+        findings = [f for f in list(self.runner.state.findings) if f.id != RUN_DEADLINE.id]
+        if world is not None:
+            self.runner.state.findings = findings
+            self.runner.state.incomplete = True
+            report = self._consolidated(extra=[deadline_finding])
+        else:
+            report = build_report(
+                [*findings, deadline_finding],
+                [{**r.to_dict(), "ranks": [self.rank]} for r in list(self.runner.state.results)],
+                world=local_world_summary(self.ctx),
+                duration_s=self.clock() - self.started,
+                incomplete=True,
+                silence=self.config.silence,
+                secrets=secret_values(self.ctx.env),
+            )
+        report.incomplete = True
+        return report
+
+    def _testing_hang(self, stage: str) -> None:
+        """Test-only: DISTDOCTOR_TESTING=1 DISTDOCTOR_TEST_HANG=<rank>:<stage> blocks this flow.
+
+        It stands for a hang no deadline can interrupt (a C++ wait), to prove the watchdog ends
+        the run; it is ignored unless DISTDOCTOR_TESTING=1.
+        """
+        env = self.ctx.env
+        if env.get("DISTDOCTOR_TESTING") != "1":
+            return
+        want = env.get("DISTDOCTOR_TEST_HANG", "")
+        if want == f"{self.rank}:{stage}":
+            self.progress.stage = "collective" if stage == "gather" else stage
+            while True:
+                time.sleep(3600)
+
+
+class _AnyWorld:
+    """A view of the context with a world present, to ask the runner about critical findings only."""
+
+    def __init__(self, ctx: CheckContext) -> None:
+        self._ctx = ctx
+        self.world = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+
+def run_rank(config: Config, **kwargs: Any) -> RankOutcome:
+    """Run every selected stage as one rank of the world the environment describes."""
+    return RankRun(config, **kwargs).run()
+
+
+def nccl_decision(checkins: CheckIns, config: Config) -> dict[str, Any]:
+    """Whether every rank runs the nccl collectives (all must agree, or the group would hang)."""
+    if config.backend not in (None, "nccl"):
+        return {"nccl": False, "nccl_reason": f"skipped: the configured backend is {config.backend}"}
+    accepted = {r: p for r, p in checkins.accepted.items() if 0 <= r < checkins.expected}
+    if not accepted or checkins.missing:
+        return {"nccl": False, "nccl_reason": "skipped: not every rank checked in"}
+    without_gpu = sorted(r for r, p in accepted.items() if not isinstance(p.get("device"), dict))
+    backends = {r: ((p.get("snapshot") or {}).get("torch") or {}) for r, p in accepted.items()}
+    without_nccl = sorted(
+        r for r, info in backends.items()
+        if not (isinstance(info, dict) and (info.get("backends") or {}).get("nccl"))
+    )
+    if without_gpu or without_nccl:
+        reasons = []
+        if without_gpu:
+            reasons.append(f"ranks {format_ranks(without_gpu)} have no GPU")
+        if without_nccl:
+            reasons.append(f"ranks {format_ranks(without_nccl)} have no nccl")
+        return {"nccl": False, "nccl_reason": "skipped: " + " and ".join(reasons)}
+    devices = {str(r): int(p["device"].get("index", 0)) for r, p in accepted.items()}
+    return {"nccl": True, "devices": devices}
+
+
+def process_started(clock: Callable[[], float] = time.monotonic) -> float:
+    """When this process started, on ``clock``: the run's deadline counts from there, so the
+    time spent importing torch is inside it (the user's --timeout is wall time)."""
+    age = _process_age()
+    return clock() - age if age is not None and 0 <= age < 600 else clock()
+
+
+def _process_age() -> float | None:
+    # /proc gives the start in clock ticks since boot and the uptime in 1/100 s: both exact to
+    # 10 ms (psutil's create_time adds the boot time, which /proc/stat rounds to a second).
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        with open("/proc/uptime", "rb") as fh:
+            uptime = float(fh.read().split()[0])
+        return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+
+        return time.time() - psutil.Process().create_time()
+    except Exception:
+        return None
+
+
+def check_entry(
+    config: Config,
+    render: Callable[[Report], None],
+    *,
+    env: Mapping[str, str],
+    argv: Sequence[str],
+    all_ranks: bool = False,
+    started: float | None = None,
+) -> int:
+    """The `distdoctor check` command: local only, the self-test world, or one rank of a world.
+
+    Returns the exit code; as one rank of a world it ends the process itself (os._exit) once the
+    report is out, since a process group whose peer hung can block interpreter teardown.
+    """
+    from distdoctor.launchers import NONE, detect
+
+    started = process_started() if started is None else started
+    launch = detect(env, argv)
+    if not cross_rank_requested(config):
+        from distdoctor.engine import diagnose
+
+        report = diagnose(config, env=env, argv=argv)
+        render(report)
+        return report.exit_code(config.fail_level)
+    if launch.launcher == NONE:
+        from distdoctor.selftest import run_selftest
+
+        return run_selftest(config, render, nproc=config.nproc, all_ranks=all_ranks, started=started, argv=list(argv))
+    outcome = run_rank(config, env=env, argv=argv, all_ranks=all_ranks, emit=render, started=started)
+    if outcome.world_opened:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(outcome.exit_code)
+    return outcome.exit_code

@@ -1,0 +1,236 @@
+"""The self-test world: N local ranks on this node, started with torch.multiprocessing.
+
+`distdoctor check` with no launcher in the environment (or with ``--nproc N``) runs every stage
+through a real world of N processes on loopback, as torchrun would start them, and reports once.
+
+Why torch.multiprocessing with fork rather than torchrun's elastic agent: the supervisor imports
+torch once and the ranks inherit it, so a 2-rank self-test costs one torch import instead of
+three (the agent's and each worker's); benchmarks/ measure it against a bare torchrun script.
+The supervisor plays the elastic agent's part: it hosts the store on a free loopback port (no
+port race: it binds port 0 and hands the port to the ranks) and the ranks connect to it as
+torchrun workers connect to the agent's store.
+
+No process is left behind: every rank dies with the supervisor (PR_SET_PDEATHSIG), and the
+supervisor ends any rank still alive after the run's deadline plus the watchdog's grace, by PID.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import secrets
+import signal
+import sys
+import time
+from datetime import timedelta
+from multiprocessing.connection import wait as wait_for
+from typing import Any, Callable
+
+from distdoctor.config import Config
+from distdoctor.crossrank import NON_ROOT_GRACE_S
+from distdoctor.report import EXIT_FINDINGS, EXIT_INCOMPLETE
+from distdoctor.watchdog import EXPIRE_GRACE_S
+from distdoctor.world import AGENT_STORE_ENV, RUN_ID_ENV
+
+LOOPBACK = "127.0.0.1"
+MP_SPAWN_ENV = "DISTDOCTOR_MP_SPAWN"
+MP_SPAWN_LAUNCHER = "mp_spawn"
+# Past the ranks' own hard deadline (watchdog + grace), the supervisor ends them itself.
+SUPERVISOR_SLACK_S = 1.0
+
+
+def default_nproc(gpu_count: int | None = None) -> int:
+    """The number of GPUs, at least 2 (a world of one tests no communication)."""
+    if gpu_count is None:
+        gpu_count = visible_gpu_count()
+    return max(2, gpu_count)
+
+
+def visible_gpu_count() -> int:
+    """GPUs visible here, without initialising CUDA in the supervisor (its children fork)."""
+    try:
+        import torch
+
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: this process gets SIGKILL when the supervisor dies, whatever killed it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except Exception:
+        pass
+    if os.getppid() != parent:  # the supervisor died before prctl took effect
+        os._exit(EXIT_INCOMPLETE)
+
+
+def rank_environment(local_rank: int, nproc: int, port: int, run_id: str) -> dict[str, str]:
+    return {
+        "RANK": str(local_rank),
+        "WORLD_SIZE": str(nproc),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "MASTER_ADDR": LOOPBACK,
+        "MASTER_PORT": str(port),
+        MP_SPAWN_ENV: "1",
+        AGENT_STORE_ENV: str(True),
+        RUN_ID_ENV: run_id,
+    }
+
+
+def _rank_main(
+    local_rank: int,
+    nproc: int,
+    port: int,
+    run_id: str,
+    parent: int,
+    config: Config,
+    render: Callable[[Any], None],
+    all_ranks: bool,
+    started: float,
+    argv: list[str],
+) -> None:
+    """One rank of the self-test world (runs in the forked child)."""
+    _die_with_parent(parent)
+    code = EXIT_INCOMPLETE
+    try:
+        os.environ.update(rank_environment(local_rank, nproc, port, run_id))
+        from distdoctor.crossrank import run_rank
+
+        outcome = run_rank(config, env=dict(os.environ), argv=argv, all_ranks=all_ranks, emit=render, started=started)
+        code = outcome.exit_code
+    except BaseException as exc:  # never a traceback: say what happened and exit non-zero
+        try:
+            sys.stderr.write(f"distdoctor: self-test rank {local_rank} failed: {type(exc).__name__}: {exc}\n")
+        except Exception:
+            pass
+        code = EXIT_FINDINGS
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        # Skip interpreter teardown: destructors of a process group whose peer hung can block.
+        os._exit(code)
+
+
+def run_selftest(
+    config: Config,
+    render: Callable[[Any], None],
+    *,
+    nproc: int | None = None,
+    all_ranks: bool = False,
+    started: float | None = None,
+    argv: list[str] | None = None,
+) -> int:
+    """Start the world, supervise it, return rank 0's exit code. Rank 0 prints the report."""
+    started = time.monotonic() if started is None else started
+    import torch.multiprocessing as mp
+    from torch.distributed import TCPStore
+
+    size = nproc or default_nproc()
+    store = TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False,
+                     timeout=timedelta(seconds=max(config.timeout, 1.0)))
+    run_id = secrets.token_hex(6)
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    context = mp.start_processes(
+        _rank_main,
+        args=(size, store.port, run_id, os.getpid(), config, render, all_ranks, started, list(argv or sys.argv)),
+        nprocs=size,
+        join=False,
+        start_method=method,
+    )
+    processes = list(context.processes)
+    hard_deadline = started + config.timeout + NON_ROOT_GRACE_S + EXPIRE_GRACE_S + SUPERVISOR_SLACK_S
+    try:
+        while True:
+            alive = [p for p in processes if p.is_alive()]
+            left = hard_deadline - time.monotonic()
+            if not alive or left <= 0:
+                break
+            wait_for([p.sentinel for p in alive], timeout=left)
+    finally:
+        killed = end_processes(processes)
+        for path in context.error_files:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        del store
+    codes = {i: p.exitcode for i, p in enumerate(processes)}
+    rank0 = codes.get(0)
+    if rank0 in (0, EXIT_FINDINGS, EXIT_INCOMPLETE) and 0 not in killed:
+        return int(rank0)
+    # Rank 0 did not end by itself, so it printed nothing: the supervisor says what it knows.
+    report = abnormal_report(codes, killed, config, started, size)
+    render(report)
+    return report.exit_code(config.fail_level)
+
+
+def abnormal_report(codes: dict[int, int | None], killed: set[int], config: Config, started: float, size: int) -> Any:
+    from distdoctor.checks.rendezvous import RANK_DIED
+    from distdoctor.core_findings import RUN_DEADLINE
+    from distdoctor.report import WorldSummary, build_report
+
+    def how(code: int | None) -> str:
+        if code is None:
+            return "did not exit"
+        if code < 0:
+            try:
+                return f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"was killed by signal {-code}"
+        return f"exited with code {code}"
+
+    findings = []
+    died = sorted(i for i, c in codes.items() if i not in killed and c not in (0, EXIT_FINDINGS, EXIT_INCOMPLETE))
+    if died:
+        findings.append(RANK_DIED(
+            f"Ranks {', '.join(map(str, died))} of the self-test world ended without a report",
+            detail="; ".join(f"rank {i} {how(codes[i])}" for i in died),
+            ranks=died,
+            check="selftest",
+            data={"exit_codes": {str(i): codes[i] for i in died}},
+        ))
+    if killed:
+        findings.append(RUN_DEADLINE(
+            f"Ranks {', '.join(map(str, sorted(killed)))} were still running past the deadline and were ended",
+            detail="The supervisor ended them by PID after the run's deadline and the watchdog's grace.",
+            ranks=sorted(killed),
+            check="selftest",
+        ))
+    return build_report(
+        findings,
+        world=WorldSummary(size=size, launcher=MP_SPAWN_LAUNCHER, ranks_reported=(), ranks_missing=tuple(sorted(set(died) | killed))),
+        duration_s=time.monotonic() - started,
+        incomplete=bool(killed),
+        silence=config.silence,
+    )
+
+
+def end_processes(processes: list[Any], grace_s: float = 0.5) -> set[int]:
+    """SIGTERM, then SIGKILL, every process still alive, by PID; returns the indices ended."""
+    alive = {i: p for i, p in enumerate(processes) if p.is_alive()}
+    for p in alive.values():
+        try:
+            os.kill(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    until = time.monotonic() + grace_s
+    for p in alive.values():
+        p.join(timeout=max(until - time.monotonic(), 0))
+    for p in alive.values():
+        if p.is_alive():
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.join(timeout=2.0)
+    return set(alive)
