@@ -190,8 +190,10 @@ def preflight(
     if report.exit_code(fail) != 0:
         raise PreflightError(report)
     if rank == 0:
-        logger.info("distdoctor preflight: %s on %d ranks, %d tensors compared, %d warnings (%.2f s)",
-                    report.status, world, len(table), report.counts()["warning"], report.duration_s)
+        below = [f.id for f in report.findings]
+        logger.info("distdoctor preflight: %s on %d ranks, %d tensors compared, %d finding(s) below the fail level%s (%.2f s)",
+                    report.status, world, len(table), len(below), f" ({', '.join(sorted(set(below)))})" if below else "",
+                    report.duration_s)
     return report
 
 

@@ -141,7 +141,7 @@ def model_findings(model: Any, *, rank: int, world_size: int, local_rank: int | 
     wrappers = wrappers_of(model)
     if "DataParallel" in wrappers and world_size > 1:
         findings.append(DATAPARALLEL_IN_MULTIPROCESS(
-            f"nn.DataParallel wraps the model on rank {rank} of a {world_size}-process job",
+            f"nn.DataParallel wraps the model in a {world_size}-process job",
             detail=("nn.DataParallel replicates the model over every visible GPU inside this process; "
                     "with one process per GPU the ranks then share GPUs and gradients are not synchronised "
                     f"across processes. Wrappers found: {' > '.join(wrappers)}."),
@@ -194,7 +194,7 @@ def _placement_findings(devices: Mapping[str, list[str]], what: str, *, rank: in
     cpu = [d for d in devices if d == "cpu"]
     if cpu and _is_gpu_only(backend):
         findings.append(CPU_TENSOR_ON_NCCL(
-            f"{what} on rank {rank} has tensors on the CPU, but the process group's backend is {backend}",
+            f"{what} has tensors on the CPU, but the process group's backend is {backend}",
             detail=f"NCCL only moves GPU tensors; a collective on these fails or DDP refuses the model. Devices: {where}",
             ranks=(rank,), check=CHECK,
         ))
@@ -223,24 +223,25 @@ def dataloader_findings(loader: Any, *, rank: int, world_size: int) -> list[Find
             return []  # an IterableDataset shards itself (or not): no sampler to judge
         kind = type(getattr(loader, "sampler", None)).__name__
         return [NO_DISTRIBUTED_SAMPLER(
-            f"Rank {rank}'s DataLoader uses {kind}, not a DistributedSampler: every rank reads the whole dataset",
+            f"The DataLoader uses {kind}, not a DistributedSampler: every rank reads the whole dataset",
             detail=("Without a DistributedSampler each of the ranks iterates over all samples: an epoch does "
                     f"{world_size}x the work and the ranks train on the same batches."),
             ranks=(rank,), check=CHECK,
         )]
+    # Titles stay free of this rank's number so the same mistake on every rank merges into one.
     problems = []
     replicas, sampler_rank = getattr(sampler, "num_replicas", None), getattr(sampler, "rank", None)
     if replicas != world_size:
         problems.append(f"num_replicas={replicas} but the group has {world_size} ranks")
     if sampler_rank != rank:
-        problems.append(f"rank={sampler_rank} but this process is rank {rank}")
+        problems.append("a rank that is not the process's own rank")
     if not problems:
         return []
     return [SAMPLER_WORLD_MISMATCH(
-        f"Rank {rank}'s {type(sampler).__name__} has " + " and ".join(problems),
+        f"The DataLoader's {type(sampler).__name__} has " + " and ".join(problems),
         detail=("The sampler shards the dataset for another world: some samples are read by several ranks "
                 "and others by none, and batch counts may differ between ranks."),
-        ranks=(rank,), data={"num_replicas": replicas, "sampler_rank": sampler_rank}, check=CHECK,
+        ranks=(rank,), data={"num_replicas": replicas, "world_size": world_size}, check=CHECK,
     )]
 
 

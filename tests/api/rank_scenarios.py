@@ -1,0 +1,131 @@
+"""Functions that run inside each rank of a real 2-rank gloo world (via distdoctor.testing).
+
+Each asserts what preflight did *on this rank*; the world passes only if every rank passes,
+so "raises on both ranks" is checked by both ranks asserting that they raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+import distdoctor
+from distdoctor import PreflightError
+
+
+def build(width: int = 32, seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, width), nn.ReLU(), nn.Linear(width, 4))
+    model[2].to(dtype)
+    return model
+
+
+def expect_raise(timeout: float = 20, **kwargs) -> PreflightError:
+    try:
+        distdoctor.preflight(timeout=timeout, local_checks=False, **kwargs)
+    except PreflightError as exc:
+        return exc
+    raise AssertionError(f"preflight did not raise on rank {dist.get_rank()}")
+
+
+def only(error: PreflightError, finding_id: str):
+    found = [f for f in error.report.findings if f.id == finding_id]
+    assert len(found) == 1, [f.id for f in error.report.findings]
+    return found[0]
+
+
+def model_mismatches() -> None:
+    rank = dist.get_rank()
+
+    # rank 1 builds one layer wider: the parameter is named, shape_mismatch, rank 1
+    err = expect_raise(model=build(width=64 if rank == 1 else 32))
+    shape = only(err, "spec.E001")
+    assert shape.cause == "shape_mismatch" and shape.ranks == (1,), shape
+    assert "'2.weight'" in shape.title and "rank 1" in shape.title, shape.title
+    assert "2.weight: rank 0: [32, 32]; rank 1: [64, 32]" in str(err)
+
+    # rank 1 has a float64 layer: dtype_mismatch naming it
+    err = expect_raise(model=build(dtype=torch.float64 if rank == 1 else torch.float32))
+    dtype = only(err, "spec.E002")
+    assert dtype.cause == "dtype_mismatch" and dtype.ranks == (1,) and "'2.weight'" in dtype.title
+    assert [f.id for f in err.report.findings] == ["spec.E002"]
+
+    # different seeds: param_divergence, every parameter, rank 1
+    err = expect_raise(model=build(seed=rank))
+    values = only(err, "spec.E004")
+    assert values.cause == "param_divergence" and values.ranks == (1,) and values.data["count"] == 6
+    assert "'0.weight'" in values.title
+
+    # user tensors are compared the same way
+    err = expect_raise(tensors={"buffer": torch.zeros(3 if rank == 0 else 4)})
+    assert "tensors['buffer']" in only(err, "spec.E001").title
+
+    # the same model everywhere, also wrapped: clean, returns the report
+    report = distdoctor.preflight(model=build(), timeout=20, local_checks=False)
+    assert report.status == "ok" and report.findings == []
+    ddp = nn.parallel.DistributedDataParallel(build())
+    assert distdoctor.preflight(model=ddp, timeout=20, local_checks=False).findings == []
+
+
+def setup_mistakes() -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = TensorDataset(torch.arange(40.0).unsqueeze(1))
+
+    # no DistributedSampler: a warning (does not raise at the default fail level) on both ranks
+    report = distdoctor.preflight(dataloader=DataLoader(data, batch_size=4), timeout=20, local_checks=False)
+    warning = [f for f in report.findings if f.id == "pre.W003"]
+    assert len(warning) == 1 and warning[0].ranks == (0, 1), report.findings
+
+    # a sampler built for another world
+    sampler = DistributedSampler(data, num_replicas=4, rank=rank)
+    err = expect_raise(dataloader=DataLoader(data, sampler=sampler, batch_size=4))
+    mismatch = only(err, "pre.E004")
+    assert mismatch.cause == "rank_config_error" and mismatch.ranks == (0, 1)
+
+    # ranks with different batch counts
+    mine = TensorDataset(torch.arange(40.0 if rank == 0 else 48.0).unsqueeze(1))
+    loader = DataLoader(mine, sampler=DistributedSampler(mine), batch_size=4)
+    err = expect_raise(dataloader=loader)
+    uneven = only(err, "pre.E006")
+    assert uneven.cause == "uneven_inputs" and uneven.ranks == (1,) and uneven.data["batches"] == {"0": 5, "1": 6}
+
+    # nn.DataParallel inside a multi-process job
+    err = expect_raise(model=nn.DataParallel(build()))
+    assert only(err, "pre.E002").cause == "launcher_misuse"
+
+    # the fail level decides: with critical, the warnings and errors are returned, not raised
+    report = distdoctor.preflight(model=nn.DataParallel(build()), fail_level="critical", timeout=20, local_checks=False)
+    assert report.status == "error"
+    # silencing an ID
+    report = distdoctor.preflight(model=build(seed=rank), silence=("spec.E004",), timeout=20, local_checks=False)
+    assert report.findings == [] and [f.id for f in report.silenced] == ["spec.E004"]
+    assert world == 2
+
+
+def clean_logs_one_line(log_path: str) -> None:
+    logger = logging.getLogger("distdoctor")
+    logger.setLevel(logging.INFO)
+    handler = logging.FileHandler(f"{log_path}.{dist.get_rank()}")
+    logger.addHandler(handler)
+    report = distdoctor.preflight(model=build(), timeout=20)  # with the local registry checks
+    handler.close()
+    assert report.exit_code() == 0, report.findings
+    assert any(c["name"] == "preflight.exchange" for c in report.checks)
+
+
+def rank_one_never_arrives() -> None:
+    rank = dist.get_rank()
+    if rank == 0:
+        start = time.monotonic()
+        err = expect_raise(model=build(), timeout=4)  # rank 1 never comes
+        assert time.monotonic() - start < 4.5
+        missing = only(err, "pre.E009")
+        assert missing.cause == "rank_missing" and missing.ranks == (1,), missing
+        assert err.report.status == "incomplete"
+    dist.barrier()  # rank 1 was busy elsewhere; the group itself is still usable
