@@ -28,7 +28,7 @@ from worlds import (
 
 pytestmark = pytest.mark.hosts
 
-DEADLINE = 8.0  # distdoctor's --timeout in every scenario
+DEADLINE = 10.0  # distdoctor's --timeout in every scenario
 TORCH_BOUND = 10.0  # how long plain torch is watched before it is killed
 A = RankSpec("hosta", 0)
 B = RankSpec("hostb", 1)
@@ -86,8 +86,10 @@ def test_healthy_two_host_gloo_world(lab):
     assert report["world"]["ranks_missing"] == []
     for stage in ("rendezvous", "collective"):
         statuses = check_statuses(report, stage)
-        assert statuses, f"no {stage} checks ran\n{run.describe()}"
-        assert set(statuses.values()) == {"pass"}, statuses
+        # Passed, or skipped for a reason that does not apply here (GPU checks on CPU hosts).
+        assert "pass" in statuses.values() and set(statuses.values()) <= {"pass", "skip"}, statuses
+    passed = [name for name, status in check_statuses(report, "collective").items() if status == "pass"]
+    assert any(name.endswith("all_reduce") for name in passed), passed  # content-verified all_reduce
 
     outcome = plain_torch_world(lab, [A, B], "1 healthy 2-host world", bound=TORCH_BOUND)
     assert not outcome.hung and set(outcome.codes.values()) == {0}, outcome.summary()
@@ -142,6 +144,9 @@ def test_master_addr_where_no_host_answers(lab):
         assert run.code(rank) != 0, run.describe()
         found = one_finding(report, "master_unreachable", run)
         assert any("10.231.0.99" in text_of(f) for f in found), found
+        # Nothing answers at all (the kernel's ARP gets no reply: "no route to host"); that is
+        # not packets being dropped by a firewall.
+        assert not findings(report, "firewall"), f"rank {rank}: a dead address read as a firewall\n{run.describe()}"
 
     outcome = plain_torch_world(lab, [A, B], "4 MASTER_ADDR with no host", bound=TORCH_BOUND,
                                 master_addr="10.231.0.99")
@@ -150,9 +155,9 @@ def test_master_addr_where_no_host_answers(lab):
 
 # 5 -----------------------------------------------------------------------------------------
 def test_partition_is_named_firewall_and_told_apart_from_refused(lab):
-    local = ("--stage", "local")
-    # Control: hostb reaches hosta but nothing listens on the port yet -> refused.
-    refused = distdoctor_world(lab, [B], world_size=2, timeout=DEADLINE, args=local)
+    # Control: hostb reaches hosta, but no rank 0 ever listens on the port -> refused, which is
+    # master_unreachable (the store is awaited until the deadline).
+    refused = distdoctor_world(lab, [B], world_size=2, timeout=DEADLINE, args=ALL_RANKS)
     assert_answered_in_time(refused)
     refused_report = refused.report(1)
     assert findings(refused_report, "master_unreachable"), refused.describe()
@@ -193,22 +198,22 @@ def test_master_port_taken_on_the_master_host(lab):
 
 # 7 -----------------------------------------------------------------------------------------
 def test_rank_that_never_starts_on_the_second_host(lab):
-    # hostb runs two local ranks (1 and 2); rank 2 never starts there.
-    specs = [RankSpec("hosta", 0),
-             RankSpec("hostb", 1, local_rank=0, local_world_size=2),
-             RankSpec("hostb", 2, local_rank=1, local_world_size=2, start=False)]
-    run = distdoctor_world(lab, specs, world_size=3, timeout=DEADLINE)
+    # Two ranks per host, numbered node by node as torchrun does; rank 3 never starts on hostb.
+    specs = [RankSpec("hosta", 0, local_rank=0, local_world_size=2),
+             RankSpec("hosta", 1, local_rank=1, local_world_size=2),
+             RankSpec("hostb", 2, local_rank=0, local_world_size=2),
+             RankSpec("hostb", 3, local_rank=1, local_world_size=2, start=False)]
+    run = distdoctor_world(lab, specs, world_size=4, timeout=DEADLINE)
     assert_answered_in_time(run)
     report = run.report(0)
     assert run.code(0) == 1, run.describe()
-    assert report["world"]["ranks_missing"] == [2]
+    assert report["world"]["ranks_missing"] == [3]
     found = one_finding(report, "rank_missing", run)
-    assert any(2 in f.get("ranks", []) for f in found), found
-    assert any("hostb" in f.get("hosts", []) or "hostb" in text_of(f) for f in found), (
-        f"rank 2's host (hostb) is not named: {found}")
+    assert any(3 in f.get("ranks", []) for f in found), found
+    assert any("hostb" in f.get("hosts", []) for f in found), f"rank 3's host (hostb) is not named: {found}"
 
-    outcome = plain_torch_world(lab, specs, "7 rank 2 never starts on hostb", bound=TORCH_BOUND, world_size=3)
-    assert_plain_torch_is_worse(outcome, "hostb", "rank 2")
+    outcome = plain_torch_world(lab, specs, "7 rank 3 never starts on hostb", bound=TORCH_BOUND, world_size=4)
+    assert_plain_torch_is_worse(outcome, "hostb", "rank 3")
 
 
 # 8 -----------------------------------------------------------------------------------------

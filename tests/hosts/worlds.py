@@ -86,12 +86,25 @@ class WorldRun:
             ) from None
 
     def describe(self) -> str:
+        """Per rank: exit code, time, and the report's findings (or the output's tail)."""
         lines = []
         for rank, started in sorted(self.ranks.items()):
+            elapsed = self.elapsed(rank)
             lines.append(f"--- rank {rank} on {started.host.name}: exit {self.code(rank)} after "
-                         f"{self.elapsed(rank) if self.elapsed(rank) is not None else '>bound'}s")
-            lines.append("stdout: " + started.stdout[-2500:])
-            lines.append("stderr: " + started.stderr[-2500:])
+                         f"{f'{elapsed:.2f}s' if elapsed is not None else 'the bound (killed)'}")
+            text = started.stdout
+            try:
+                report = json.loads(text[text.index("{"):])
+            except ValueError:
+                lines.append("stdout: " + text[-1500:])
+            else:
+                lines.append(f"status {report.get('status')}, world {report.get('world')}")
+                for f in report.get("findings", []):
+                    lines.append(f"  {f.get('id')} [{f.get('cause')}] ranks {f.get('ranks')} hosts {f.get('hosts')}: "
+                                 f"{f.get('title')} | {str(f.get('detail'))[:300]} | fix: {str(f.get('remediation'))[:300]}")
+                odd = [f"{c['name']}={c['status']}" for c in report.get("checks", []) if c.get("status") not in ("pass", "skip")]
+                lines.append(f"  checks not passed: {odd}")
+            lines.append("stderr: " + started.stderr[-1500:])
         return "\n".join(lines)
 
 
