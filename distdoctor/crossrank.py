@@ -166,6 +166,7 @@ class RankRun:
         clock: Callable[[], float] = time.monotonic,
         exit: Callable[[int], None] = os._exit,
         watchdog: bool = True,
+        teardown: bool = False,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -187,6 +188,9 @@ class RankRun:
         self.emit = emit
         self.exit = exit
         self.use_watchdog = watchdog
+        # Embedded runs (diagnose() from the API or the pytest plugin) leave no process group
+        # behind; the CLI ends the process right after the report instead.
+        self.teardown = teardown
         self.world: World | None = None
         self.progress = _Progress()
         self.rank = self.ctx.rank if self.ctx.rank is not None else 0
@@ -342,9 +346,9 @@ class RankRun:
         })
         detail = []
         if not_done:
-            detail.append(f"Ranks {format_ranks(not_done)} never reported the end of the collective stage.")
+            detail.append(f"{_ranks(not_done).capitalize()} never reported the end of the collective stage.")
         if cut_off:
-            detail.append(f"Ranks {format_ranks(cut_off)} were cut off by their deadline inside it"
+            detail.append(f"{_ranks(cut_off).capitalize()} were cut off by their deadline inside it"
                           + (f" (in {', '.join(stuck_checks)})." if stuck_checks else "."))
         self.runner.state.incomplete = False  # re-marked below with the ranks named
         self.runner.state.findings = [f for f in self.runner.state.findings if f.id != RUN_DEADLINE.id]
@@ -416,7 +420,7 @@ class RankRun:
                 except Exception:
                     break
                 time.sleep(0.01)
-        world.close(destroy_groups=False)
+        world.close(destroy_groups=self.teardown)
 
     # -- the other ranks -----------------------------------------------------------------
     def _run_member(self) -> RankOutcome:
@@ -509,7 +513,7 @@ class RankRun:
                 world.say_goodbye()
             except Exception:
                 pass
-            world.close(destroy_groups=False)
+            world.close(destroy_groups=self.teardown)
         return RankOutcome(report, code, reported, True)
 
     # -- the deadline --------------------------------------------------------------------
@@ -617,12 +621,16 @@ def nccl_decision(checkins: CheckIns, config: Config) -> dict[str, Any]:
     if without_gpu or without_nccl:
         reasons = []
         if without_gpu:
-            reasons.append(f"ranks {format_ranks(without_gpu)} have no GPU")
+            reasons.append(f"{_ranks(without_gpu)} {'has' if len(without_gpu) == 1 else 'have'} no GPU")
         if without_nccl:
-            reasons.append(f"ranks {format_ranks(without_nccl)} have no nccl")
+            reasons.append(f"{_ranks(without_nccl)} {'has' if len(without_nccl) == 1 else 'have'} no nccl")
         return {"nccl": False, "nccl_reason": "skipped: " + " and ".join(reasons)}
     devices = {str(r): int(p["device"].get("index", 0)) for r, p in accepted.items()}
     return {"nccl": True, "devices": devices}
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + format_ranks(ranks)
 
 
 def process_started(clock: Callable[[], float] = time.monotonic) -> float:

@@ -60,9 +60,30 @@ def diagnose(
     registry: Registry | None = None,
     world: Any = None,
 ) -> Report:
-    """Run the selected stages on this process and return the report (never prints)."""
+    """Run the selected stages on this process and return the report (never prints).
+
+    When the environment describes a world (a launcher's or variables set by hand) and a
+    cross-rank stage is selected, this process takes part as its rank (distdoctor.crossrank):
+    rank 0's report covers the whole world, the others' their own part.
+    """
+    if world is None and _describes_world(config, env, argv):
+        from distdoctor.crossrank import run_rank
+
+        return run_rank(config, env=env, argv=argv, probes=probes, registry=registry, watchdog=False, teardown=True).report
     registry = load_registry(config, registry)
     ctx = build_context(config, env=env, argv=argv, probes=probes, world=world)
     runner = Runner(registry, timeout=config.timeout, check_timeout=config.check_timeout, silence=config.silence)
     runner.run(ctx, registry.select(config.stages, config.tags), config.stages)
     return report_from_runner(runner, ctx)
+
+
+def _describes_world(config: Config, env: Mapping[str, str] | None, argv: Sequence[str] | None) -> bool:
+    import os
+    import sys
+
+    from distdoctor.crossrank import cross_rank_requested
+    from distdoctor.launchers import detect
+
+    if not cross_rank_requested(config):
+        return False
+    return detect(dict(os.environ if env is None else env), tuple(sys.argv if argv is None else argv)).world_configured

@@ -139,7 +139,7 @@ def wait_for_listener(host: str, port: int, deadline: float, clock: Callable[[],
         except OSError as exc:
             last = exc.strerror or str(exc)
         time.sleep(min(delay, max(deadline - clock(), 0)))
-        delay = min(delay * 2, 0.25)
+        delay = min(delay * 2, 0.1)
 
 
 def _tcp_store(host: str, port: int, *, is_master: bool, timeout_s: float) -> Any:

@@ -71,7 +71,9 @@ BARRIER_STRAGGLER_S = 2.0
 # Share of the per-check deadline an operation may wait, so it reports before the runner gives up.
 OP_SHARE = 0.8
 _TIMEOUT_WORDS = re.compile(r"tim(ed|e)[ -]?out|deadline|Timeout", re.IGNORECASE)
-_MONITORED_RANKS = re.compile(r"Ranks? ([\d,\s]+?) failed to pass monitoredBarrier")
+# torch's texts: "Ranks 1, 2 failed to pass monitoredBarrier in 2000 ms" (wait_all_ranks) and
+# "Rank 1 timed out in monitoredBarrier after 2000 ms".
+_MONITORED_RANKS = re.compile(r"Ranks? ([\d,\s]+?) (?:failed to pass|timed out in) monitoredBarrier")
 
 
 @dataclass

@@ -1,0 +1,72 @@
+"""The watchdog's contract (fires once, after on_expire, even when on_expire blocks) and merging."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from distdoctor.crossrank import device_mapping, merge_check_entries
+from distdoctor.fakes import FakeProbes, fake_context, fake_gpus
+from distdoctor.watchdog import Watchdog
+
+
+def test_fires_on_expire_then_exits_3_once():
+    exits, events = [], []
+    done = threading.Event()
+
+    def exit_(code):
+        exits.append(code)
+        done.set()
+
+    dog = Watchdog(time.monotonic() + 0.1, lambda: events.append("report"), exit=exit_, grace_s=0.3).start()
+    assert done.wait(2.0)
+    time.sleep(0.4)  # the backstop timer must not exit a second time
+    assert events == ["report"] and exits == [3] and dog.fired.is_set()
+
+
+def test_a_blocked_on_expire_still_exits_after_the_grace():
+    exits = []
+    done = threading.Event()
+    block = threading.Event()
+
+    def exit_(code):
+        exits.append(code)
+        done.set()
+
+    start = time.monotonic()
+    Watchdog(start + 0.05, block.wait, exit=exit_, grace_s=0.3).start()
+    assert done.wait(2.0)
+    assert 0.3 <= time.monotonic() - start < 1.5 and exits == [3]
+    block.set()
+
+
+def test_cancelled_watchdog_never_fires():
+    exits = []
+    dog = Watchdog(time.monotonic() + 0.1, None, exit=exits.append).start()
+    dog.cancel()
+    time.sleep(0.3)
+    assert exits == [] and not dog.fired.is_set()
+
+
+def test_identical_check_results_merge_with_their_ranks():
+    entries = [
+        ([0], {"name": "a", "stage": "collective", "status": "pass", "duration_s": 0.1}),
+        ([1], {"name": "a", "stage": "collective", "status": "pass", "duration_s": 0.3}),
+        ([2], {"name": "a", "stage": "collective", "status": "fail", "duration_s": 0.2}),
+        ([0, 1, 2], {"name": "r", "stage": "rendezvous", "status": "pass", "duration_s": 0.0}),
+        ([0], {"name": "l", "stage": "local", "status": "pass", "duration_s": 0.0}),
+    ]
+    merged = merge_check_entries(entries)
+    assert [e["stage"] for e in merged] == ["local", "rendezvous", "collective", "collective"]
+    a_pass = next(e for e in merged if e["name"] == "a" and e["status"] == "pass")
+    assert a_pass["ranks"] == [0, 1] and a_pass["duration_s"] == 0.3
+
+
+def test_device_mapping_by_local_rank_with_fake_gpus():
+    ctx = fake_context(env={"LOCAL_RANK": "2"}, probes=FakeProbes(gpu_list=fake_gpus(4)))
+    assert device_mapping(ctx)["uuid"] == fake_gpus(4)[2].uuid
+    one = fake_context(env={"LOCAL_RANK": "3"}, probes=FakeProbes(gpu_list=fake_gpus(1)))
+    assert device_mapping(one)["index"] == 0
+    beyond = fake_context(env={"LOCAL_RANK": "5"}, probes=FakeProbes(gpu_list=fake_gpus(2)))
+    assert device_mapping(beyond) is None
+    assert device_mapping(fake_context(probes=FakeProbes(gpu_list=[]))) is None
