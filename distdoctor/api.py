@@ -365,8 +365,8 @@ def init_process_group(
     """torch.distributed.init_process_group with local checks and a bounded rendezvous.
 
     Takes torch's arguments and passes exactly those given on to torch. Before that it runs
-    the local checks (raising PreflightError on findings at ``fail_level``) and, for env:// and
-    tcp:// (the default), a check-in through the rendezvous store bounded by
+    the local checks (at most 10 s; raising PreflightError on findings at ``fail_level``) and,
+    for env:// and tcp:// (the default), a check-in through the rendezvous store bounded by
     ``rendezvous_timeout`` seconds that names missing ranks, an unreachable master, a port in
     use or duplicate ranks. file:// and an explicit ``store`` are passed to torch unchecked
     apart from the local checks.
@@ -376,7 +376,6 @@ def init_process_group(
     from distdoctor import guarded_init as gi
 
     started = time.monotonic()
-    deadline = started + float(rendezvous_timeout)
     fail = Severity.parse(fail_level)
     given = {k: v for k, v in dict(backend=backend, init_method=init_method, timeout=timeout, world_size=world_size,
                                    rank=rank, store=store, group_name=group_name, pg_options=pg_options,
@@ -389,6 +388,8 @@ def init_process_group(
         if report.exit_code(fail) != 0:
             raise PreflightError(report)
 
+    # The rendezvous deadline starts after the local checks (bounded on their own).
+    deadline = time.monotonic() + float(rendezvous_timeout)
     target = None
     if given.get("store") is None:
         target = gi.resolve_target(given.get("init_method"), int(given.get("rank", -1)),

@@ -1,0 +1,103 @@
+"""distdoctor.init_process_group for real: processes on loopback, faults produced, not mocked."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.multiproc
+SCRIPT = str(Path(__file__).with_name("init_script.py"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(ranks: list[int], world_size: int, port: int, rdzv_timeout: float, deadline_s: float = 60,
+           extra: tuple[str, ...] = (), start_last_after: float = 0.0) -> list[dict]:
+    """Start one process per entry of ranks; wait with a deadline; kill by PID whatever is left."""
+    procs = []
+    try:
+        for i, rank in enumerate(ranks):
+            if start_last_after and i == len(ranks) - 1:
+                time.sleep(start_last_after)
+            env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            procs.append(subprocess.Popen([sys.executable, SCRIPT, str(rdzv_timeout), *extra], env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True))
+        end = time.monotonic() + deadline_s
+        outputs = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(1, end - time.monotonic()))
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            assert lines, f"no result from pid {proc.pid}: rc={proc.returncode}\n{out}\n{err[-3000:]}"
+            outputs.append(json.loads(lines[-1]))
+        return outputs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+def ids(result: dict) -> list[str]:
+    return [f["id"] for f in result["findings"]]
+
+
+def test_success_is_torchs_group():
+    results = launch([0, 1], 2, free_port(), rdzv_timeout=30)
+    for rank, result in enumerate(results):
+        assert result["raised"] is False, result
+        assert (result["sum"], result["backend"], result["world_size"], result["rank"]) == (2.0, "gloo", 2, rank)
+
+
+def test_missing_rank_is_named_within_the_timeout():
+    (result,) = launch([0], 2, free_port(), rdzv_timeout=4)
+    assert result["raised"] and ids(result) == ["init.E001"]
+    finding = result["findings"][0]
+    assert finding["cause"] == "rank_missing" and finding["ranks"] == [1]
+    assert "Rank 1 never checked in (1 of 2 ranks arrived)" in result["message"]
+    # within its timeout: local checks (bounded on their own) + 4 s, not torch's 30 minutes
+    assert result["elapsed"] < 4 + 10 + 1, result["elapsed"]
+
+
+def test_rank_0_missing_means_no_store_for_the_others():
+    start = time.monotonic()
+    (result,) = launch([1], 2, free_port(), rdzv_timeout=3)
+    assert result["raised"] and ids(result) == ["init.E002"], result
+    assert result["findings"][0]["cause"] == "master_unreachable"
+    assert "nothing listens there" in result["findings"][0]["title"]
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("local_checks", [True, False], ids=["local-checks-first", "store-bind"])
+def test_port_in_use_at_rank_0(local_checks):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen(1)
+        port = squatter.getsockname()[1]
+        (result,) = launch([0], 2, port, rdzv_timeout=5, extra=() if local_checks else ("no-local-checks",))
+    assert result["raised"], result
+    # The local checks (whichever check it is) see it first; without them, the store's bind does.
+    assert [f["cause"] for f in result["findings"]] == ["port_in_use"], result
+    if not local_checks:
+        assert ids(result) == ["init.E003"] and str(port) in result["findings"][0]["title"]
+
+
+def test_two_processes_claiming_one_rank():
+    # Both rank-1 processes are waiting for the store when rank 0 opens it; a duplicate that
+    # arrives after rank 0 decided finds the group formed (or gone) instead.
+    results = launch([1, 1, 0], 2, free_port(), rdzv_timeout=15, start_last_after=4)
+    assert all(r["raised"] for r in results), results
+    assert all(ids(r) == ["init.E004"] for r in results), results
+    assert all(r["findings"][0]["ranks"] == [1] for r in results)
