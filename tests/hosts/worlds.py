@@ -75,13 +75,18 @@ class WorldRun:
 
     def report(self, rank: int = 0) -> dict[str, Any]:
         """The JSON report a rank printed (``--format json``); fails the test with its output."""
-        text = self.ranks[rank].stdout.strip()
+        text = self.ranks[rank].stdout
         start = text.find("{")
         try:
-            return json.loads(text[start:]) if start >= 0 else {}
-        except json.JSONDecodeError:
+            if start < 0:
+                raise ValueError("no '{' in stdout")
+            report, end = json.JSONDecoder().raw_decode(text, start)
+            if text[end:].strip():
+                raise ValueError(f"more output after the report: {text[end:end + 200]!r}")
+            return report
+        except ValueError as exc:
             raise AssertionError(
-                f"rank {rank} printed no JSON report (exit {self.code(rank)}):\n"
+                f"rank {rank} printed no single JSON report (exit {self.code(rank)}; {exc}):\n"
                 f"stdout:\n{self.ranks[rank].stdout[-3000:]}\nstderr:\n{self.ranks[rank].stderr[-3000:]}"
             ) from None
 
