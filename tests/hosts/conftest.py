@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import netns  # noqa: E402
-from worlds import PLAIN_TORCH_RESULTS  # noqa: E402
+from host_worlds import PLAIN_TORCH_RESULTS  # noqa: E402
 
 
 @pytest.fixture(scope="session")

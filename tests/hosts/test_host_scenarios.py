@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from worlds import (
+from host_worlds import (
     MASTER_PORT,
     RankSpec,
     WorldRun,
