@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import psutil
 import pytest
 
 pytestmark = pytest.mark.multiproc
@@ -52,6 +53,10 @@ def test_rank_one_fails():
 '''
 
 HANGING_RANK = '''
+import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import pytest
@@ -61,6 +66,10 @@ import torch.distributed as dist
 @pytest.mark.distributed(world_size=2, timeout=8)
 def test_rank_one_hangs():
     if dist.get_rank() == 1:
+        # A grandchild too: the whole process group of the rank must go.
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        with open("hung.pids", "w") as f:
+            f.write(f"{os.getpid()} {child.pid} {tempfile.gettempdir()}")
         time.sleep(3600)
 '''
 
@@ -92,6 +101,10 @@ def test_hanging_rank_fails_at_the_timeout_naming_it(pytester: pytest.Pytester, 
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*Rank 1 did not finish within the 8 s timeout (ranks that finished: 0)*"])
     assert elapsed < 8 + 15, elapsed  # the timeout plus pytest's own start-up, not an hour
+    rank_pid, grandchild_pid, tmp = (pytester.path / "hung.pids").read_text().split()
+    assert tmp == str(rank_tmp)  # so the leftover scan below looks in the right place
+    for pid in (int(rank_pid), int(grandchild_pid)):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert leftovers(rank_tmp) == []
 
 
