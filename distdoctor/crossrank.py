@@ -253,7 +253,7 @@ class RankRun:
                 for stage in CROSS_RANK_STAGES:
                     self._stage(stage, skip_reason=reason)
                 return self._finish_alone()
-            blocking = self.runner.skip_reason("rendezvous", _AnyWorld(self.ctx))
+            blocking = self._blocked()
             if blocking:
                 for stage in CROSS_RANK_STAGES:
                     self._stage(stage, skip_reason=blocking)
@@ -290,6 +290,13 @@ class RankRun:
             return self._run_root()
         return self._run_member()
 
+    def _blocked(self) -> str | None:
+        """Why this rank cannot join the world at all: a critical local finding (not silenced)."""
+        blocking = [f for f in self.runner.state.blocking_findings() if not self.runner.is_silenced(f)]
+        if not blocking:
+            return None
+        return f"skipped: critical findings in an earlier stage ({', '.join(sorted({f.id for f in blocking}))})"
+
     def _host(self) -> tuple[str, ...]:
         host = self.ctx.memo("hostname", self.ctx.probes.hostname)
         return (host,) if isinstance(host, str) else ()
@@ -303,7 +310,7 @@ class RankRun:
         # Stop waiting early enough that the rendezvous checks still run before the deadline.
         checkin_deadline = self.work_deadline - working_reserve(self.config.timeout)
         checkins = world.wait_for_checkins(checkin_deadline, settle_s=SETTLE_S)
-        world.checkins = checkins  # type: ignore[attr-defined]
+        world.checkins = checkins
         self.progress.checkins = checkins
         self._stage("rendezvous")
         accepted = sorted(r for r in checkins.accepted if 0 <= r < world.size)
@@ -315,7 +322,7 @@ class RankRun:
             if skip is None and checkins.missing:
                 skip = f"skipped: ranks {format_ranks(checkins.missing)} never checked in"
         decision = {"skip": skip, "accepted": accepted, "size": world.size, **nccl_decision(checkins, self.config)}
-        world.decision = decision  # type: ignore[attr-defined]
+        world.decision = decision
         world.put("decision", decision)
         self.progress.expected = accepted
         self._stage("collective", skip_reason=skip)
@@ -441,7 +448,7 @@ class RankRun:
             )
             self.runner.mark_incomplete("rendezvous", self.ctx, (0,), "Rank 0 did not finish the rendezvous stage.")
             return self._finish_member(None, [finding])
-        world.decision = decision  # type: ignore[attr-defined]
+        world.decision = decision
         skip = decision.get("skip")
         if skip is None and world.rank not in decision.get("accepted", ()):
             skip = f"skipped: rank {world.rank} is not part of rank 0's world of {decision.get('size')}"
@@ -587,17 +594,6 @@ class RankRun:
             self.progress.stage = "collective" if stage == "gather" else stage
             while True:
                 time.sleep(3600)
-
-
-class _AnyWorld:
-    """A view of the context with a world present, to ask the runner about critical findings only."""
-
-    def __init__(self, ctx: CheckContext) -> None:
-        self._ctx = ctx
-        self.world = True
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ctx, name)
 
 
 def run_rank(config: Config, **kwargs: Any) -> RankOutcome:

@@ -17,6 +17,7 @@ supervisor ends any rank still alive after the run's deadline plus the watchdog'
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import secrets
 import signal
@@ -133,7 +134,12 @@ def run_selftest(
     import torch.multiprocessing as mp
     from torch.distributed import TCPStore
 
-    size = nproc or default_nproc()
+    gpus = visible_gpu_count()
+    size = nproc or default_nproc(gpus)
+    if config.backend is None and 0 < gpus < size:
+        # More ranks than GPUs (one GPU, default N=2): one GPU per rank is impossible, so the
+        # world runs gloo, as such a job would have to; nccl is tested when N <= GPUs.
+        config = dataclasses.replace(config, backend="gloo")
     store = TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False,
                      timeout=timedelta(seconds=max(config.timeout, 1.0)))
     run_id = secrets.token_hex(6)

@@ -249,6 +249,9 @@ class World:
         # Set by a collective check whose operation did not complete: the group is out of step
         # and later collectives on it would pair up wrongly, so they are skipped.
         self.poisoned: str | None = None
+        # Rank 0: every rank's check-in (for the rendezvous checks). Every rank: rank 0's decision.
+        self.checkins: CheckIns | None = None
+        self.decision: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     # -- identity ------------------------------------------------------------------------

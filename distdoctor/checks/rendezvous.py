@@ -284,9 +284,10 @@ def unique_ranks(ctx: CheckContext):
 def world_agreement(ctx: CheckContext):
     """Every rank has rank 0's WORLD_SIZE and names the same master."""
     checkins = _checkins(ctx)
-    accepted = {r: p for r, p in checkins.accepted.items() if 0 <= r < checkins.expected}
-    # Processes outside rank 0's world are named by unique_ranks; their WORLD_SIZE counts here too.
-    everyone = {**{r: p for (r, c), p in checkins.payloads.items() if c == 1}, **accepted}
+    # Every first claimant, also those outside rank 0's world (unique_ranks names them): their
+    # WORLD_SIZE is part of the disagreement.
+    everyone = checkins.accepted
+    accepted = {r: p for r, p in everyone.items() if 0 <= r < checkins.expected}
     sizes = _group_by({r: _launch(p).get("world_size") for r, p in everyone.items()})
     if len(sizes) > 1:
         odd = _odd_ones(sizes)
@@ -369,14 +370,15 @@ def settings_agree(ctx: CheckContext):
 def gpu_mapping(ctx: CheckContext):
     """No two ranks will use the same physical GPU (compared by UUID)."""
     checkins = _checkins(ctx)
-    accepted = checkins.accepted
+    # A rank is bound to a GPU when its backend is nccl; a gloo rank's GPU is not used for it.
+    accepted = {r: p for r, p in checkins.accepted.items() if (p.get("snapshot") or {}).get("backend") == "nccl"}
     by_uuid: dict[str, list[int]] = {}
     for rank, payload in accepted.items():
         device = payload.get("device")
         if isinstance(device, dict) and device.get("uuid"):
             by_uuid.setdefault(str(device["uuid"]), []).append(rank)
     if not by_uuid:
-        raise SkipCheck("no rank uses a GPU it can name by UUID")
+        raise SkipCheck("no rank binds a GPU it can name by UUID (nccl ranks with GPUs)")
     for uuid, ranks in sorted(by_uuid.items()):
         if len(ranks) < 2:
             continue

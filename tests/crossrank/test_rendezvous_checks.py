@@ -26,6 +26,7 @@ def payload(rank: int, host: str = "node-a", *, world_size: int = 4, torch: str 
             "launcher": {"world_size": world_size, "master_addr": master_addr, "master_port": 29500},
             "torch": {"torch": torch, "cuda": cuda, "nccl": nccl, "backends": {"gloo": True, "nccl": nccl is not None}},
             "env": env or {},
+            "backend": "nccl" if device else "gloo",
         },
     }
 
@@ -119,6 +120,15 @@ def test_duplicate_gpu_by_uuid_fake():
 def test_gpu_mapping_skips_without_gpus():
     with pytest.raises(SkipCheck):
         run(rdzv.gpu_mapping, world_of(full()))
+
+
+def test_gloo_ranks_sharing_the_only_gpu_are_not_duplicates():
+    gpu = {"index": 0, "uuid": "GPU-aaaa", "name": "H100", "how": "the only GPU this rank sees"}
+    payloads = {(r, 1): payload(r, device=dict(gpu)) for r in range(2)}
+    for p in payloads.values():
+        p["snapshot"]["backend"] = "gloo"
+    with pytest.raises(SkipCheck):
+        run(rdzv.gpu_mapping, world_of(payloads, expected=2))
 
 
 def test_a_late_rank_is_a_straggler():
