@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from distdoctor.findings import Finding, Severity
-from distdoctor.report import Report, format_where
+from distdoctor.report import Report, format_ranks, format_where
 
 _STYLE = {
     Severity.CRITICAL: "bold white on red",
@@ -70,9 +70,9 @@ def render_rich(report: Report, console: Console, *, verbose: bool = False, quie
         console.print(Text("Checks", style="bold underline"))
         for check in report.checks:
             reason = f" — {check['reason']}" if check.get("reason") else ""
-            ranks = f" [ranks {','.join(map(str, check['ranks']))}]" if check.get("ranks") else ""
+            ranks = f" [ranks {format_ranks(check['ranks'])}]" if check.get("ranks") else ""
             console.print(
-                f"  {check['status']:<7} {escape(check['name'])} ({check['stage']}, {check['duration_s']:.3f}s){ranks}{escape(reason)}",
+                f"  {check['status']:<7} {escape(check['name'])} ({check['stage']}, {check['duration_s']:.3f}s){escape(ranks)}{escape(reason)}",
                 highlight=False,
             )
         console.print()

@@ -80,15 +80,23 @@ def merge_findings(findings: Iterable[Finding]) -> list[Finding]:
         if key not in first_seen:
             first_seen[key], ranks[key], hosts[key], where[key] = finding, set(), {}, {}
         ranks[key].update(finding.ranks)
+        hosts[key].update(dict.fromkeys(finding.hosts))
         per_host = where[key]
-        for host in finding.hosts:
-            hosts[key][host] = None
-            per_host.setdefault(host, set()).update(finding.ranks)
+        own = finding.data.get("where") if finding.data else None
+        if isinstance(own, Mapping):
+            # The check already said which ranks are on which host: keep its pairing.
+            for host, host_ranks in own.items():
+                per_host.setdefault(str(host), set()).update(int(r) for r in host_ranks)
+        elif len(finding.hosts) == 1:
+            per_host.setdefault(finding.hosts[0], set()).update(finding.ranks)
+        # A finding naming several hosts without a pairing says nothing about which rank is where.
     out = []
     for key, finding in first_seen.items():
         merged = finding.with_(ranks=tuple(ranks[key]), hosts=tuple(hosts[key]))
         per_host = {h: sorted(r) for h, r in where[key].items()}
-        if len(per_host) > 1 or (per_host and len(merged.ranks) > 1):
+        covered = set().union(*where[key].values()) if per_host else set()
+        # Only a complete pairing is shown; a partial one would hide ranks from the reader.
+        if covered >= set(merged.ranks) and (len(per_host) > 1 or (per_host and len(merged.ranks) > 1)):
             merged = merged.with_(data={**merged.data, "where": per_host})
         out.append(merged)
     return sorted(out, key=lambda f: (-int(f.severity), f.id, min(f.ranks) if f.ranks else -1))

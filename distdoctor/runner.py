@@ -194,7 +194,11 @@ class Runner:
         self.state.incomplete = True
         self.state.stuck_stage = stage
         ranks = tuple(ranks)
-        who = f" on ranks {', '.join(map(str, ranks))}" if ranks else ""
+        who = ""
+        if ranks:
+            from distdoctor.report import format_ranks
+
+            who = f" on rank{'s' if len(ranks) > 1 else ''} {format_ranks(ranks)}"
         self.state.findings.append(
             RUN_DEADLINE(
                 f"The {stage} stage did not finish before the run's deadline{who}",

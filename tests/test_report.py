@@ -89,3 +89,13 @@ def test_markdown_has_a_table_and_escapes_pipes():
     assert "| severity | ID | cause |" in text
     assert "a \\| b" in text
     assert "<details>" in text
+
+
+def test_a_pairing_given_by_the_check_is_kept_and_multi_host_findings_are_not_misattributed():
+    own = WARN(ranks=[0, 5], hosts=["a", "b"], data={"where": {"a": [0], "b": [5]}})
+    (merged,) = build_report([own]).findings
+    assert format_where(merged) == "rank 0 on a; rank 5 on b"
+    unpaired = ERR(ranks=[0, 5], hosts=["a", "b"])
+    (merged,) = build_report([unpaired]).findings
+    assert "where" not in merged.data
+    assert format_where(merged) == "ranks 0, 5 on a, b"
