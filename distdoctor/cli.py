@@ -86,6 +86,8 @@ def check(
     checks_dir: Annotated[Optional[list[Path]], typer.Option("--checks-dir", help=_help("checks_dirs"), rich_help_panel=RUN_PANEL)] = None,
     backend: Annotated[Optional[str], typer.Option("--backend", help=_help("backend"), rich_help_panel=RUN_PANEL)] = None,
     nproc: Annotated[Optional[int], typer.Option("--nproc", help=_help("nproc"), rich_help_panel=RUN_PANEL)] = None,
+    init_method: Annotated[Optional[str], typer.Option("--init-method", help=_help("init_method"), rich_help_panel=RUN_PANEL)] = None,
+    pg_timeout: Annotated[Optional[float], typer.Option("--pg-timeout", help=_help("pg_timeout"), rich_help_panel=POLICY_PANEL)] = None,
     timeout: Annotated[Optional[float], typer.Option("--timeout", help=_help("timeout"), rich_help_panel=POLICY_PANEL)] = None,
     check_timeout: Annotated[Optional[float], typer.Option("--check-timeout", help=_help("check_timeout"), rich_help_panel=POLICY_PANEL)] = None,
     fail_level: Annotated[Optional[str], typer.Option("--fail-level", help=_help("fail_level"), rich_help_panel=POLICY_PANEL)] = None,
@@ -99,6 +101,9 @@ def check(
     world_size: Annotated[Optional[int], typer.Option("--world-size", help="The number of ranks, as WORLD_SIZE would set it.", rich_help_panel=WORLD_PANEL)] = None,
     master_addr: Annotated[Optional[str], typer.Option("--master-addr", help="Rank 0's host, as MASTER_ADDR would set it.", rich_help_panel=WORLD_PANEL)] = None,
     master_port: Annotated[Optional[int], typer.Option("--master-port", help="The rendezvous port on rank 0's host, as MASTER_PORT would set it.", rich_help_panel=WORLD_PANEL)] = None,
+    # The deprecated torch.distributed.launch appends --local-rank=N (--local_rank before 2.0);
+    # accepted so that the launch checks, which read argv, can report that launcher.
+    local_rank: Annotated[Optional[str], typer.Option("--local-rank", "--local_rank", hidden=True)] = None,
 ) -> None:
     """Diagnose this node (and, with a launcher or --nproc, the whole world).
 
@@ -118,6 +123,8 @@ def check(
                 "fail_level": fail_level,
                 "silence": silence,
                 "format": fmt,
+                "init_method": init_method,
+                "pg_timeout": pg_timeout,
             }
         )
     except ConfigError as exc:

@@ -98,6 +98,12 @@ def _severity(value: Any) -> Severity:
     return Severity.parse(value)
 
 
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    return value.strip()
+
+
 def _str_tuple(value: Any) -> tuple[str, ...]:
     return tuple(_as_list(value))
 
@@ -130,6 +136,11 @@ OPTIONS: dict[str, Option] = {
         Option("nproc", _positive_int, None,
                "Ranks for the local self-test world when no launcher started us (default: GPUs, at least 2)."),
         Option("format", _choice(FORMATS), "rich", "Report format: rich (terminal), json or markdown."),
+        # Two facts about the job that its environment does not show; checks validate them.
+        Option("init_method", _text, None,
+               "The init_method the job passes to init_process_group (env://, tcp://host:port, file:///path); default env://."),
+        Option("pg_timeout", _positive_float, None,
+               "The timeout in seconds the job passes to init_process_group; default: torch's for the backend."),
     )
 }
 
@@ -146,6 +157,8 @@ class Config:
     backend: str | None = None
     nproc: int | None = None
     format: str = "rich"
+    init_method: str | None = None
+    pg_timeout: float | None = None
     # Where each value came from ("default", "pyproject.toml", "DISTDOCTOR_TIMEOUT", "--timeout").
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -181,6 +194,7 @@ def load_config(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     pyproject: Path | None = None,
+    use_pyproject: bool = True,
 ) -> Config:
     """Merge the sources; raise ConfigError naming the source of the first bad value."""
     env = os.environ if env is None else env
@@ -197,7 +211,7 @@ def load_config(
             raise ConfigError(f"{source}: {exc}") from None
         sources[name] = source
 
-    path = pyproject or find_pyproject(cwd or Path.cwd())
+    path = (pyproject or find_pyproject(cwd or Path.cwd())) if use_pyproject else None
     if path is not None:
         for key, raw in _read_pyproject_table(path).items():
             apply(_config_key(key), raw, f"{path} [tool.distdoctor] {key}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from distdoctor.config import Config
+from distdoctor.config import Config, load_config
 from distdoctor.context import CheckContext, build_context
 from distdoctor.foreign import SILENT, PortIdentity
 from distdoctor.probes import GPU, ConnectResult, Interface, Probes, Resolution, Route, Unknown
@@ -172,4 +172,7 @@ def fake_context(
     argv: Sequence[str] = ("distdoctor",),
     world: Any = None,
 ) -> CheckContext:
-    return build_context(config or Config(), env=dict(env or {}), argv=list(argv), probes=probes or FakeProbes(), world=world)
+    env = dict(env or {})
+    # DISTDOCTOR_* variables in the fake env configure the run, as they do for real.
+    config = config or load_config({}, env=env, use_pyproject=False)
+    return build_context(config, env=env, argv=list(argv), probes=probes or FakeProbes(), world=world)

@@ -1,8 +1,8 @@
 """The init_method a job hands to init_process_group, and the rendezvous endpoint it implies.
 
-torch has no environment variable for init_method (it is an argument), so distdoctor reads it
-from DISTDOCTOR_INIT_METHOD when the user tells it; without one the job uses env:// and the
-endpoint is MASTER_ADDR:MASTER_PORT.
+torch has no environment variable for init_method (it is an argument), so the user tells
+distdoctor through its configuration (--init-method, DISTDOCTOR_INIT_METHOD or init-method in
+[tool.distdoctor]); without one the job uses env:// and the endpoint is MASTER_ADDR:MASTER_PORT.
 Forms (torch/distributed/rendezvous.py): env://, tcp://host:port, file:///abs/path; mpi:// is
 not a rendezvous handler: with backend="mpi" torch ignores init_method, with any other backend
 init_process_group fails with "No rendezvous handler for mpi://".
@@ -11,10 +11,12 @@ init_process_group fails with "No rendezvous handler for mpi://".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
-INIT_METHOD_VAR = "DISTDOCTOR_INIT_METHOD"
+if TYPE_CHECKING:
+    from distdoctor.config import Config
+
 SCHEMES = ("env", "tcp", "file", "mpi")
 
 
@@ -60,14 +62,19 @@ def parse(raw: str) -> InitMethod:
     return InitMethod(raw, scheme)
 
 
-def from_env(env: Mapping[str, str]) -> InitMethod | None:
-    raw = env.get(INIT_METHOD_VAR)
-    return parse(raw) if raw is not None and raw.strip() else None
+def from_config(config: "Config") -> InitMethod | None:
+    raw = config.init_method
+    return parse(raw) if raw else None
 
 
-def rendezvous_endpoint(env: Mapping[str, str], master_addr: str | None, master_port: int | None) -> tuple[str | None, int | None, str]:
+def setting_label(config: "Config") -> str:
+    """How to name the init_method in a finding: its value and where it came from."""
+    return f"init_method={config.init_method} ({config.sources.get('init_method', 'configuration')})"
+
+
+def rendezvous_endpoint(config: "Config", master_addr: str | None, master_port: int | None) -> tuple[str | None, int | None, str]:
     """(host, port, where they come from) of the store every rank will connect to."""
-    method = from_env(env)
+    method = from_config(config)
     if method is not None and method.scheme == "tcp" and not method.problem:
-        return method.host, method.port, f"{INIT_METHOD_VAR}={method.raw}"
+        return method.host, method.port, setting_label(config)
     return master_addr, master_port, "MASTER_ADDR:MASTER_PORT"

@@ -408,13 +408,13 @@ def _torch_pg_initialized() -> bool:
 
 @check(stage="local", tags=("launch", "env"), emits=(INIT_METHOD_INVALID, INIT_FILE_LEFT_OVER, INIT_FILE_NOT_SHARED, INIT_FILE_UNKNOWN_FS))
 def init_method(ctx: CheckContext):
-    """The init_method (DISTDOCTOR_INIT_METHOD): env://, tcp://, file://, mpi:// validated."""
-    from distdoctor.init_method import INIT_METHOD_VAR, from_env
+    """The job's init_method (--init-method): env://, tcp://, file://, mpi:// validated."""
+    from distdoctor.init_method import from_config, setting_label
 
-    method = from_env(ctx.env)
+    method = from_config(ctx.config)
     if method is None:
         return
-    setting = f"{INIT_METHOD_VAR}={method.raw}"
+    setting = setting_label(ctx.config)
     fix_hint = "init_process_group(backend, init_method=...)"
     if method.problem:
         yield INIT_METHOD_INVALID(

@@ -120,7 +120,7 @@ def interfaces(ctx: CheckContext) -> dict[str, Interface] | Unknown:
 def endpoint(ctx: CheckContext) -> tuple[str | None, int | None, str]:
     launch = ctx.launch
     host = launch.master_addr.strip() if launch.master_addr else None
-    return rendezvous_endpoint(ctx.env, host or None, launch.master_port.value)
+    return rendezvous_endpoint(ctx.config, host or None, launch.master_port.value)
 
 
 def multi_host(ctx: CheckContext) -> bool | None:

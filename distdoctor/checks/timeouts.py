@@ -3,8 +3,8 @@
 torch 2.13 (torch/distributed/constants.py, ProcessGroupNCCL.hpp/.cpp, FlightRecorder.hpp):
   - default process-group timeout: 30 min (default_pg_timeout) for gloo/mpi/ucc, 10 min for nccl
     (default_pg_nccl_timeout); init_process_group(timeout=...) overrides it. torch has no
-    environment variable for it, so the job's value is given to distdoctor as
-    DISTDOCTOR_PG_TIMEOUT (seconds).
+    environment variable for it, so the job's value is given to distdoctor as its pg_timeout
+    setting (--pg-timeout, DISTDOCTOR_PG_TIMEOUT or pg-timeout in [tool.distdoctor], seconds).
   - TORCH_NCCL_ASYNC_ERROR_HANDLING (old name NCCL_ASYNC_ERROR_HANDLING): 0 no handling, 1 tear
     down the process, 2 clean up only, 3 (default) skip clean-up and tear down.
   - TORCH_NCCL_BLOCKING_WAIT (NCCL_BLOCKING_WAIT): wait() blocks and raises on timeout.
@@ -23,7 +23,6 @@ from distdoctor import remedies
 from distdoctor.context import CheckContext
 from distdoctor.registry import check, finding_kind
 
-PG_TIMEOUT_VAR = "DISTDOCTOR_PG_TIMEOUT"
 DEFAULT_TIMEOUT_S = {"nccl": 600.0}
 DEFAULT_OTHER_TIMEOUT_S = 1800.0
 TOO_LONG_S = 3600.0
@@ -79,11 +78,8 @@ VALUE_UNREADABLE = finding_kind(
     title="A timeout or error-handling variable has a value torch rejects",
     hint="Use an integer (or 0/1) as torch expects",
 )
-PG_TIMEOUT_UNREADABLE = finding_kind(
-    "timeouts.W007", cause="timeout_config",
-    title="DISTDOCTOR_PG_TIMEOUT is not a number of seconds",
-    hint="Set DISTDOCTOR_PG_TIMEOUT to the timeout passed to init_process_group, in seconds",
-)
+# timeouts.W007 (DISTDOCTOR_PG_TIMEOUT unreadable) is retired: pg_timeout is now a config option
+# and a bad value is a usage error that names its source, like every other setting.
 
 
 def _first(ctx: CheckContext, names: tuple[str, ...]) -> tuple[str, str] | None:
@@ -136,16 +132,9 @@ def default_timeout_s(backend: str) -> float:
     return DEFAULT_TIMEOUT_S.get(backend, DEFAULT_OTHER_TIMEOUT_S)
 
 
-def effective_timeout(ctx: CheckContext) -> tuple[float | None, str]:
-    raw = ctx.env.get(PG_TIMEOUT_VAR)
-    if raw is not None:
-        try:
-            value = float(raw)
-            if value > 0:
-                return value, f"{PG_TIMEOUT_VAR}={raw}"
-        except ValueError:
-            pass
-        return None, f"{PG_TIMEOUT_VAR}={raw!r}"
+def effective_timeout(ctx: CheckContext) -> tuple[float, str]:
+    if ctx.config.pg_timeout is not None:
+        return ctx.config.pg_timeout, f"pg_timeout={ctx.config.pg_timeout:g}s from {ctx.config.sources.get('pg_timeout', 'configuration')}"
     backend = ctx.backend
     return default_timeout_s(backend), f"torch's default for {backend}"
 
@@ -158,17 +147,10 @@ def _human(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
-@check(stage="local", tags=("timeouts",), emits=(TIMEOUT_TOO_LONG, TIMEOUT_TOO_SHORT, PG_TIMEOUT_UNREADABLE))
+@check(stage="local", tags=("timeouts",), emits=(TIMEOUT_TOO_LONG, TIMEOUT_TOO_SHORT))
 def process_group_timeout(ctx: CheckContext):
     """The collective timeout the job runs with: hours of hang, or aborts of healthy work."""
     timeout, source = effective_timeout(ctx)
-    if timeout is None:
-        yield PG_TIMEOUT_UNREADABLE(
-            f"{source} is not a positive number of seconds",
-            remediation=f"export {PG_TIMEOUT_VAR}=1800 (the seconds of init_process_group(timeout=timedelta(seconds=1800)))",
-            data={"value": ctx.env.get(PG_TIMEOUT_VAR)},
-        )
-        return
     data = {"timeout_s": timeout, "source": source, "backend": ctx.backend}
     if timeout > TOO_LONG_S:
         yield TIMEOUT_TOO_LONG(

@@ -124,6 +124,11 @@ def test_init_method(raw, scheme, host, port, path, problem):
 
 
 def test_rendezvous_endpoint_prefers_tcp_init_method():
-    env = {"DISTDOCTOR_INIT_METHOD": "tcp://10.1.1.1:1234"}
-    assert init_method.rendezvous_endpoint(env, "m", 5)[:2] == ("10.1.1.1", 1234)
-    assert init_method.rendezvous_endpoint({}, "m", 5)[:2] == ("m", 5)
+    from distdoctor.config import load_config
+
+    given = load_config({"init_method": "tcp://10.1.1.1:1234"}, env={}, use_pyproject=False)
+    host, port, source = init_method.rendezvous_endpoint(given, "m", 5)
+    assert (host, port) == ("10.1.1.1", 1234) and "--init-method" in source
+    from_env = load_config({}, env={"DISTDOCTOR_INIT_METHOD": "tcp://10.1.1.2:99"}, use_pyproject=False)
+    assert init_method.rendezvous_endpoint(from_env, "m", 5)[:2] == ("10.1.1.2", 99)
+    assert init_method.rendezvous_endpoint(load_config({}, env={}, use_pyproject=False), "m", 5)[:2] == ("m", 5)
