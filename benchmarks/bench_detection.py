@@ -97,8 +97,8 @@ def detection_figure(name: str, rank: int, deadline: float, repeats: int, torch_
 
 def measure(repeats: int = 5, quick: bool = False, deadline: float | None = None,
             torch_bound: float | None = None) -> list[Figure]:
-    deadline = deadline or (4.0 if quick else 10.0)
-    torch_bound = torch_bound or (5.0 if quick else 60.0)
+    deadline = deadline or (3.0 if quick else 10.0)
+    torch_bound = torch_bound or (4.0 if quick else 60.0)
     # Only rank 0 runs a world of 2: it hosts the store and waits for rank 1 until the deadline.
     missing = detection_figure("missing rank named", 0, deadline, repeats, torch_bound, names_missing_rank)
     # Rank 1 alone: nothing listens at MASTER_ADDR:MASTER_PORT. It prints its own report
@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--deadline", type=float, help="distdoctor's --timeout (default 10 s; quick 4 s)")
-    parser.add_argument("--torch-bound", type=float, help="how long plain torch is watched (default 60 s; quick 5 s)")
+    parser.add_argument("--deadline", type=float, help="distdoctor's --timeout (default 10 s; quick 3 s)")
+    parser.add_argument("--torch-bound", type=float, help="how long plain torch is watched (default 60 s; quick 4 s)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     figures = measure(1 if args.quick else args.repeats, args.quick, args.deadline, args.torch_bound)

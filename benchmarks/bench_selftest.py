@@ -44,21 +44,26 @@ def verify_selftest(run: Timed) -> str | None:
 
 def measure(repeats: int = 5, quick: bool = False) -> list[Figure]:
     env = clean_env(OMP_NUM_THREADS="1")
+    subject_argv = distdoctor("check", "--nproc", "2", "--format", "json")
     with tempfile.TemporaryDirectory(prefix="distdoctor-bench-") as cwd:
-        probe = timed(distdoctor("check", "--nproc", "2", "--format", "json"), env, bound=120, cwd=cwd)
-        problem = verify_selftest(probe)
-        if problem:
-            return [Figure.unavailable("2-rank self-test", problem, TARGET)]
-        bare = timed(baseline_argv(), env, bound=120, cwd=cwd)
-        if bare.code != 0:
-            return [Figure.unavailable("2-rank self-test", describe_failure(bare, "the bare torchrun script"), TARGET)]
-        subjects, baselines = interleaved(
-            lambda: timed(distdoctor("check", "--nproc", "2", "--format", "json"), env, bound=120, cwd=cwd),
-            lambda: timed(baseline_argv(), env, bound=120, cwd=cwd),
-            repeats, warmup=False)  # the two probe runs above were the warm-up
+        if not quick:
+            # One probe of each first (it is also the warm-up): a self-test that does not run,
+            # or a baseline that fails, ends the figure before repeats x both are spent on it.
+            problem = verify_selftest(timed(subject_argv, env, bound=120, cwd=cwd))
+            if problem:
+                return [Figure.unavailable("2-rank self-test", problem, TARGET)]
+            bare = timed(baseline_argv(), env, bound=120, cwd=cwd)
+            if bare.code != 0:
+                return [Figure.unavailable("2-rank self-test", describe_failure(bare, "the bare torchrun script"), TARGET)]
+        subjects, baselines = interleaved(lambda: timed(subject_argv, env, bound=120, cwd=cwd),
+                                          lambda: timed(baseline_argv(), env, bound=120, cwd=cwd),
+                                          repeats, warmup=False)
     problems = [p for p in map(verify_selftest, subjects) if p]
     if problems:
         return [Figure.unavailable("2-rank self-test", problems[0], TARGET)]
+    failed = [b for b in baselines if b.code != 0]
+    if failed:
+        return [Figure.unavailable("2-rank self-test", describe_failure(failed[0], "the bare torchrun script"), TARGET)]
     return [Figure.from_runs("2-rank self-test", "distdoctor check --nproc 2", subjects,
                              "torchrun --standalone --nproc-per-node 2 bare_allreduce.py", baselines, TARGET,
                              "every run verified: ranks 0,1 reported, rendezvous + collective passed")]
