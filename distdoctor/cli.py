@@ -43,6 +43,8 @@ def main(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
+    # torch.distributed.launch puts --local-rank=N right after `-m distdoctor`, before the command.
+    local_rank: Annotated[Optional[str], typer.Option("--local-rank", "--local_rank", hidden=True)] = None,
 ) -> None:
     """distdoctor: diagnostics for torch.distributed jobs."""
 

@@ -188,10 +188,11 @@ def test_deprecated_launcher_argv():
 
 
 def test_real_torch_distributed_launch():
-    # The real deprecated launcher: it runs the elastic agent and appends --local-rank=0.
+    # The real deprecated launcher running the real CLI: it runs the elastic agent and puts
+    # --local-rank=0 right after `-m distdoctor`, before the command.
     env = base_env(PYTHONWARNINGS="ignore")
     cmd = [sys.executable, "-m", "torch.distributed.launch", "--nproc-per-node=1", "--master-port", str(free_port()),
-           str(Path(__file__).with_name("run_engine.py"))]
+           "-m", "distdoctor", "check", "--stage", "local", "--format", "json"]
     out = run(cmd, env)
     finding = out.one("launcher_misuse")
     assert finding["id"] == "launch.W003" and "--local-rank=0" in finding["title"]
