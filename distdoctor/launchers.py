@@ -21,6 +21,8 @@ PMIX = "pmix"
 KUBEFLOW = "kubeflow"
 LSF = "lsf"
 MP_SPAWN = "mp_spawn"
+# Set in each rank of distdoctor's own self-test world (started with torch.multiprocessing).
+SELF_TEST_VAR = "DISTDOCTOR_MP_SPAWN"
 MANUAL = "manual"  # RANK/WORLD_SIZE set by hand (or by a script), no launcher known
 NONE = "none"  # a plain process: no distributed variables at all
 
@@ -219,9 +221,9 @@ def detect(env: Mapping[str, str], argv: Sequence[str] = ()) -> LaunchInfo:
     # torch.multiprocessing.spawn leaves no variables of its own; its children are spawned
     # multiprocessing children with the parent's env, started as
     # `python -c "from multiprocessing.spawn import spawn_main; ..." --multiprocessing-fork`.
-    if "DISTDOCTOR_MP_SPAWN" in env:
+    if SELF_TEST_VAR in env:
         found.append(MP_SPAWN)
-        evidence.append("DISTDOCTOR_MP_SPAWN")
+        evidence.append(SELF_TEST_VAR)
     elif "--multiprocessing-fork" in argv:
         found.append(MP_SPAWN)
         evidence.append("--multiprocessing-fork in argv (a multiprocessing spawn child)")

@@ -29,12 +29,13 @@ from typing import Any, Callable
 
 from distdoctor.config import Config
 from distdoctor.crossrank import NON_ROOT_GRACE_S
+from distdoctor.launchers import SELF_TEST_VAR
 from distdoctor.report import EXIT_FINDINGS, EXIT_INCOMPLETE
 from distdoctor.watchdog import EXPIRE_GRACE_S
 from distdoctor.world import AGENT_STORE_ENV, RUN_ID_ENV
 
 LOOPBACK = "127.0.0.1"
-MP_SPAWN_ENV = "DISTDOCTOR_MP_SPAWN"
+MP_SPAWN_ENV = SELF_TEST_VAR
 MP_SPAWN_LAUNCHER = "mp_spawn"
 # Past the ranks' own hard deadline (watchdog + grace), the supervisor ends them itself.
 SUPERVISOR_SLACK_S = 1.0

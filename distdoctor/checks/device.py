@@ -10,7 +10,7 @@ import os
 
 from distdoctor import cuda_visible, remedies
 from distdoctor.context import CheckContext
-from distdoctor.launchers import DEPRECATED_LAUNCH, KUBEFLOW, SLURM, TORCHRUN
+from distdoctor.launchers import DEPRECATED_LAUNCH, KUBEFLOW, SELF_TEST_VAR, SLURM, TORCHRUN
 from distdoctor.probes import Unknown
 from distdoctor.registry import check, finding_kind
 
@@ -134,7 +134,10 @@ def local_rank_fits_gpus(ctx: CheckContext):
     local_ranks = _local_ranks(ctx)
     visible = _visible(ctx)
     cvd = f" (CUDA_VISIBLE_DEVICES={visible.raw!r})" if visible.restricted else ""
-    if local is not None and local >= count:
+    # distdoctor's own self-test runs gloo when ranks outnumber GPUs and never touches GPU
+    # LOCAL_RANK then: the layout is its choice, not the job's, so there is no risk to report.
+    self_test_on_cpu = not nccl and SELF_TEST_VAR in ctx.env
+    if local is not None and local >= count and not self_test_on_cpu:
         kind = BAD_ORDINAL if nccl else BAD_ORDINAL_RISK
         yield kind(
             f"LOCAL_RANK={local} but this process sees {count} GPU(s){cvd}",

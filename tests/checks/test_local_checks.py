@@ -220,3 +220,11 @@ def test_remediation_follows_the_launcher():
     assert "GLOO_SOCKET_IFNAME=eth0 torchrun" in torchrun[0].remediation
     docker = findings(system.shared_memory, MASTER, disks={"/dev/shm": (64 * MiB, 64 * MiB, 4096)}, files={"/.dockerenv": ""})
     assert "docker run --shm-size=" in docker[0].remediation
+
+
+def test_self_test_layout_on_one_gpu_is_not_a_risk():
+    """distdoctor's self-test runs 2 gloo ranks on a 1-GPU node: rank 1 is not warned about cuda:1."""
+    env = {**MASTER, "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "DISTDOCTOR_MP_SPAWN": "1"}
+    assert findings(device.local_rank_fits_gpus, env, gpu_list=fake_gpus(1), backend_="gloo") == []
+    user_job = {k: v for k, v in env.items() if k != "DISTDOCTOR_MP_SPAWN"}
+    assert [f.id for f in findings(device.local_rank_fits_gpus, user_job, gpu_list=fake_gpus(1), backend_="gloo")] == ["device.W004"]
