@@ -89,7 +89,7 @@ def check(
     backend: Annotated[Optional[str], typer.Option("--backend", help=_help("backend"), rich_help_panel=RUN_PANEL)] = None,
     nproc: Annotated[Optional[int], typer.Option("--nproc", help=_help("nproc"), rich_help_panel=RUN_PANEL)] = None,
     init_method: Annotated[Optional[str], typer.Option("--init-method", help=_help("init_method"), rich_help_panel=RUN_PANEL)] = None,
-    pg_timeout: Annotated[Optional[float], typer.Option("--pg-timeout", help=_help("pg_timeout"), rich_help_panel=POLICY_PANEL)] = None,
+    pg_timeout: Annotated[Optional[float], typer.Option("--pg-timeout", help=_help("pg_timeout"), rich_help_panel=RUN_PANEL)] = None,
     timeout: Annotated[Optional[float], typer.Option("--timeout", help=_help("timeout"), rich_help_panel=POLICY_PANEL)] = None,
     check_timeout: Annotated[Optional[float], typer.Option("--check-timeout", help=_help("check_timeout"), rich_help_panel=POLICY_PANEL)] = None,
     fail_level: Annotated[Optional[str], typer.Option("--fail-level", help=_help("fail_level"), rich_help_panel=POLICY_PANEL)] = None,
