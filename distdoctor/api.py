@@ -121,13 +121,11 @@ def preflight(
     versions = {"torch": torch.__version__, "cuda": torch.version.cuda}
     checks: list[dict[str, Any]] = []
 
-    # -- 1. check-in and reference through the store -------------------------------------
+    # -- 1. check-in through the store: one verdict for all ranks -------------------------
     store = dist.distributed_c10d._get_default_store()
     name = str(getattr(group or dist.group.WORLD, "group_name", "world"))
     generation = _GENERATIONS[name] = _GENERATIONS.get(name, 0) + 1
     prefix = f"distdoctor/preflight/{name}/{generation}"
-    if rank == 0:
-        store.set(f"{prefix}/reference", json.dumps({"table": table.encode(), "versions": versions}))
     store.set(f"{prefix}/arrive/{rank}", "1")
     verdict = _decide(store, prefix, rank, world, started, deadline)
     if not verdict.get("ok"):
@@ -135,32 +133,47 @@ def preflight(
         raise PreflightError(_report(findings, checks, world, list(verdict.get("arrived", ())), started, silence,
                                      incomplete=True))
 
-    # -- 2. compare with rank 0, local registry checks -------------------------------------
-    delta: dict[str, Any] = {}
-    ref_table = table
-    if rank != 0:
-        reference = json.loads(store.get(f"{prefix}/reference"))
-        ref_table = ts.SpecTable.decode(reference["table"])
-        delta = _delta(ref_table, table, rtol)
-        local += pc.version_findings(versions, reference.get("versions", {}), rank)
+    # -- 2. local registry checks ------------------------------------------------------------
     if local_checks:
         local_findings, local_results = _local_checks(deadline, started, float(timeout))
         local += local_findings
         checks += local_results
 
-    # -- 3. fixed-size summary of every rank -----------------------------------------------
-    payload = b""
-    if local or delta:
-        payload = json.dumps({"findings": [f.to_dict() for f in local], "delta": delta},
-                             separators=(",", ":")).encode()
+    # -- 3. one fixed-size all_gather: digests, findings size, batch count ----------------------
+    # Identical tables (same seed, or after DDP's broadcast) have bit-identical fingerprints,
+    # so equal digests settle the comparison without moving any table.
+    local_payload = _encode_payload(local, {})
     device = _collective_device(torch, backend)
-    mine = torch.tensor([len(payload), -1 if batches is None else batches], dtype=torch.int64, device=device)
+    mine = torch.tensor([*_digest(table.structure_key(), table.checksums()), _digest(versions)[0],
+                         len(local_payload), -1 if batches is None else batches], dtype=torch.int64, device=device)
     summary = [torch.zeros_like(mine) for _ in range(world)]
     _wait(dist.all_gather(summary, mine, group=group, async_op=True), deadline, "summary all_gather", world)
-    sizes = [int(s[0]) for s in summary]
-    counts = {r: (None if int(s[1]) < 0 else int(s[1])) for r, s in enumerate(summary)}
+    rows = [s.cpu().tolist() for s in summary]
+    counts = {r: (None if row[-1] < 0 else int(row[-1])) for r, row in enumerate(rows)}
+    differs = [r for r, row in enumerate(rows) if row[:5] != rows[0][:5]]
+    sizes = [int(row[5]) for row in rows]
 
-    # -- 4. details, only from the ranks that found something -------------------------------
+    # -- 4. only when something differs or was found: the details --------------------------------
+    ref_table = table
+    payload = local_payload
+    if differs:
+        # Rank 0 publishes its table; the ranks that differ compare with it (tolerant) and
+        # send only their differing rows.
+        ref_key = f"{prefix}/reference"
+        if rank == 0:
+            store.set(ref_key, json.dumps({"table": table.encode(), "versions": versions}))
+        elif rank in differs:
+            if not _store_wait(store, [ref_key], deadline):
+                raise PreflightError(_report([pc.ranks_missing_finding([0], world, deadline - started, f"Rank {rank}")],
+                                             checks, world, [], started, silence, incomplete=True))
+            reference = json.loads(store.get(ref_key))
+            ref_table = ts.SpecTable.decode(reference["table"])
+            local += pc.version_findings(versions, reference.get("versions", {}), rank)
+            payload = _encode_payload(local, _delta(ref_table, table, rtol))
+        sized = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+        all_sizes = [torch.zeros_like(sized) for _ in range(world)]
+        _wait(dist.all_gather(all_sizes, sized, group=group, async_op=True), deadline, "sizes all_gather", world)
+        sizes = [int(t.item()) for t in all_sizes]
     per_rank: dict[int, dict[str, Any]] = {}
     if any(sizes):
         width = max(sizes)
@@ -172,6 +185,8 @@ def preflight(
         for r, (size, data) in enumerate(zip(sizes, gathered)):
             if size:
                 per_rank[r] = json.loads(bytes(data[:size].cpu().tolist()).decode())
+    # A rank whose digests equal rank 0's holds rank 0's very table: it rebuilds the others'
+    # tables from its own (ref_table = table above).
 
     # -- the same report on every rank ------------------------------------------------------
     findings: list[Finding] = []
@@ -197,6 +212,21 @@ def preflight(
     return report
 
 
+def _encode_payload(findings: list[Finding], delta: Mapping[str, Any]) -> bytes:
+    if not findings and not delta:
+        return b""
+    return json.dumps({"findings": [f.to_dict() for f in findings], "delta": dict(delta)},
+                      separators=(",", ":")).encode()
+
+
+def _digest(*parts: Any) -> list[int]:
+    """Four signed int64 words of a SHA-256 over the parts' repr (stable within one torch/Python)."""
+    import hashlib
+
+    raw = hashlib.sha256(repr(parts).encode()).digest()
+    return [int.from_bytes(raw[i:i + 8], "little", signed=True) for i in range(0, 32, 8)]
+
+
 def _report(findings: list[Finding], checks: list[dict[str, Any]], world: int, reported: list[int],
             started: float, silence: Any, incomplete: bool = False) -> Report:
     missing = sorted(set(range(world)) - set(reported))
@@ -214,17 +244,31 @@ def _launcher() -> str:
         return "unknown"
 
 
+def _store_wait(store: Any, keys: list[str], deadline: float) -> bool:
+    """Block until every key exists or the deadline passes (server-side wait: no polling delay)."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return bool(store.check(keys))
+    try:
+        store.wait(keys, timedelta(seconds=remaining))
+        return True
+    except Exception:  # DistStoreError on timeout; any store failure reads as "not arrived"
+        try:
+            return bool(store.check(keys))
+        except Exception:
+            return False
+
+
 def _decide(store: Any, prefix: str, rank: int, world: int, started: float, deadline: float) -> dict[str, Any]:
     """One verdict for all ranks: rank 0 decides when all arrived; whoever gives up first aborts."""
     from distdoctor import preflight_checks as pc
-    from distdoctor.guarded_init import _poll
 
     decision_key = f"{prefix}/decision"
     keys = [f"{prefix}/arrive/{r}" for r in range(world)]
     budget = deadline - time.monotonic()
     if rank == 0:
         # Rank 0 (who can name the missing) decides first: it stops waiting at 85 % of the budget.
-        if _poll(lambda: store.check(keys), time.monotonic() + budget * 0.85):
+        if _store_wait(store, keys, time.monotonic() + budget * 0.85):
             proposal = {"ok": True}
         else:
             arrived = [r for r, k in enumerate(keys) if store.check([k])]
@@ -232,7 +276,7 @@ def _decide(store: Any, prefix: str, rank: int, world: int, started: float, dead
             proposal = {"ok": False, "arrived": arrived,
                         "findings": [pc.ranks_missing_finding(missing, world, deadline - started, "Rank 0").to_dict()]}
     else:
-        if _poll(lambda: store.check([decision_key]), deadline):
+        if _store_wait(store, [decision_key], deadline):
             return json.loads(store.get(decision_key))
         arrived = [r for r, k in enumerate(keys) if store.check([k])]
         missing = sorted(set(range(world)) - set(arrived))

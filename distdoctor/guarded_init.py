@@ -308,7 +308,7 @@ def _rank0_verdict(store: Any, prefix: str, target: Target, deadline: float) -> 
                     "MASTER_ADDR/MASTER_PORT."),
             ranks=missing, check=CHECK, data={"missing": missing, "world_size": world},
         )
-        return {"ok": False, "findings": [finding.to_dict()]}
+        return {"ok": False, "findings": [finding.to_dict()] + [f.to_dict() for f in _duplicates(store, prefix, world)]}
     records = [_decode(raw) for raw in store.multi_get(keys)]
     findings: list[Finding] = []
     sizes: dict[int, list[int]] = {}
@@ -320,12 +320,18 @@ def _rank0_verdict(store: Any, prefix: str, target: Target, deadline: float) -> 
         findings.append(INIT_WORLD_DISAGREES(
             f"Ranks were given different world sizes: {spread}",
             ranks=[r for s, rs in sizes.items() if s != world for r in rs], check=CHECK))
-    duplicates = [r for r in range(world) if store.add(f"{prefix}/claim/{r}", 0) > 1]
-    if duplicates:
-        findings.append(INIT_DUPLICATE_RANK(
-            f"Several processes claim {('rank ' if len(duplicates) == 1 else 'ranks ') + format_ranks(duplicates)}",
-            ranks=duplicates, check=CHECK))
+    findings += _duplicates(store, prefix, world)
     return {"ok": not findings, "findings": [f.to_dict() for f in findings]}
+
+
+def _duplicates(store: Any, prefix: str, world: int) -> list[Finding]:
+    """Ranks claimed by more than one process so far (a later duplicate finds the group formed)."""
+    duplicates = [r for r in range(world) if store.add(f"{prefix}/claim/{r}", 0) > 1]
+    if not duplicates:
+        return []
+    return [INIT_DUPLICATE_RANK(
+        f"Several processes claim {('rank ' if len(duplicates) == 1 else 'ranks ') + format_ranks(duplicates)}",
+        ranks=duplicates, check=CHECK)]
 
 
 def _decode(raw: Any) -> dict[str, Any]:
