@@ -6,17 +6,20 @@
     distdoctor.preflight(model=model, dataloader=loader)   # raises PreflightError on every rank
 
 preflight's exchange, in order (every step has a deadline within ``timeout``):
-1. check-in through the process group's store: every rank sets ``arrive/<rank>``; rank 0 also
-   publishes its spec table (the reference). Rank 0 waits for all and sets one verdict with
-   compare_set (``go``, or ``abort`` naming the ranks that never came); a rank that gives up
-   first sets the abort verdict the same way. So all ranks act on one decision and no rank
-   enters a collective that another has abandoned.
-2. each rank compares its own specs with rank 0's (O(tensors)) and runs its local checks;
-3. one all_gather of a fixed-size int64 tensor: payload size and batch count per rank
-   (waited on with the remaining deadline);
-4. only when some rank found something: one all_gather of those ranks' findings and spec
-   deltas (JSON bytes, padded to the largest). Every rank then builds the same report from the
-   same data, so the decision to raise is the same everywhere.
+1. check-in through the process group's store: every rank sets ``arrive/<rank>``. Rank 0 waits
+   for all and sets one verdict with compare_set (``ok``, or an abort naming the ranks that
+   never came); a rank that gives up first sets the abort verdict the same way. So all ranks
+   act on one decision and no rank enters a collective that another has abandoned. (Without a
+   store, e.g. the MPI backend, this step is skipped and the collectives' deadlines remain.)
+2. the local registry checks (cheap ones, tight deadline);
+3. one all_gather of a fixed-size int64 tensor per rank: a SHA-256 digest of the spec table
+   (structure and exact fingerprints) and of the versions, the size of this rank's findings,
+   its batch count. Equal digests mean identical tables: nothing more to move.
+4. only when digests differ: rank 0 broadcasts its table; the differing ranks compare with it
+   (with tolerance) and keep only their differing rows. Then, when any rank has findings or
+   rows: one all_gather of their sizes and one of the JSON bytes (padded to the largest).
+   Every rank builds the same report from the same data, so the decision to raise is the same
+   everywhere.
 """
 
 from __future__ import annotations
@@ -99,6 +102,8 @@ def preflight(
         raise PreflightError(report)
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:
+        raise ValueError("preflight(group=...): this process is not a member of that group")
     backend = str(dist.get_backend(group))
     local_rank = _int_env("LOCAL_RANK")
     cuda_index = _expected_cuda_index(torch, local_rank)
@@ -122,12 +127,14 @@ def preflight(
     checks: list[dict[str, Any]] = []
 
     # -- 1. check-in through the store: one verdict for all ranks -------------------------
-    store = dist.distributed_c10d._get_default_store()
+    store = _default_store(dist)
     name = str(getattr(group or dist.group.WORLD, "group_name", "world"))
     generation = _GENERATIONS[name] = _GENERATIONS.get(name, 0) + 1
     prefix = f"distdoctor/preflight/{name}/{generation}"
-    store.set(f"{prefix}/arrive/{rank}", "1")
-    verdict = _decide(store, prefix, rank, world, started, deadline)
+    verdict: dict[str, Any] = {"ok": True}
+    if store is not None:
+        store.set(f"{prefix}/arrive/{rank}", "1")
+        verdict = _decide(store, prefix, rank, world, started, deadline)
     if not verdict.get("ok"):
         findings = [Finding.from_dict(f) for f in verdict.get("findings", ())]
         raise PreflightError(_report(findings, checks, world, list(verdict.get("arrived", ())), started, silence,
@@ -157,16 +164,12 @@ def preflight(
     ref_table = table
     payload = local_payload
     if differs:
-        # Rank 0 publishes its table; the ranks that differ compare with it (tolerant) and
+        # Rank 0 broadcasts its table; the ranks that differ compare with it (tolerant) and
         # send only their differing rows.
-        ref_key = f"{prefix}/reference"
-        if rank == 0:
-            store.set(ref_key, json.dumps({"table": table.encode(), "versions": versions}))
-        elif rank in differs:
-            if not _store_wait(store, [ref_key], deadline):
-                raise PreflightError(_report([pc.ranks_missing_finding([0], world, deadline - started, f"Rank {rank}")],
-                                             checks, world, [], started, silence, incomplete=True))
-            reference = json.loads(store.get(ref_key))
+        encoded = json.dumps({"table": table.encode(), "versions": versions}).encode() if rank == 0 else b""
+        received = _broadcast_bytes(torch, dist, encoded, device, group, deadline, world)
+        if rank in differs:
+            reference = json.loads(received)
             ref_table = ts.SpecTable.decode(reference["table"])
             local += pc.version_findings(versions, reference.get("versions", {}), rank)
             payload = _encode_payload(local, _delta(ref_table, table, rtol))
@@ -242,6 +245,26 @@ def _launcher() -> str:
         return detect(dict(os.environ), ()).launcher
     except Exception:
         return "unknown"
+
+
+def _default_store(dist: Any) -> Any:
+    """The default group's store (for the bounded check-in); None where there is none (MPI)."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:
+        return None
+
+
+def _broadcast_bytes(torch: Any, dist: Any, data: bytes, device: Any, group: Any, deadline: float, world: int) -> bytes:
+    """Group rank 0's bytes to every rank: a length, then the bytes (two broadcasts with deadlines)."""
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    _wait(dist.broadcast(size, src=src, group=group, async_op=True), deadline, "reference broadcast", world)
+    buffer = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
+    if data:
+        buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    _wait(dist.broadcast(buffer, src=src, group=group, async_op=True), deadline, "reference broadcast", world)
+    return bytes(buffer.cpu().tolist())
 
 
 def _store_wait(store: Any, keys: list[str], deadline: float) -> bool:
