@@ -9,7 +9,15 @@ import distdoctor
 start = time.monotonic()
 try:
     local_checks = "no-local-checks" not in sys.argv[2:]
-    distdoctor.init_process_group("gloo", rendezvous_timeout=float(sys.argv[1]), local_checks=local_checks)
+    if "tcp" in sys.argv[2:]:
+        # torch's other spelling: tcp:// with rank and world size as arguments
+        import os
+
+        distdoctor.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+                                      rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                                      rendezvous_timeout=float(sys.argv[1]), local_checks=local_checks)
+    else:
+        distdoctor.init_process_group("gloo", rendezvous_timeout=float(sys.argv[1]), local_checks=local_checks)
 except distdoctor.PreflightError as exc:
     print(json.dumps({"raised": True, "elapsed": time.monotonic() - start, "message": str(exc),
                       "findings": [f.to_dict() for f in exc.report.findings]}))

@@ -59,6 +59,23 @@ def test_success_is_torchs_group():
         assert (result["sum"], result["backend"], result["world_size"], result["rank"]) == (2.0, "gloo", 2, rank)
 
 
+def test_tcp_init_method_with_rank_arguments():
+    results = launch([0, 1], 2, free_port(), rdzv_timeout=30, extra=("tcp", "no-local-checks"))
+    assert [(r["raised"], r["sum"]) for r in results] == [(False, 2.0), (False, 2.0)], results
+
+
+def test_missing_rank_over_tcp_init_method():
+    (result,) = launch([0], 2, free_port(), rdzv_timeout=3, extra=("tcp", "no-local-checks"))
+    assert ids(result) == ["init.E001"] and result["findings"][0]["ranks"] == [1]
+
+
+def test_wrong_interface_is_caught_by_the_local_checks(monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nonexist0")
+    (result,) = launch([0], 2, free_port(), rdzv_timeout=5)
+    assert result["raised"] and [f["cause"] for f in result["findings"]] == ["wrong_interface"], result
+    assert result["elapsed"] < 10
+
+
 def test_missing_rank_is_named_within_the_timeout():
     (result,) = launch([0], 2, free_port(), rdzv_timeout=4)
     assert result["raised"] and ids(result) == ["init.E001"]
