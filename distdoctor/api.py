@@ -109,7 +109,6 @@ def preflight(
     cuda_index = _expected_cuda_index(torch, local_rank)
 
     # -- this rank's facts ----------------------------------------------------------------
-    named: list[tuple[str, Any]] = []
     local: list[Finding] = []
     table = ts.SpecTable()
     if model is not None:
@@ -198,9 +197,9 @@ def preflight(
         findings += [Finding.from_dict(f) for f in item.get("findings", ())]
         if item.get("delta"):
             tables[r] = _apply_delta(ref_table, item["delta"])
-    if len(tables) > 1:
-        findings += ts.compare_tables(tables, rtol=rtol, label="parameter" if model is not None else "tensor",
-                                      check=pc.CHECK)
+    # With one table this only says which tensors could not be compared (sharded, meta).
+    findings += ts.compare_tables(tables, rtol=rtol, label="parameter" if model is not None else "tensor",
+                                  check=pc.CHECK)
     findings += pc.batch_count_findings(counts) if dataloader is not None else []
     checks.append({"name": "preflight.exchange", "stage": "collective", "status": "fail" if findings else "pass",
                    "duration_s": round(time.monotonic() - started, 4)})
@@ -340,21 +339,20 @@ def _apply_delta(reference: Any, delta: Mapping[str, Any]) -> Any:
 
 
 def _wait(work: Any, deadline: float, what: str, world: int) -> None:
+    """Wait for an async collective until the deadline; a timeout or a failure raises PreflightError."""
     from distdoctor.core_findings import RUN_DEADLINE
 
     remaining = max(0.1, deadline - time.monotonic())
     try:
-        ok = work.wait(timeout=timedelta(seconds=remaining))
+        if work.wait(timeout=timedelta(seconds=remaining)) is not False:
+            return
+        title, reason = f"preflight's {what} did not complete within the deadline", "it timed out"
     except Exception as exc:
-        ok = False
-        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    else:
-        reason = "did not complete in time"
-    if ok is False:
-        finding = RUN_DEADLINE(f"preflight's {what} did not complete within the deadline",
-                               detail=f"Every rank had checked in, then the collective failed: {reason}",
-                               check="preflight")
-        raise PreflightError(build_report([finding], world=WorldSummary(size=world), incomplete=True))
+        text = str(exc).splitlines()[0][:300] if str(exc) else ""
+        title, reason = f"preflight's {what} failed", f"{type(exc).__name__}: {text}"
+    finding = RUN_DEADLINE(title, detail=f"Every rank had checked in, then the collective broke off: {reason}. "
+                                         "A rank crashed or stalled after checking in.", check="preflight")
+    raise PreflightError(build_report([finding], world=WorldSummary(size=world), incomplete=True))
 
 
 def _local_checks(deadline: float, started: float, timeout: float) -> tuple[list[Finding], list[dict[str, Any]]]:

@@ -129,3 +129,29 @@ def rank_one_never_arrives() -> None:
         assert missing.cause == "rank_missing" and missing.ranks == (1,), missing
         assert err.report.status == "incomplete"
     dist.barrier()  # rank 1 was busy elsewhere; the group itself is still usable
+
+
+def fsdp_models() -> None:
+    """FSDP1 flat shards and FSDP2 DTensors: names/dtypes compared, shard values reported as not compared."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    rank = dist.get_rank()
+    fsdp1 = FSDP(build(), device_id=torch.device("cpu"), use_orig_params=False)
+    report = distdoctor.preflight(model=fsdp1, timeout=20, local_checks=False)
+    assert [f.id for f in report.findings] == ["spec.I006"], report.findings
+    assert "FSDP shard" in report.findings[0].title
+
+    from torch.distributed.fsdp import fully_shard
+
+    model = build()
+    fully_shard(model)
+    report = distdoctor.preflight(model=model, timeout=20, local_checks=False)
+    assert [f.id for f in report.findings] == ["spec.I006"], report.findings
+    assert "DTensor" in report.findings[0].title
+
+    # a real difference still shows through the shards: another dtype on rank 1
+    model = build(dtype=torch.float64 if rank == 1 else torch.float32)
+    fully_shard(model[2])
+    fully_shard(model)
+    err = expect_raise(model=model)
+    assert "spec.E002" in [f.id for f in err.report.findings], err.report.findings

@@ -38,3 +38,7 @@ def test_clean_run_logs_one_line_on_rank_0(tmp_path):
 
 def test_missing_rank_is_named_within_the_timeout():
     run("rank_one_never_arrives", timeout=60)
+
+
+def test_fsdp_shards_are_compared_honestly():
+    run("fsdp_models")
