@@ -151,8 +151,9 @@ def rows(figures: Sequence[tuple[str, Figure]]) -> list[list[str]]:
                         f.note.removeprefix("not available yet: ")])
             continue
         runs = f"{_seconds(f.median_s)} (n={len(f.runs_s)})"
-        base = f.baseline + (f": {_seconds(f.baseline_median_s)} (n={len(f.baseline_runs_s)})"
-                             if f.baseline_median_s is not None else "")
+        base = f.baseline
+        if f.baseline_median_s is not None:
+            base += f": {_seconds(f.baseline_median_s)}" + (f" (n={len(f.baseline_runs_s)})" if f.baseline_runs_s else "")
         out.append([bench, f.name, runs, base, _ratio(f), f.target, f.subject + (f"; {f.note}" if f.note else "")])
     return out
 
@@ -183,7 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
     parser.add_argument("--json", dest="json_path", help="also write machine and figures as JSON to this file")
+    parser.add_argument("--from-json", dest="from_json", help="print a saved --json run again (e.g. as --markdown)")
     args = parser.parse_args(argv)
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        known = set(Figure.__dataclass_fields__)
+        print_table([(f.get("bench", "-"), Figure(**{k: v for k, v in f.items() if k in known}))
+                     for f in saved["figures"]], markdown=args.markdown)
+        return 0
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
