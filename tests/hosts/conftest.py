@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import netns  # noqa: E402
-from host_worlds import PLAIN_TORCH_RESULTS  # noqa: E402
+from host_worlds import DISTDOCTOR_RESULTS, PLAIN_TORCH_RESULTS  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -56,6 +56,11 @@ def lab(make_lab) -> netns.Lab:
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """What plain torch did in each scenario (users' experience today), next to the results."""
+    if DISTDOCTOR_RESULTS:
+        terminalreporter.section("distdoctor in the multi-host scenarios")
+        for test, deadline, slowest, codes in DISTDOCTOR_RESULTS:
+            took = f"{slowest:.2f}s" if slowest is not None else "killed at the bound"
+            terminalreporter.write_line(f"{test}: --timeout {deadline:g}, slowest rank {took}, exit codes {codes}")
     if not PLAIN_TORCH_RESULTS:
         return
     terminalreporter.section("plain torch in the same scenarios (torch defaults, bounded wait)")

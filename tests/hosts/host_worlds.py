@@ -139,12 +139,24 @@ def start_world(lab: Lab, specs: Sequence[RankSpec], argv: Sequence[str], *, wor
     return WorldRun(ranks, bound)
 
 
+# (test, deadline, slowest rank's seconds or None when killed, exit codes): the session summary.
+DISTDOCTOR_RESULTS: list[tuple[str, float, float | None, dict[int, int | None]]] = []
+
+
+def current_test() -> str:
+    return os.environ.get("PYTEST_CURRENT_TEST", "?").split("::")[-1].split(" ")[0]
+
+
 def distdoctor_world(lab: Lab, specs: Sequence[RankSpec], *, timeout: float, args: Sequence[str] = (),
                      **kwargs: Any) -> WorldRun:
     """Every started rank runs ``distdoctor check --format json --timeout T``; waits for them."""
     argv = [sys.executable, "-m", "distdoctor", "check", "--format", "json", "--timeout", f"{timeout:g}", *args]
     # Generous outer bound: the assertions check the deadline, this only stops a runaway.
-    return start_world(lab, specs, argv, bound=timeout + 20, label="dd", **kwargs).wait()
+    run = start_world(lab, specs, argv, bound=timeout + 20, label="dd", **kwargs).wait()
+    times = [run.elapsed(r) for r in run.ranks]
+    slowest = None if any(t is None for t in times) else max(times, default=0.0)
+    DISTDOCTOR_RESULTS.append((current_test(), timeout, slowest, {r: run.code(r) for r in run.ranks}))
+    return run
 
 
 @dataclass
