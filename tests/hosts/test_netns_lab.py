@@ -166,3 +166,14 @@ def test_a_killed_run_is_cleaned_by_the_next(netns_ready):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_without_root_the_reason_to_skip_is_given(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "root" in netns.why_unavailable()
+
+
+def test_without_iproute2_the_reason_to_skip_is_given(monkeypatch):
+    real_which = netns.shutil.which
+    monkeypatch.setattr(netns.shutil, "which", lambda tool: None if tool == "ip" else real_which(tool))
+    assert "`ip` is not installed" in netns.why_unavailable()
