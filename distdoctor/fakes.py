@@ -54,6 +54,8 @@ class FakeProbes(Probes):
     clock: float = 1000.0
     # destination address -> (source address, interface); default: lo for 127.x, else eth0.
     routes: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # on-link addresses whose ARP requests get no answer (nobody holds the address)
+    arp_silent: frozenset[str] = frozenset()
     # addresses that belong to this host besides the interfaces' own (127.0.0.0/8 always does).
     local_addrs: Sequence[str] = field(default_factory=tuple)
     # (host, port) -> what answers there (distdoctor.foreign.PortIdentity); default: silent.
@@ -107,6 +109,9 @@ class FakeProbes(Probes):
         nic = nics.get(name)
         source = (nic.ipv4 or nic.ipv6 or (None,))[0] if nic else None
         return Route(address, source, name if nic else None)
+
+    def arp_unanswered(self, address: str) -> bool:
+        return address in self.arp_silent
 
     def is_local_address(self, address: str) -> bool:
         if address.startswith("127.") or address == "::1" or address in self.local_addrs:

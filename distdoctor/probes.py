@@ -233,6 +233,24 @@ class Probes:
         return Route(address, source, interface)
 
     @never_raises
+    def arp_unanswered(self, address: str) -> bool | Unknown:
+        """Whether this host asked who has ``address`` on its link and got no answer.
+
+        The kernel's neighbour table (/proc/net/arp) holds an on-link IPv4 address with flags
+        0x0 while it is INCOMPLETE or FAILED: no host answers ARP for it. A firewall drops TCP,
+        not ARP, so this tells "nobody is there" from "packets are dropped". False when the
+        entry is resolved or absent (an off-link address goes through a gateway).
+        """
+        if ":" in address:
+            return Unknown("the IPv6 neighbour table is not read")
+        with open("/proc/net/arp", encoding="ascii", errors="replace") as table:
+            for line in table.read().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) >= 3 and fields[0] == address:
+                    return int(fields[2], 16) == 0
+        return False
+
+    @never_raises
     def is_local_address(self, address: str) -> bool:
         """Whether ``address`` belongs to this host (it can be bound here)."""
         family = socket.AF_INET6 if ":" in address else socket.AF_INET

@@ -154,6 +154,12 @@ def routable_interface(ctx: CheckContext) -> Interface | None:
     return pool[0] if pool else None
 
 
+def _own_address_text(ctx: CheckContext) -> str:
+    """This host's routable address, to suggest as MASTER_ADDR when this host is rank 0's."""
+    nic = routable_interface(ctx)
+    return f"{nic.ipv4[0]} on {nic.name}" if nic else "see `ip -br addr`"
+
+
 def on_master_host(ctx: CheckContext, host: str) -> bool | None:
     """Whether MASTER_ADDR is an address of this host (so this host runs the store)."""
     resolved = resolve(ctx, host)
@@ -522,6 +528,24 @@ def rendezvous_port(ctx: CheckContext):
             data=data,
         )
     elif result.status == "timeout":
+        if ctx.probes.arp_unanswered(result.address) is True:
+            # Nobody answers ARP for the address: no host holds it (a wrong MASTER_ADDR, a host
+            # that is down). A firewall would drop TCP but still let ARP through.
+            here = ""
+            if ctx.rank == 0:
+                here = (" This is rank 0, and rank 0 must run on the host MASTER_ADDR names: "
+                        f"{host} is not an address of this host.")
+            yield MASTER_UNREACHABLE(
+                f"No host answers at {result.address} ({host}:{port}): its ARP requests get no reply",
+                detail=f"The connect got no answer within {CONNECT_TIMEOUT:g}s and the kernel's neighbour table "
+                f"holds {result.address} unresolved: nothing on this link has that address, so every rank "
+                "would wait for the rendezvous timeout." + here,
+                remediation=f"Set MASTER_ADDR ({source}) to the address of rank 0's host"
+                + (f" (this host: {_own_address_text(ctx)})" if ctx.rank == 0 else "")
+                + "; if that host should have it, check it is up",
+                data={**data, "arp": "unanswered"},
+            )
+            return
         yield FIREWALLED(
             f"Connecting to {host}:{port} timed out after {CONNECT_TIMEOUT:g}s",
             detail=f"{result.address} neither accepts nor refuses: packets are dropped (a firewall, a security "

@@ -81,6 +81,8 @@ SCENARIOS = [
     ("net.E011", network.rendezvous_port, AGENT_WORKER, {"dns": {"node-b": ["10.0.0.2"]}}),
     ("net.E011", network.rendezvous_port, WORKER, {"ports": {("10.0.0.9", 29500): "no_route"}}),
     ("net.E012", network.rendezvous_port, WORKER, {"ports": {("10.0.0.9", 29500): "timeout"}}),
+    # A timeout where nobody answers ARP for the address is a host that is not there, not a firewall.
+    ("net.E011", network.rendezvous_port, WORKER, {"ports": {("10.0.0.9", 29500): "timeout"}, "arp_silent": frozenset({"10.0.0.9"})}),
     ("net.E013", network.rendezvous_port, MASTER, {"bound_ports": {29500: "Address already in use"},
                                                   "port_listeners": {29500: [{"pid": 4242, "cmdline": "python old_train.py", "address": "0.0.0.0"}]}}),
     ("net.E014", network.rendezvous_port, MASTER, {"bound_ports": {29500: "Address already in use"}, "port_identities": {("10.0.0.1", 29500): HTTP}}),
@@ -228,3 +230,12 @@ def test_self_test_layout_on_one_gpu_is_not_a_risk():
     assert findings(device.local_rank_fits_gpus, env, gpu_list=fake_gpus(1), backend_="gloo") == []
     user_job = {k: v for k, v in env.items() if k != "DISTDOCTOR_MP_SPAWN"}
     assert [f.id for f in findings(device.local_rank_fits_gpus, user_job, gpu_list=fake_gpus(1), backend_="gloo")] == ["device.W004"]
+
+
+def test_rank_0_whose_master_addr_nobody_holds_is_told_its_own_address():
+    env = {**MASTER, "MASTER_ADDR": "10.0.0.99"}
+    (finding,) = findings(network.rendezvous_port, env, ports={("10.0.0.99", 29500): "timeout"},
+                          arp_silent=frozenset({"10.0.0.99"}))
+    assert finding.cause == "master_unreachable" and "ARP" in finding.title
+    assert "not an address of this host" in finding.detail
+    assert "10.0.0.1 on eth0" in finding.remediation
