@@ -15,7 +15,6 @@ timeout to the TCPStore, so a missing rank or master is reported after 1800 s (g
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from timing import PYTHON, Figure, Timed, clean_env, describe_failure, distdoctor, free_port, median, timed  # noqa: E402
+from timing import PYTHON, Figure, Timed, clean_env, describe_failure, distdoctor, free_port, median, timed, print_figures, standard_arguments  # noqa: E402
 
 BARE = str(Path(__file__).with_name("bare_allreduce.py"))
 TORCH_DEFAULT_S = 1800  # gloo; see the module docstring for where torch sets it
@@ -109,20 +108,11 @@ def measure(repeats: int = 5, quick: bool = False, deadline: float | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true")
+    parser = standard_arguments(__doc__)
     parser.add_argument("--deadline", type=float, help="distdoctor's --timeout (default 10 s; quick 3 s)")
     parser.add_argument("--torch-bound", type=float, help="how long plain torch is watched (default 60 s; quick 4 s)")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
-    figures = measure(1 if args.quick else args.repeats, args.quick, args.deadline, args.torch_bound)
-    if args.json:
-        print(json.dumps([f.to_dict() for f in figures], indent=2))
-    else:
-        from run import print_table
-
-        print_table(figures)
+    print_figures(measure(1 if args.quick else args.repeats, args.quick, args.deadline, args.torch_bound), args.json)
     return 0
 
 

@@ -6,7 +6,6 @@ so the figure is how much the diagnosis adds on top of that import. Target: <= 1
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -14,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from timing import PYTHON, Figure, clean_env, describe_failure, distdoctor, interleaved, timed  # noqa: E402
+from timing import PYTHON, Figure, clean_env, describe_failure, distdoctor, interleaved, timed, print_figures, standard_arguments  # noqa: E402
 
 TARGET = "<= 1.15x"
 
@@ -39,18 +38,8 @@ def measure(repeats: int = 5, quick: bool = False) -> list[Figure]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    args = parser.parse_args(argv)
-    figures = measure(1 if args.quick else args.repeats, args.quick)
-    if args.json:
-        print(json.dumps([f.to_dict() for f in figures], indent=2))
-    else:
-        from run import print_table
-
-        print_table(figures)
+    args = standard_arguments(__doc__).parse_args(argv)
+    print_figures(measure(1 if args.quick else args.repeats, args.quick), args.json)
     return 0
 
 

@@ -140,3 +140,26 @@ def describe_failure(run: Timed, what: str) -> str:
     lines = [line.strip(" \t│╭╮╰╯─") for line in (run.stderr + "\n" + run.stdout).splitlines()]
     said = [line for line in lines if any(c.isalpha() for c in line)]
     return f"{what} exited {run.code}: {(said[-1] if said else 'no output')[:200]}"
+
+
+def print_figures(figures: Sequence["Figure"], as_json: bool) -> None:
+    """A benchmark script's output: the figures as JSON (for run.py) or as run.py's table."""
+    if as_json:
+        import json
+
+        print(json.dumps([f.to_dict() for f in figures], indent=2))
+    else:
+        from run import print_table
+
+        print_table(figures)
+
+
+def standard_arguments(doc: str | None):
+    """The options every benchmark script takes: --repeats, --quick, --json."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    return parser

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distdoctor.cints import leading_int
+
 INDICES = "indices"
 UUIDS = "uuids"
 MIG = "mig"
@@ -46,16 +48,8 @@ class VisibleDevices:
 
 def _strtoul(text: str) -> int:
     """torch's _strtoul: the leading (optionally signed) digits, or -1 when there are none."""
-    digits = ""
-    for i, ch in enumerate(text):
-        if ch.isdigit() or (i == 0 and ch in "+-"):
-            digits += ch
-        else:
-            break
-    try:
-        return int(digits)
-    except ValueError:
-        return -1
+    value = leading_int(text)
+    return -1 if value is None else value
 
 
 def parse(raw: str | None) -> VisibleDevices:

@@ -248,7 +248,7 @@ def own_hostname_resolves(ctx: CheckContext):
         yield OWN_NAME_UNRESOLVABLE(
             f"Host name {name!r} does not resolve",
             detail=detail,
-            remediation=f"Add the name to /etc/hosts or DNS, or " + remedies.set_env(ctx, "GLOO_SOCKET_IFNAME", fix_iface),
+            remediation="Add the name to /etc/hosts or DNS, or " + remedies.set_env(ctx, "GLOO_SOCKET_IFNAME", fix_iface),
             data=data,
         )
 

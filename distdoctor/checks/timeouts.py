@@ -20,6 +20,7 @@ value makes ProcessGroupNCCL's constructor fail with "Invalid value for environm
 from __future__ import annotations
 
 from distdoctor import remedies
+from distdoctor.cints import leading_int
 from distdoctor.context import CheckContext
 from distdoctor.registry import check, finding_kind
 
@@ -90,18 +91,8 @@ def _first(ctx: CheckContext, names: tuple[str, ...]) -> tuple[str, str] | None:
 
 
 def _stoi(text: str) -> int | None:
-    """std::stoi: optional blanks and sign, then digits; the rest is ignored."""
-    body = text.lstrip()
-    digits = ""
-    for i, ch in enumerate(body):
-        if ch.isdigit() or (i == 0 and ch in "+-"):
-            digits += ch
-        else:
-            break
-    try:
-        return int(digits)
-    except ValueError:
-        return None
+    """std::stoi: optional leading blanks, then leading_int."""
+    return leading_int(text.lstrip())
 
 
 def _int(ctx: CheckContext, names: tuple[str, ...]) -> int | None:

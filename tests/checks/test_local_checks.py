@@ -7,7 +7,6 @@ import json
 import pytest
 
 from distdoctor.checks import backend, device, launch, network, system, timeouts
-from distdoctor.config import Config
 from distdoctor.config import load_config
 from distdoctor.fakes import FakeProbes, fake_context, fake_gpus
 from distdoctor.foreign import C10D_STORE, FOREIGN, SILENT, PortIdentity
