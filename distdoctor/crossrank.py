@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -33,21 +34,39 @@ from distdoctor.config import Config
 from distdoctor.context import CheckContext, build_context
 from distdoctor.core_findings import RUN_DEADLINE
 from distdoctor.engine import load_registry, local_world_summary
-from distdoctor.findings import Finding
+from distdoctor.findings import Finding, Severity
 from distdoctor.probes import Probes, call_with_deadline
 from distdoctor.redact import secret_values
 from distdoctor.registry import STAGES, Registry
 from distdoctor.report import EXIT_INCOMPLETE, Report, WorldSummary, build_report, format_ranks
 from distdoctor.runner import Runner
 from distdoctor.snapshot import collect_snapshot
-from distdoctor.checks.rendezvous import NO_DECISION, STORE_PORT_TAKEN, STORE_UNREACHABLE
+from distdoctor.checks.rendezvous import (
+    MASTER_NOT_HERE,
+    NO_DECISION,
+    STORE_DROPPED,
+    STORE_HOST_FAILED,
+    STORE_PORT_TAKEN,
+    STORE_UNREACHABLE,
+)
 from distdoctor.watchdog import Watchdog
 from distdoctor.world import Arrival, CheckIns, World, WorldError, WorldSpec, fit
 
 CROSS_RANK_STAGES = ("rendezvous", "collective")
-# Non-root ranks keep their watchdog this much longer than rank 0, so that rank 0 (which
-# knows the most) is the one that reports when a deadline passes.
-NON_ROOT_GRACE_S = 1.0
+# The promise is a report within the deadline + 1 s. Rank 0's watchdog fires this long before
+# the deadline, so that its store reads (each bounded by STORE_READ_S) and the rendering of the
+# partial report are done by the deadline (measured: ~0.1 s for a 2-rank partial report).
+ROOT_MARGIN_S = 0.4
+STORE_READ_S = 0.25
+# Rank 0's watchdog exits the process at the latest this long after it fired.
+ROOT_EXPIRE_GRACE_S = 0.9
+# Non-root ranks keep their watchdog this much longer than the deadline, so that rank 0 (which
+# knows the most) is the one that reports when a deadline passes; they wait for rank 0's word
+# until MEMBER_WAIT_S past the deadline, and exit at the latest MEMBER_EXPIRE_GRACE_S after their
+# watchdog fired: all of it inside the deadline + 1 s.
+NON_ROOT_GRACE_S = 0.4
+MEMBER_WAIT_S = 0.2
+MEMBER_EXPIRE_GRACE_S = 0.5
 # After the last expected rank checked in, rank 0 listens this much longer so that a second
 # process claiming a rank at nearly the same moment is still caught before the collectives.
 SETTLE_S = 0.05
@@ -139,6 +158,10 @@ class RankOutcome:
     # True when this process rendered a report (rank 0, --all-ranks, or a rank on its own).
     reported: bool = False
     world_opened: bool = False
+    # The environment described a world, so torch.distributed was loaded (and maybe a store
+    # client that failed): the CLI ends such a process with os._exit once the report is out,
+    # since torch's interpreter teardown alone takes 0.4-1.2 s on a busy node.
+    world_described: bool = False
 
 
 @dataclass
@@ -194,6 +217,10 @@ class RankRun:
         self.world: World | None = None
         self.progress = _Progress()
         self.rank = self.ctx.rank if self.ctx.rank is not None else 0
+        # One report per process: the main flow and the watchdog race for it near the deadline.
+        self._report_lock = threading.Lock()
+        self._reported_code: int | None = None
+        self._described = False
 
     # -- helpers -------------------------------------------------------------------------
     def _stage(self, stage: str, skip_reason: str | None = None) -> None:
@@ -212,7 +239,12 @@ class RankRun:
             secrets=secret_values(self.ctx.env),
         )
 
-    def _render(self, report: Report) -> bool:
+    def _render(self, report: Report, code: int | None = None) -> bool:
+        """Emit the report unless this process already emitted one (the first one wins)."""
+        with self._report_lock:
+            if self._reported_code is not None:
+                return False
+            self._reported_code = report.exit_code(self.config.fail_level) if code is None else code
         if self.emit is None:
             return False
         self.emit(report)
@@ -227,20 +259,23 @@ class RankRun:
         """This rank could not hand its results to rank 0: it reports for itself."""
         report = self._own_report(extra)
         code = report.exit_code(self.config.fail_level)
-        return RankOutcome(report, code, self._render(report), self.world is not None)
+        return RankOutcome(report, code, self._render(report, code), self.world is not None, self._described)
 
     # -- the flow ------------------------------------------------------------------------
     def run(self) -> RankOutcome:
         spec = WorldSpec.from_launch(self.ctx.launch, self.ctx.env)
+        root = self.rank == 0
         watchdog = Watchdog(
-            self.deadline + (0.0 if self.rank == 0 else NON_ROOT_GRACE_S),
+            self.deadline + (-ROOT_MARGIN_S if root else NON_ROOT_GRACE_S),
             self._on_deadline,
             clock=self.clock,
             exit=self.exit,
+            grace_s=ROOT_EXPIRE_GRACE_S if root else MEMBER_EXPIRE_GRACE_S,
         )
         if self.use_watchdog:
             watchdog.start()
         try:
+            self._described = spec is not None
             if spec is not None:
                 # Every check of a rank needs torch; importing it here (seconds on a busy node)
                 # keeps that time out of the first check's own deadline.
@@ -265,22 +300,14 @@ class RankRun:
     def _run_in_world(self, spec: WorldSpec) -> RankOutcome:
         self.progress.stage = "rendezvous"
         try:
-            self.world = World.open(spec, self.work_deadline, self.clock)
+            self.world = World.open(spec, self.work_deadline, self.clock, self.ctx.probes)
         except WorldError as exc:
-            kind = STORE_PORT_TAKEN if exc.cause == "port_in_use" else STORE_UNREACHABLE
-            finding = kind(
-                f"Rank {spec.rank} could not reach the store at {spec.master_addr}:{spec.master_port}"
-                if kind is STORE_UNREACHABLE
-                else f"Rank 0 could not host the store: port {spec.master_port} is taken",
-                detail=str(exc),
-                ranks=(spec.rank,),
-                hosts=self._host(),
-                data={"master_addr": spec.master_addr, "master_port": spec.master_port, "store_host": spec.store_host},
-            )
-            reason = "skipped: the rendezvous store could not be reached"
+            hosting = spec.store_host == "rank0" and spec.rank == 0
+            reason = ("skipped: rank 0 could not host the rendezvous store" if hosting
+                      else "skipped: the rendezvous store could not be reached")
             for stage in CROSS_RANK_STAGES:
                 self._stage(stage, skip_reason=reason)
-            return self._finish_alone([finding])
+            return self._finish_alone([self._store_finding(spec, exc)])
         world = self.world
         self.ctx.world = world
         claim = world.check_in(checkin_payload(self.ctx, self.runner))
@@ -289,6 +316,58 @@ class RankRun:
         if world.rank == 0:
             return self._run_root()
         return self._run_member()
+
+    def _store_finding(self, spec: WorldSpec, exc: WorldError) -> Finding:
+        """What the failure to reach (or host) the store says, as the finding that names it."""
+        where = f"{spec.master_addr}:{spec.master_port}"
+        data = {"master_addr": spec.master_addr, "master_port": spec.master_port, "store_host": spec.store_host,
+                **exc.data}
+        common = {"detail": str(exc), "ranks": (spec.rank,), "hosts": self._host(), "data": data}
+        probe = exc.data.get("probe")
+        if exc.reason == "port_taken":
+            return STORE_PORT_TAKEN(f"Rank 0 could not host the store: port {spec.master_port} is taken", **common)
+        if exc.reason == "host_failed":
+            return STORE_HOST_FAILED(f"Rank 0 could not host the store on port {spec.master_port}: "
+                                     f"{exc.data.get('error', exc)}", **common)
+        if exc.reason == "master_not_here":
+            mine = self._own_addresses()
+            answer = {"no_host": "no host answers there", "refused": "another host answers there",
+                      "no_route": "there is no route to it", "timeout": "connects to it time out"}.get(
+                          str(probe), "it does not lead here")
+            return MASTER_NOT_HERE(
+                f"MASTER_ADDR={spec.master_addr} is not an address of rank 0's host ({self._host_text()}), "
+                f"and {answer}",
+                remediation=f"Rank 0 hosts the store, so MASTER_ADDR must be an address of rank 0's host: set "
+                f"MASTER_ADDR to {mine} on every rank, or start rank 0 on the host that has {spec.master_addr}",
+                **{**common, "data": {**data, "own_addresses": mine}},
+            )
+        if exc.reason == "dropped":
+            return STORE_DROPPED(
+                f"Rank {spec.rank}: connections to the store at {where} time out (packets dropped)",
+                remediation=f"Allow TCP {spec.master_port} from this host ({self._host_text()}) to "
+                f"{spec.master_addr}, and the backend's ports between the nodes: the firewall on the master "
+                f"(firewall-cmd --add-port={spec.master_port}/tcp), the security group, or a network policy; "
+                f"check with `nc -vz {spec.master_addr} {spec.master_port}` from here",
+                **common,
+            )
+        title = {
+            "refused": f"Rank {spec.rank}: nothing listens at {where} (connection refused)",
+            "no_host": f"Rank {spec.rank}: no host answers at {spec.master_addr} (store at {where})",
+            "no_route": f"Rank {spec.rank}: no route to the store at {where}",
+            "unresolvable": f"Rank {spec.rank}: the store's host {spec.master_addr} does not resolve",
+        }.get(str(probe), f"Rank {spec.rank} could not reach the store at {where}")
+        return STORE_UNREACHABLE(title, **common)
+
+    def _host_text(self) -> str:
+        host = self._host()
+        return host[0] if host else "this host"
+
+    def _own_addresses(self) -> str:
+        nics = self.ctx.probes.interfaces()
+        if not isinstance(nics, dict):
+            return "this host's address (see `ip -br addr`)"
+        found = [f"{a} ({n.name})" for n in nics.values() if n.up and not n.is_loopback for a in n.ipv4]
+        return " or ".join(found[:4]) if found else "this host's address (see `ip -br addr`)"
 
     def _blocked(self) -> str | None:
         """Why this rank cannot join the world at all: a critical local finding (not silenced)."""
@@ -321,7 +400,12 @@ class RankRun:
             skip = self.runner.skip_reason("collective", self.ctx)
             if skip is None and checkins.missing:
                 skip = f"skipped: ranks {format_ranks(checkins.missing)} never checked in"
-        decision = {"skip": skip, "accepted": accepted, "size": world.size, **nccl_decision(checkins, self.config)}
+        blockers = group_blockers(checkins)
+        if skip is None and blockers["gloo"]:
+            skip = ("skipped: the gloo process group cannot form, as these ranks' local findings show: "
+                    + "; ".join(blockers["gloo"]))
+        decision = {"skip": skip, "accepted": accepted, "size": world.size,
+                    **nccl_decision(checkins, self.config, blockers["nccl"])}
         world.decision = decision
         world.put("decision", decision)
         self.progress.expected = accepted
@@ -339,7 +423,7 @@ class RankRun:
             self._mark_stuck(not_done, cut_off)
         report = self._consolidated(extra=self._late_duplicates(checkins))
         code = report.exit_code(self.config.fail_level)
-        reported = self._render(report)
+        reported = self._render(report, code)
         reported_claims = sorted(f"{r}:{c}" for r, c in checkins.payloads)
         world.put("final", {"exit": code, "claims": reported_claims})
         self._release(expect_goodbyes=len(checkins.arrivals) - 1)
@@ -419,7 +503,7 @@ class RankRun:
         assert world is not None
         if world.hosted and expect_goodbyes > 0:
             # The others read "final" from the store this process hosts: let them, briefly.
-            until = min(self.clock() + GOODBYE_S, self.deadline)
+            until = min(self.clock() + GOODBYE_S, self.deadline - ROOT_MARGIN_S)
             while self.clock() < until:
                 try:
                     if world.goodbyes() >= expect_goodbyes:
@@ -435,7 +519,7 @@ class RankRun:
         assert world is not None
         self._testing_hang("rendezvous")
         # Rank 0 decides only when its check-in wait ends: wait for it up to this rank's own end.
-        decision = world.fetch("decision", self.deadline + NON_ROOT_GRACE_S - 0.2)
+        decision = world.fetch("decision", self.deadline + MEMBER_WAIT_S)
         if not isinstance(decision, dict):
             reason = "skipped: rank 0 published no decision before this rank's deadline"
             self._stage("rendezvous", skip_reason=reason)
@@ -457,7 +541,7 @@ class RankRun:
         self._stage("collective", skip_reason=skip)
         self._testing_hang("gather")
         world.mark_done("collective", self._results_message())
-        final = world.fetch("final", self.deadline + NON_ROOT_GRACE_S - 0.2)
+        final = world.fetch("final", self.deadline + MEMBER_WAIT_S)
         return self._finish_member(final)
 
     def _results_message(self) -> dict[str, Any]:
@@ -482,7 +566,7 @@ class RankRun:
         reason = f"skipped: another process already claimed rank {world.rank}"
         self._stage("rendezvous", skip_reason=reason)
         self._stage("collective", skip_reason=reason)
-        final = world.fetch("final", self.deadline + NON_ROOT_GRACE_S - 0.2)
+        final = world.fetch("final", self.deadline + MEMBER_WAIT_S)
         claims = final.get("claims") if isinstance(final, dict) else None
         if isinstance(claims, list) and f"{world.rank}:{world.claim}" not in claims:
             # Rank 0 finished before this process arrived: nobody else will name the collision.
@@ -507,14 +591,14 @@ class RankRun:
         report = self._own_report(extra)
         if isinstance(final, dict) and isinstance(final.get("exit"), int):
             code = int(final["exit"])
-            reported = self._render(report) if self.all_ranks else False
+            reported = self._render(report, code) if self.all_ranks else False
         else:
             # Rank 0 never said how it went: this rank reports what it knows itself.
             if not self.runner.state.incomplete:
                 self.runner.mark_incomplete("collective", self.ctx, (0,), "Rank 0 published no final report before this rank's deadline.")
                 report = self._own_report(extra)
             code = report.exit_code(self.config.fail_level)
-            reported = self._render(report)
+            reported = self._render(report, code)
         if world is not None:
             try:
                 world.say_goodbye()
@@ -524,20 +608,32 @@ class RankRun:
         return RankOutcome(report, code, reported, True)
 
     # -- the deadline --------------------------------------------------------------------
-    def _on_deadline(self) -> None:
-        """Watchdog thread: the main flow is stuck. Rank 0 renders what it knows; others stay quiet."""
+    def _on_deadline(self) -> int | None:
+        """Watchdog thread: the main flow is stuck. Rank 0 renders what it knows; others stay quiet.
+
+        Returns the exit code when the main flow already reported (it was finishing just as the
+        watchdog fired): the process then ends with that report's code, not with 3.
+        """
+        with self._report_lock:
+            if self._reported_code is not None:
+                return self._reported_code
         is_root = self.world is not None and self.world.is_root and self.world.rank == 0
         if not is_root and not self.all_ranks:
             if self.world is None or self.rank == 0:
                 # Not in a world yet (stuck in the local stage): this process is on its own.
-                self._render(self._partial(None))
-            return
-        self._render(self._partial(self.world if is_root else None))
+                self._render(self._partial(None), EXIT_INCOMPLETE)
+            return None
+        if not self._render(self._partial(self.world if is_root else None), EXIT_INCOMPLETE):
+            with self._report_lock:
+                if self._reported_code is not None and self._reported_code != EXIT_INCOMPLETE:
+                    return self._reported_code
         if is_root and self.world is not None:
             # Tell the others (bounded: the store may be what hangs) so they end quietly.
             world = self.world
             claims = sorted(f"{r}:{c}" for r, c in (self.progress.checkins.payloads if self.progress.checkins else {}))
-            call_with_deadline(lambda: world.put("final", {"exit": EXIT_INCOMPLETE, "claims": claims}), 0.5, "final")
+            call_with_deadline(lambda: world.put("final", {"exit": EXIT_INCOMPLETE, "claims": claims}),
+                               STORE_READ_S, "final")
+        return None
 
     def _partial(self, world: World | None) -> Report:
         stage = self.progress.stage
@@ -547,11 +643,11 @@ class RankRun:
             if stage == "rendezvous" and self.progress.checkins is None:
                 from distdoctor.world import parse_roster
 
-                roster = call_with_deadline(lambda: world.read_text("roster"), 1.0, "roster")
+                roster = call_with_deadline(lambda: world.read_text("roster"), STORE_READ_S, "roster")
                 arrived = {r for r, _ in parse_roster(roster)} if isinstance(roster, str) else set()
                 stuck = [r for r in expected if r not in arrived] or [0]
             else:
-                done = call_with_deadline(lambda: world.done_ranks(stage), 1.0, "progress")
+                done = call_with_deadline(lambda: world.done_ranks(stage), STORE_READ_S, "progress")
                 done = done if isinstance(done, set) else set()
                 stuck = sorted({0, *(r for r in expected if r != 0 and r not in done)})
         deadline_finding = RUN_DEADLINE(
@@ -601,13 +697,64 @@ def run_rank(config: Config, **kwargs: Any) -> RankOutcome:
     return RankRun(config, **kwargs).run()
 
 
-def nccl_decision(checkins: CheckIns, config: Config) -> dict[str, Any]:
+def group_blockers(checkins: CheckIns) -> dict[str, list[str]]:
+    """backend -> the ranks whose own local findings show they cannot create that backend's group.
+
+    Only facts that make the creation fail for certain count: *_SOCKET_IFNAME naming an interface
+    that does not exist on the rank's host (gloo stops with "Unable to find address for: X"; NCCL
+    finds "no socket interface"), the backend not built in. A down interface or one without an
+    address is left to the collective stage itself (a rank whose group fails tells the others
+    through the store at once).
+    """
+    out: dict[str, list[str]] = {"gloo": [], "nccl": []}
+    for rank, payload in sorted(checkins.accepted.items()):
+        if not 0 <= rank < checkins.expected:
+            continue
+        host = payload.get("host")
+        for raw in payload.get("findings") or ():
+            if not isinstance(raw, Mapping):
+                continue
+            try:
+                severe = Severity.parse(raw.get("severity", "info")) >= Severity.ERROR
+            except (KeyError, ValueError):
+                continue
+            if not severe:
+                continue
+            for backend in _backends_blocked(raw):
+                out[backend].append(f"rank {rank}{f' on {host}' if host else ''}: {raw.get('title')} ({raw.get('id')})")
+    return out
+
+
+def _backends_blocked(finding: Mapping[str, Any]) -> tuple[str, ...]:
+    data = finding.get("data") if isinstance(finding.get("data"), Mapping) else {}
+    cause = finding.get("cause")
+    if cause == "wrong_interface":
+        existing = data.get("interfaces")
+        if not isinstance(existing, list):
+            return ()
+        if data.get("variable") == "GLOO_SOCKET_IFNAME":
+            unusable = data.get("unusable") or []
+            return ("gloo",) if any(name not in existing for name in unusable) else ()
+        if data.get("variable") == "NCCL_SOCKET_IFNAME" and data.get("matched") == []:
+            return ("nccl",)
+        return ()
+    if cause == "backend_unavailable":
+        backend = data.get("backend")
+        if backend in ("gloo", "nccl"):
+            return (backend,)
+        return ("gloo", "nccl") if "backend" not in data and "reason" not in data else ()
+    return ()
+
+
+def nccl_decision(checkins: CheckIns, config: Config, blockers: Sequence[str] = ()) -> dict[str, Any]:
     """Whether every rank runs the nccl collectives (all must agree, or the group would hang)."""
     if config.backend not in (None, "nccl"):
         return {"nccl": False, "nccl_reason": f"skipped: the configured backend is {config.backend}"}
     accepted = {r: p for r, p in checkins.accepted.items() if 0 <= r < checkins.expected}
     if not accepted or checkins.missing:
         return {"nccl": False, "nccl_reason": "skipped: not every rank checked in"}
+    if blockers:
+        return {"nccl": False, "nccl_reason": "skipped: the nccl group cannot form: " + "; ".join(blockers)}
     without_gpu = sorted(r for r, p in accepted.items() if not isinstance(p.get("device"), dict))
     backends = {r: ((p.get("snapshot") or {}).get("torch") or {}) for r, p in accepted.items()}
     without_nccl = sorted(
@@ -684,7 +831,7 @@ def check_entry(
 
         return run_selftest(config, render, nproc=config.nproc, all_ranks=all_ranks, started=started, argv=list(argv))
     outcome = run_rank(config, env=env, argv=argv, all_ranks=all_ranks, emit=render, started=started)
-    if outcome.world_opened:
+    if outcome.world_opened or outcome.world_described:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

@@ -4,7 +4,8 @@ A collective stuck in C++ (a gloo or NCCL wait, a destroy_process_group that nev
 cannot be interrupted from Python. So when the deadline passes, the watchdog thread itself ends
 the run: it calls ``on_expire`` (rank 0 renders the partial report naming the stuck stage and
 the ranks that did not finish it; other ranks stay quiet), flushes, and ends the process with
-``os._exit(3)``. A second, independent timer guarantees the exit even if ``on_expire`` itself
+``os._exit(3)`` -- or with the code ``on_expire`` returns, when the run had in fact just
+reported by itself. A second, independent timer guarantees the exit even if ``on_expire`` itself
 blocks (a store that no longer answers), so the process never outlives ``deadline + grace``.
 """
 
@@ -26,7 +27,7 @@ class Watchdog:
     def __init__(
         self,
         deadline: float,
-        on_expire: Callable[[], None] | None = None,
+        on_expire: Callable[[], int | None] | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
         exit: Callable[[int], None] = os._exit,
@@ -71,17 +72,20 @@ class Watchdog:
         backstop = threading.Timer(self.grace_s, self._hard_exit)
         backstop.daemon = True
         backstop.start()
+        code = EXIT_INCOMPLETE
         try:
             if self.on_expire is not None:
-                self.on_expire()
+                returned = self.on_expire()
+                if isinstance(returned, int) and not isinstance(returned, bool):
+                    code = returned
         except BaseException as exc:  # the exit below must happen whatever went wrong
             try:
                 sys.stderr.write(f"distdoctor: the watchdog could not write the partial report: {exc}\n")
             except Exception:
                 pass
-        self._hard_exit()
+        self._hard_exit(code)
 
-    def _hard_exit(self) -> None:
+    def _hard_exit(self, code: int = EXIT_INCOMPLETE) -> None:
         if not self._exiting.acquire(blocking=False):
             return  # the backstop and the normal path both end up here; exit once
         for stream in (sys.stdout, sys.stderr):
@@ -89,4 +93,4 @@ class Watchdog:
                 stream.flush()
             except Exception:
                 pass
-        self._exit(EXIT_INCOMPLETE)
+        self._exit(code)

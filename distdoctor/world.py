@@ -46,11 +46,20 @@ RUN_ID_ENV = "DISTDOCTOR_RUN_ID"
 
 
 class WorldError(Exception):
-    """The store could not be reached or used; ``cause`` is a vocabulary cause for the finding."""
+    """The store could not be reached or used; ``cause`` is a vocabulary cause for the finding.
 
-    def __init__(self, message: str, cause: str = "master_unreachable") -> None:
+    ``reason`` says which failure it was, for the finding that names it: ``unreachable`` (no
+    listener, no route, no host), ``dropped`` (connects time out: packets dropped), ``port_taken``
+    (rank 0: EADDRINUSE and nothing answers), ``master_not_here`` (rank 0: MASTER_ADDR is not an
+    address of this host and does not lead here), ``host_failed`` (rank 0: any other error).
+    """
+
+    def __init__(self, message: str, cause: str = "master_unreachable", reason: str = "unreachable",
+                 data: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.cause = cause
+        self.reason = reason
+        self.data = dict(data or {})
 
 
 # -- wire format ------------------------------------------------------------------------------
@@ -122,24 +131,103 @@ class WorldSpec:
         )
 
 
-def wait_for_listener(host: str, port: int, deadline: float, clock: Callable[[], float] = time.monotonic) -> str | None:
-    """Poll a TCP connect until something listens (None) or the deadline passes (the last error).
+@dataclass(frozen=True)
+class Unanswered:
+    """Why nothing listening was reached at host:port before the deadline.
 
-    torch's TCPStore client retries by itself, but logs a C++ stack for every failed try; a plain
-    socket probe first keeps the terminal clean and the error precise.
+    ``kind``: ``refused`` (a host answered, nothing listens), ``no_host`` (nobody answers ARP
+    for the address), ``no_route`` (the kernel has no path), ``timeout`` (connects got no
+    answer at all: packets dropped), ``unresolvable``, ``error``.
     """
-    delay, last = 0.02, "no attempt made"
+
+    kind: str
+    detail: str
+    address: str | None = None
+    attempts: int = 0
+
+    @property
+    def cause(self) -> str:
+        return "firewall" if self.kind == "timeout" else "master_unreachable"
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+# One connect attempt waits at most this long; refused and no-route answers come back at once.
+CONNECT_ATTEMPT_S = 2.0
+
+
+def wait_for_listener(host: str, port: int, deadline: float, clock: Callable[[], float] = time.monotonic,
+                      probes: Any = None) -> Unanswered | None:
+    """Poll a TCP connect until something listens (None) or the deadline passes (why not).
+
+    torch's TCPStore client cannot tell these apart: it retries refused connects until its own
+    timeout and then says "timed out" whatever happened, and logs a C++ stack for every failed
+    try. A plain socket probe keeps the terminal clean and the answer precise. How the attempts
+    are judged: one refusal shows a host is there (master_unreachable: nothing listens); an
+    unanswered ARP or a kernel "no route" from the start shows nobody is there
+    (master_unreachable); connects that time out while the address resolved on the link (or
+    through a gateway) are packets dropped on the way (firewall) -- also when, later, a partition
+    makes the kernel's neighbour entry fail too.
+    """
+    probes = _probes(probes)
+    delay = 0.02
+    attempts: list[tuple[str, str, str | None]] = []  # (kind, detail, address)
     while True:
         left = deadline - clock()
         if left <= 0:
-            return last
-        try:
-            with socket.create_connection((host, port), timeout=min(max(left, 0.05), 2.0)):
-                return None
-        except OSError as exc:
-            last = exc.strerror or str(exc)
-        time.sleep(min(delay, max(deadline - clock(), 0)))
+            return _verdict(attempts)
+        attempt = _attempt(host, port, min(max(left, 0.05), CONNECT_ATTEMPT_S), probes)
+        if attempt is None:
+            return None
+        attempts.append(attempt)
+        time.sleep(max(min(delay, deadline - clock()), 0))
         delay = min(delay * 2, 0.1)
+
+
+def probe_once(host: str, port: int, timeout: float, probes: Any = None) -> Unanswered | None:
+    """One connect attempt: None when something listens, else why not."""
+    attempt = _attempt(host, port, timeout, _probes(probes))
+    return None if attempt is None else _verdict([attempt])
+
+
+def _probes(probes: Any) -> Any:
+    if probes is None:
+        from distdoctor.probes import Probes
+
+        probes = Probes()
+    return probes
+
+
+def _attempt(host: str, port: int, timeout: float, probes: Any) -> tuple[str, str, str | None] | None:
+    result = probes.connect(host, port, timeout)
+    status = getattr(result, "status", None)
+    if status == "open":
+        return None
+    address = getattr(result, "address", None)
+    detail = getattr(result, "detail", "") or str(result)
+    if status == "timeout":
+        if address and probes.arp_unanswered(address) is True:
+            return "no_host", f"no host answers ARP for {address}", address
+        return "timeout", f"connects to {address or host} got no answer ({detail})", address
+    if status in ("refused", "no_route", "unresolvable"):
+        return status, detail, address
+    return "error", detail or f"could not connect: {result}", address
+
+
+def _verdict(attempts: list[tuple[str, str, str | None]]) -> Unanswered:
+    if not attempts:
+        return Unanswered("error", "no attempt made before the deadline", None, 0)
+    kinds = [kind for kind, _, _ in attempts]
+    # A refusal is the strongest evidence: a host answered. Otherwise the first attempt tells
+    # what the path was like when the rank started (a partition later also fails the ARP entry).
+    chosen = next(a for a in attempts if a[0] == "refused") if "refused" in kinds else attempts[0]
+    kind, detail, address = chosen
+    later = sorted({k for k in kinds if k != kind})
+    text = f"{detail}; {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}"
+    if later:
+        text += f" (also seen: {', '.join(later)})"
+    return Unanswered(kind, text, address, len(attempts))
 
 
 def _tcp_store(host: str, port: int, *, is_master: bool, timeout_s: float) -> Any:
@@ -152,37 +240,115 @@ def _tcp_store(host: str, port: int, *, is_master: bool, timeout_s: float) -> An
     return TCPStore(host, port, is_master=is_master, **kwargs)
 
 
-def open_store(spec: WorldSpec, deadline: float, clock: Callable[[], float] = time.monotonic) -> tuple[Any, bool]:
-    """Connect to (or host) the c10d store; returns (store, hosted_here). Raises WorldError."""
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _port_taken(message: str) -> bool:
+    # torch: "The server socket has failed to listen on any local network address. port: 29500,
+    # useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
+    return "EADDRINUSE" in message or "address already in use" in message.lower()
+
+
+def _local_addresses_of(host: str, probes: Any) -> tuple[list[str], bool | None]:
+    """MASTER_ADDR's addresses, and whether one of them belongs to this host (None: cannot tell)."""
+    resolved = probes.resolve(host, 3.0)
+    addresses = list(getattr(resolved, "addresses", ()) or ())
+    if not addresses:
+        return [], None
+    return addresses, any(probes.is_local_address(a) is True for a in addresses)
+
+
+# How long rank 0's one connect to a MASTER_ADDR that is not its own may take. Its store already
+# listens, so an address that leads here (NAT, a virtual IP) answers within milliseconds; no
+# answer within this time is an answer. An address nobody holds is told by its unanswered ARP.
+FOREIGN_MASTER_PROBE_S = 1.0
+
+
+def _host_store(spec: "WorldSpec", deadline: float, clock: Callable[[], float], probes: Any) -> tuple[Any, str]:
+    """Rank 0 hosts the store; returns (store, the host its own client used). Raises WorldError."""
+    addresses, local = _local_addresses_of(spec.master_addr, probes)
+    data = {"master_addr": spec.master_addr, "master_port": spec.master_port, "addresses": addresses}
+    # The store listens on every address of this host; its own client connects to MASTER_ADDR.
+    # When MASTER_ADDR is not an address here, that client could only come back through NAT or a
+    # virtual IP: connect it over loopback, and probe MASTER_ADDR separately to learn the truth.
+    client_host = spec.master_addr if local is not False else ("::1" if ":" in addresses[0] else "127.0.0.1")
+    try:
+        store = _tcp_store(client_host, spec.master_port, is_master=True, timeout_s=deadline - clock())
+    except Exception as exc:
+        message = _first_line(exc)
+        if not _port_taken(message):
+            raise WorldError(f"rank 0 could not host the store on port {spec.master_port}: {message}",
+                             cause="unknown", reason="host_failed", data={**data, "error": message}) from None
+        # Port taken: maybe by a second process claiming rank 0 (then join its store as a client).
+        problem = wait_for_listener(spec.master_addr, spec.master_port, min(deadline, clock() + 1.0), clock, probes)
+        if problem is not None:
+            raise WorldError(
+                f"rank 0 could not host the store on port {spec.master_port} ({message}) "
+                f"and nothing answers there ({problem})",
+                cause="port_in_use", reason="port_taken", data={**data, "error": message},
+            ) from None
+        return None, spec.master_addr
+    if local is False:
+        problem = probe_once(spec.master_addr, spec.master_port,
+                             max(min(deadline - clock(), FOREIGN_MASTER_PROBE_S), 0.05), probes)
+        if problem is not None:
+            del store  # release the port at once: nobody can reach it through MASTER_ADDR
+            raise WorldError(
+                f"MASTER_ADDR={spec.master_addr} ({', '.join(addresses)}) is not an address of this host, "
+                f"where rank 0 runs, and it does not lead here: {problem}",
+                cause="master_unreachable", reason="master_not_here",
+                data={**data, "probe": problem.kind, "probe_detail": problem.detail},
+            )
+    return store, client_host
+
+
+def open_store(spec: WorldSpec, deadline: float, clock: Callable[[], float] = time.monotonic,
+               probes: Any = None) -> tuple[Any, bool, str]:
+    """Connect to (or host) the c10d store; returns (store, hosted_here, the host connected to).
+
+    Raises WorldError, whose ``reason`` and ``cause`` say what went wrong.
+    """
+    probes = _probes(probes)
     left = deadline - clock()
     if left <= 0:
         raise WorldError("no time was left to reach the store")
+    host = spec.master_addr
     if spec.store_host == "rank0" and spec.rank == 0:
-        try:
-            return _tcp_store(spec.master_addr, spec.master_port, is_master=True, timeout_s=left), True
-        except Exception as exc:  # port taken: maybe by a second process claiming rank 0
-            hosted_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        problem = wait_for_listener(spec.master_addr, spec.master_port, min(deadline, clock() + 1.0), clock)
-        if problem is not None:
-            raise WorldError(
-                f"rank 0 could not host the store on port {spec.master_port} ({hosted_error}) "
-                f"and nothing answers there ({problem})",
-                cause="port_in_use",
-            )
+        store, host = _host_store(spec, deadline, clock, probes)
+        if store is not None:
+            return store, True, host
     else:
-        problem = wait_for_listener(spec.master_addr, spec.master_port, deadline, clock)
+        problem = wait_for_listener(spec.master_addr, spec.master_port, deadline, clock, probes)
         if problem is not None:
             who = "the launcher's store" if spec.store_host == "agent" else "rank 0's store"
+            verb = "timed out" if problem.kind == "timeout" else "did not answer"
             raise WorldError(
-                f"{who} at {spec.master_addr}:{spec.master_port} did not answer before the deadline ({problem})"
+                f"connecting to {who} at {spec.master_addr}:{spec.master_port} {verb} until the deadline: {problem}",
+                cause=problem.cause,
+                reason="dropped" if problem.kind == "timeout" else "unreachable",
+                data={"master_addr": spec.master_addr, "master_port": spec.master_port, "probe": problem.kind,
+                      "address": problem.address, "attempts": problem.attempts},
             )
     try:
-        return _tcp_store(spec.master_addr, spec.master_port, is_master=False, timeout_s=max(deadline - clock(), 0.5)), False
+        return _tcp_store(host, spec.master_port, is_master=False, timeout_s=max(deadline - clock(), 0.5)), False, host
     except Exception as exc:
-        raise WorldError(f"connecting to the store at {spec.master_addr}:{spec.master_port} failed: {exc}") from None
+        raise WorldError(f"connecting to the store at {spec.master_addr}:{spec.master_port} failed: "
+                         f"{_first_line(exc)}") from None
 
 
 # -- the live world ---------------------------------------------------------------------------
+class GroupFailedElsewhere(Exception):
+    """Another rank could not create the process group: this rank's creation can never finish."""
+
+    def __init__(self, backend: str, failures: Mapping[int, str]) -> None:
+        self.backend = backend
+        self.failures = dict(failures)
+        ranks = ", ".join(str(r) for r in sorted(self.failures))
+        super().__init__(f"rank{'s' if len(self.failures) > 1 else ''} {ranks} could not create the {backend} group")
+
+
 @dataclass
 class Arrival:
     rank: int
@@ -235,13 +401,17 @@ def parse_roster(text: str) -> list[tuple[int, int]]:
 class World:
     """One rank's handle on the store-backed world. Thread-safe for the watchdog's reads."""
 
-    def __init__(self, spec: WorldSpec, store: Any, *, hosted: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, spec: WorldSpec, store: Any, *, hosted: bool = False, clock: Callable[[], float] = time.monotonic,
+                 connect_host: str | None = None) -> None:
         from torch.distributed import PrefixStore
 
         self.spec = spec
         self.raw_store = store
         self.store = PrefixStore(spec.namespace, store)
         self.hosted = hosted
+        # Where this process's store client connected (rank 0 may use loopback); process groups
+        # get their own client there.
+        self.connect_host = connect_host or spec.master_addr
         self.clock = clock
         self.claim: int | None = None
         self.nonce = secrets.token_hex(4)
@@ -272,9 +442,10 @@ class World:
         return bool(self.claim and self.claim > 1)
 
     @classmethod
-    def open(cls, spec: WorldSpec, deadline: float, clock: Callable[[], float] = time.monotonic) -> "World":
-        store, hosted = open_store(spec, deadline, clock)
-        return cls(spec, store, hosted=hosted, clock=clock)
+    def open(cls, spec: WorldSpec, deadline: float, clock: Callable[[], float] = time.monotonic,
+             probes: Any = None) -> "World":
+        store, hosted, host = open_store(spec, deadline, clock, probes)
+        return cls(spec, store, hosted=hosted, clock=clock, connect_host=host)
 
     # -- primitives ----------------------------------------------------------------------
     def put(self, key: str, obj: Any, limit: int = MAX_MESSAGE_BYTES) -> None:
@@ -418,24 +589,89 @@ class World:
 
         gloo becomes the default group (what a user's script gets from init_process_group); any
         other backend is a second group. Every rank must call this in the same order.
+
+        Creating a group blocks in C++ until every rank has joined, so it runs in a helper thread
+        while this one watches the store: a rank whose creation fails says so under
+        ``pgfail/<backend>``, and the others stop waiting at once (:class:`GroupFailedElsewhere`)
+        instead of sitting out the group's timeout. The group talks to the store through its own
+        client connection: a TCPStore client serializes its requests, and the group's blocking
+        wait would otherwise hold up every read of this world's keys (the watchdog's included).
         """
         with self._lock:
             existing = self.process_groups.get(backend)
         if existing is not None:
             return existing
-        import torch.distributed as dist
-        from torch.distributed import PrefixStore
-
         timeout = timedelta(seconds=max(timeout_s, 0.5))
-        if not dist.is_initialized():
-            store = PrefixStore(f"{self.spec.namespace}/pg/{backend}", self.raw_store)
-            dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.size, timeout=timeout)
-            group = dist.group.WORLD
-        else:
-            group = dist.new_group(backend=backend, timeout=timeout)
+        outcome: dict[str, Any] = {}
+
+        def create() -> None:
+            try:
+                outcome["group"] = self._create_group(backend, timeout)
+            except BaseException as exc:  # handed to the waiting thread below
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=create, name=f"distdoctor-{backend}-group", daemon=True)
+        worker.start()
+        delay = POLL_FIRST_S
+        while True:
+            worker.join(delay)
+            if not worker.is_alive():
+                break
+            failed = self.group_failures(backend)
+            if failed:
+                raise GroupFailedElsewhere(backend, failed)
+            delay = min(delay * 2, POLL_MAX_S)
+        if "error" in outcome:
+            exc = outcome["error"]
+            try:
+                self.report_group_failure(backend, _first_line(exc))
+            except Exception:
+                pass  # the store is gone too; the others find out by their own timeout
+            raise exc
+        group = outcome["group"]
         with self._lock:
             self.process_groups[backend] = group
         return group
+
+    def _create_group(self, backend: str, timeout: timedelta) -> Any:
+        import torch.distributed as dist
+        from torch.distributed import PrefixStore
+
+        if not dist.is_initialized():
+            store = PrefixStore(f"{self.spec.namespace}/pg/{backend}", self._group_store(timeout))
+            dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.size, timeout=timeout)
+            return dist.group.WORLD
+        return dist.new_group(backend=backend, timeout=timeout)
+
+    def _group_store(self, timeout: timedelta) -> Any:
+        """A second client of the same store for the process group (any other store: itself)."""
+        from torch.distributed import TCPStore
+
+        if not isinstance(self.raw_store, TCPStore):
+            return self.raw_store
+        return TCPStore(self.connect_host, self.raw_store.port, is_master=False, timeout=timeout)
+
+    def report_group_failure(self, backend: str, message: str) -> None:
+        self.put(f"pgfail/{backend}/{self.rank}", {"rank": self.rank, "error": message[:2000]})
+        with self._lock:
+            self.store.append(f"pgfail/{backend}", f"{self.rank};")
+
+    def group_failures(self, backend: str) -> dict[int, str]:
+        """Other ranks that could not create this group: rank -> their error."""
+        ranks = sorted({int(x) for x in self.read_text(f"pgfail/{backend}").split(";")
+                        if x.strip().lstrip("-").isdigit()} - {self.rank})
+        if not ranks:
+            return {}
+        with self._lock:
+            raws = self.store.multi_get([f"pgfail/{backend}/{r}" for r in ranks])
+        out: dict[int, str] = {}
+        for rank, raw in zip(ranks, raws):
+            try:
+                value = decode(raw)
+                out[rank] = str(value.get("error", "")) if isinstance(value, dict) else ""
+            except WorldError as exc:
+                out[rank] = f"(unreadable: {exc})"
+        return out
 
     def close(self, destroy_groups: bool = True) -> None:
         """Release the process groups and the store (rank 0's hosted store goes with it)."""

@@ -58,6 +58,12 @@ BARRIER_LATE = finding_kind(
     title="Ranks did not reach the monitored barrier in time",
     hint="The named ranks are stuck or far behind: look at what they do before their first collective",
 )
+PG_NO_INTERFACE = finding_kind(
+    "coll.C008",
+    cause="wrong_interface",
+    title="The process group could not be created: the backend found no address for its interface",
+    hint="Set GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME for nccl) to an interface this host has, with an address",
+)
 BARRIER_STRAGGLER = finding_kind(
     "coll.W007",
     cause="straggler_rank",
@@ -73,6 +79,9 @@ OP_SHARE = 0.8
 _TIMEOUT_WORDS = re.compile(r"tim(ed|e)[ -]?out|deadline|Timeout", re.IGNORECASE)
 # torch's texts: "Ranks 1, 2 failed to pass monitoredBarrier in 2000 ms" (wait_all_ranks) and
 # "Rank 1 timed out in monitoredBarrier after 2000 ms".
+# gloo's text when *_SOCKET_IFNAME (or the address it derives) names no interface here:
+# "[enforce fail at .../gloo/transport/tcp/device.cc:84] ifa != nullptr. Unable to find address for: eth0"
+_NO_ADDRESS_FOR = re.compile(r"Unable to find address for:?\s*(\S+)")
 _MONITORED_RANKS = re.compile(r"Ranks? ([\d,\s]+?) (?:failed to pass|timed out in) monitoredBarrier")
 
 
@@ -228,7 +237,7 @@ def gloo_ops(ctx: CheckContext) -> Ops:
     return Ops(dist, torch, group, world.rank, world.size, torch.device("cpu"), op_timeout(ctx), "gloo")
 
 
-@check(stage="collective", tags=("collective", "gloo"), emits=(PG_TIMED_OUT, PG_FAILED))
+@check(stage="collective", tags=("collective", "gloo"), emits=(PG_TIMED_OUT, PG_FAILED, PG_NO_INTERFACE))
 def process_group(ctx: CheckContext):
     """A gloo process group over the world's store forms within a short timeout."""
     world = _world(ctx)
@@ -237,11 +246,51 @@ def process_group(ctx: CheckContext):
         world.process_group("gloo", op_timeout(ctx))
     except Exception as exc:
         _poisoner(world)("gloo process group")
-        yield pg_failure(exc, "gloo", time.monotonic() - start, op_timeout(ctx))
+        elsewhere = _failed_elsewhere(exc)
+        if elsewhere:
+            raise SkipCheck(elsewhere) from None
+        yield pg_failure(exc, "gloo", time.monotonic() - start, op_timeout(ctx), ctx)
 
 
-def pg_failure(exc: BaseException, backend: str, elapsed: float, timeout: float) -> Finding:
+def _failed_elsewhere(exc: BaseException) -> str | None:
+    """The skip reason when another rank's group creation failed (it reports its own finding)."""
+    failures = getattr(exc, "failures", None)
+    if not isinstance(failures, dict) or not failures:
+        return None
+    ranks = sorted(failures)
+    first = str(failures[ranks[0]]).strip()
+    return (f"skipped: rank{'s' if len(ranks) > 1 else ''} {format_ranks(ranks)} could not create the "
+            f"{getattr(exc, 'backend', '')} process group, so it cannot form (rank {ranks[0]}: {first[:300]})")
+
+
+def _interface_suggestion(ctx: CheckContext | None, backend: str, missing: str) -> str:
+    variable = "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"
+    nics = ctx.probes.interfaces() if ctx is not None else None
+    usable = []
+    if isinstance(nics, dict):
+        usable = [n for n in nics.values() if n.up and n.ipv4 and not n.is_loopback]
+    if usable:
+        names = ", ".join(f"{n.name} ({n.ipv4[0]})" for n in usable)
+        return (f"Set {variable} to an interface this host has, with an address: {names} "
+                f"(e.g. export {variable}={usable[0].name} on this host); it names {missing}, which has none here")
+    return f"Set {variable} to an interface this host has, with an address (see `ip -br addr`); {missing} has none here"
+
+
+def pg_failure(exc: BaseException, backend: str, elapsed: float, timeout: float, ctx: CheckContext | None = None) -> Finding:
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    no_address = _NO_ADDRESS_FOR.search(message)
+    if no_address:
+        missing = no_address.group(1)
+        variable = "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"
+        set_to = ctx.env.get(variable) if ctx is not None else None
+        return PG_NO_INTERFACE(
+            f"The {backend} process group failed: no address for interface {missing} on this host",
+            detail=f"{type(exc).__name__}: {message}. "
+            + (f"{variable}={set_to!r} here; " if set_to is not None else "")
+            + f"{backend} looks up the address of every interface it is told to use and stops when one has none.",
+            remediation=_interface_suggestion(ctx, backend, missing),
+            data={"backend": backend, "interface": missing, "variable": variable, "elapsed_s": round(elapsed, 4)},
+        )
     timed_out = bool(_TIMEOUT_WORDS.search(message)) or elapsed >= timeout * 0.95
     kind = PG_TIMED_OUT if timed_out else PG_FAILED
     return kind(
@@ -357,7 +406,8 @@ def run_suite(ops: Ops, poison: Callable[[str], None]) -> list[Finding]:
     return findings
 
 
-@check(stage="collective", tags=("collective", "nccl", "gpu"), emits=(PG_TIMED_OUT, PG_FAILED, OP_TIMED_OUT, OP_FAILED, WRONG_VALUES))
+@check(stage="collective", tags=("collective", "nccl", "gpu"),
+       emits=(PG_TIMED_OUT, PG_FAILED, PG_NO_INTERFACE, OP_TIMED_OUT, OP_FAILED, WRONG_VALUES))
 def nccl_collectives(ctx: CheckContext):
     """With GPUs on every rank: an nccl group forms and broadcast/all_reduce/all_gather/ring are right."""
     world = _world(ctx)
@@ -375,6 +425,9 @@ def nccl_collectives(ctx: CheckContext):
         group = world.process_group("nccl", op_timeout(ctx))
     except Exception as exc:
         _poisoner(world)("nccl process group")
-        return [pg_failure(exc, "nccl", time.monotonic() - start, op_timeout(ctx))]
+        elsewhere = _failed_elsewhere(exc)
+        if elsewhere:
+            raise SkipCheck(elsewhere) from None
+        return [pg_failure(exc, "nccl", time.monotonic() - start, op_timeout(ctx), ctx)]
     ops = Ops(dist, torch, group, world.rank, world.size, device, op_timeout(ctx), "nccl")
     return run_suite(ops, _poisoner(world))

@@ -112,6 +112,24 @@ RANK_DIED = finding_kind(
     title="A rank of the self-test world ended without a report",
     hint="Run the self-test again with --all-ranks; a rank killed by signal 9 points at the OOM killer (dmesg)",
 )
+MASTER_NOT_HERE = finding_kind(
+    "rdzv.C017",
+    cause="master_unreachable",
+    title="MASTER_ADDR is not an address of rank 0's host and does not lead to it",
+    hint="Run rank 0 on the host MASTER_ADDR names, or set MASTER_ADDR (on every rank) to rank 0's host address",
+)
+STORE_HOST_FAILED = finding_kind(
+    "rdzv.C018",
+    cause="unknown",
+    title="Rank 0 could not host the rendezvous store",
+    hint="Read the error in the detail; it is neither a taken port nor an address of another host",
+)
+STORE_DROPPED = finding_kind(
+    "rdzv.C019",
+    cause="firewall",
+    title="Connections to the rendezvous store time out: packets are dropped",
+    hint="Open MASTER_PORT (and the backend's ports) between the nodes: firewall, security group, network policy",
+)
 
 # A rank this much later than the median arrival is a straggler (seconds, and share of the
 # rendezvous wait): container starts differ by a few seconds on healthy clusters.
