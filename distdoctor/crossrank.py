@@ -70,8 +70,10 @@ MEMBER_EXPIRE_GRACE_S = 0.5
 # After the last expected rank checked in, rank 0 listens this much longer so that a second
 # process claiming a rank at nearly the same moment is still caught before the collectives.
 SETTLE_S = 0.05
-# How long rank 0 waits for the others' goodbyes before releasing a store it hosts.
+# How long rank 0 waits for the others' goodbyes before releasing a store it hosts (after a
+# normal end, and after its watchdog fired: members poll every 0.1 s at most).
 GOODBYE_S = 1.0
+GOODBYE_ON_EXPIRE_S = 0.3
 
 def working_reserve(timeout: float) -> float:
     """Time kept back from the run's deadline for gathering and rendering the report."""
@@ -503,14 +505,7 @@ class RankRun:
         assert world is not None
         if world.hosted and expect_goodbyes > 0:
             # The others read "final" from the store this process hosts: let them, briefly.
-            until = min(self.clock() + GOODBYE_S, self.deadline - ROOT_MARGIN_S)
-            while self.clock() < until:
-                try:
-                    if world.goodbyes() >= expect_goodbyes:
-                        break
-                except Exception:
-                    break
-                time.sleep(0.01)
+            world.await_goodbyes(expect_goodbyes, min(self.clock() + GOODBYE_S, self.deadline - ROOT_MARGIN_S))
         world.close(destroy_groups=self.teardown)
 
     # -- the other ranks -----------------------------------------------------------------
@@ -518,8 +513,14 @@ class RankRun:
         world = self.world
         assert world is not None
         self._testing_hang("rendezvous")
-        # Rank 0 decides only when its check-in wait ends: wait for it up to this rank's own end.
-        decision = world.fetch("decision", self.deadline + MEMBER_WAIT_S)
+        # Rank 0 decides only when its check-in wait ends: wait for it up to this rank's own end,
+        # or for rank 0's final word if its deadline ended the run before it decided.
+        key, decision = world.fetch_first(("decision", "final"), self.deadline + MEMBER_WAIT_S)
+        if key == "final" and isinstance(decision, dict):
+            reason = "skipped: rank 0 ended the run (its deadline passed) before it published a decision"
+            self._stage("rendezvous", skip_reason=reason)
+            self._stage("collective", skip_reason=reason)
+            return self._finish_member(decision)
         if not isinstance(decision, dict):
             reason = "skipped: rank 0 published no decision before this rank's deadline"
             self._stage("rendezvous", skip_reason=reason)
@@ -528,7 +529,7 @@ class RankRun:
                 ranks=(world.rank,),
                 hosts=self._host(),
                 detail="This rank checked in, but rank 0 never published the outcome of the check-in "
-                "(rank 0 not started, stuck, or killed).",
+                "(rank 0 not started, stuck, or killed)." + (f" Then {world.lost}." if world.lost else ""),
             )
             self.runner.mark_incomplete("rendezvous", self.ctx, (0,), "Rank 0 did not finish the rendezvous stage.")
             return self._finish_member(None, [finding])
@@ -540,8 +541,12 @@ class RankRun:
             skip = f"skipped: WORLD_SIZE here ({world.size}) differs from rank 0's ({decision.get('size')})"
         self._stage("collective", skip_reason=skip)
         self._testing_hang("gather")
-        world.mark_done("collective", self._results_message())
-        final = world.fetch("final", self.deadline + MEMBER_WAIT_S)
+        try:
+            world.mark_done("collective", self._results_message())
+        except Exception as exc:
+            world.lost = f"the store went away: {exc}"
+            return self._finish_member(None)
+        _, final = world.fetch_first(("final",), self.deadline + MEMBER_WAIT_S)
         return self._finish_member(final)
 
     def _results_message(self) -> dict[str, Any]:
@@ -566,7 +571,7 @@ class RankRun:
         reason = f"skipped: another process already claimed rank {world.rank}"
         self._stage("rendezvous", skip_reason=reason)
         self._stage("collective", skip_reason=reason)
-        final = world.fetch("final", self.deadline + MEMBER_WAIT_S)
+        _, final = world.fetch_first(("final",), self.deadline + MEMBER_WAIT_S)
         claims = final.get("claims") if isinstance(final, dict) else None
         if isinstance(claims, list) and f"{world.rank}:{world.claim}" not in claims:
             # Rank 0 finished before this process arrived: nobody else will name the collision.
@@ -595,7 +600,9 @@ class RankRun:
         else:
             # Rank 0 never said how it went: this rank reports what it knows itself.
             if not self.runner.state.incomplete:
-                self.runner.mark_incomplete("collective", self.ctx, (0,), "Rank 0 published no final report before this rank's deadline.")
+                why = f" ({world.lost})" if world is not None and world.lost else ""
+                self.runner.mark_incomplete("collective", self.ctx, (0,),
+                                            f"Rank 0 published no final report before this rank's deadline{why}.")
                 report = self._own_report(extra)
             code = report.exit_code(self.config.fail_level)
             reported = self._render(report, code)
@@ -633,7 +640,18 @@ class RankRun:
             claims = sorted(f"{r}:{c}" for r, c in (self.progress.checkins.payloads if self.progress.checkins else {}))
             call_with_deadline(lambda: world.put("final", {"exit": EXIT_INCOMPLETE, "claims": claims}),
                                STORE_READ_S, "final")
+            if world.hosted:
+                # The store ends with this process: let the others read the final word first.
+                arrived = len(self.progress.checkins.arrivals) if self.progress.checkins else self._roster_size(world)
+                if arrived > 1:
+                    world.await_goodbyes(arrived - 1, self.clock() + GOODBYE_ON_EXPIRE_S)
         return None
+
+    def _roster_size(self, world: World) -> int:
+        from distdoctor.world import parse_roster
+
+        roster = call_with_deadline(lambda: world.read_text("roster"), STORE_READ_S, "roster")
+        return len(parse_roster(roster)) if isinstance(roster, str) else 0
 
     def _partial(self, world: World | None) -> Report:
         stage = self.progress.stage

@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from distdoctor.launchers import TORCHRUN, LaunchInfo
 
@@ -422,6 +422,8 @@ class World:
         # Rank 0: every rank's check-in (for the rendezvous checks). Every rank: rank 0's decision.
         self.checkins: CheckIns | None = None
         self.decision: dict[str, Any] = {}
+        # Why the store stopped answering this process (rank 0 that hosted it ended), if it did.
+        self.lost: str | None = None
         self._lock = threading.Lock()
 
     # -- identity ------------------------------------------------------------------------
@@ -458,6 +460,30 @@ class World:
             return None
         with self._lock:
             return decode(self.store.get(key), limit)
+
+    def fetch_first(self, keys: Sequence[str], deadline: float, limit: int = MAX_MESSAGE_BYTES) -> tuple[str | None, Any]:
+        """(key, value) of the first of ``keys`` to exist; (None, None) at the deadline.
+
+        Never raises: when the store goes away (rank 0 hosted it and has ended), the error is
+        kept in ``lost`` and (None, None) returned, so the caller reports what it knows.
+        """
+        delay = POLL_FIRST_S
+        try:
+            while True:
+                for key in keys:
+                    with self._lock:
+                        if self.store.check([key]):
+                            return key, decode(self.store.get(key), limit)
+                left = deadline - self.clock()
+                if left <= 0:
+                    return None, None
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, POLL_MAX_S)
+        except WorldError as exc:
+            self.lost = f"a message from rank 0 could not be read: {exc}"
+        except Exception as exc:
+            self.lost = f"the store went away: {_first_line(exc)}"
+        return None, None
 
     def wait_key(self, key: str, deadline: float) -> bool:
         delay = POLL_FIRST_S
@@ -582,6 +608,16 @@ class World:
     def goodbyes(self) -> int:
         with self._lock:
             return int(self.store.add("bye", 0))
+
+    def await_goodbyes(self, expected: int, until: float) -> None:
+        """Rank 0 hosting the store: keep it up until ``expected`` others read the final word."""
+        while self.clock() < until:
+            try:
+                if self.goodbyes() >= expected:
+                    return
+            except Exception:
+                return
+            time.sleep(0.01)
 
     # -- process groups ------------------------------------------------------------------
     def process_group(self, backend: str, timeout_s: float) -> Any:
