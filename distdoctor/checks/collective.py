@@ -213,8 +213,11 @@ def _world(ctx: CheckContext) -> Any:
     world = ctx.world
     if world is None or not hasattr(world, "process_group"):
         raise SkipCheck("no cross-rank world")
-    if getattr(world, "poisoned", None):
-        raise SkipCheck(f"skipped: an earlier collective ({world.poisoned}) did not complete; the group is out of step")
+    poisoned = getattr(world, "poisoned", None)
+    if poisoned and str(poisoned).endswith("process group"):
+        raise SkipCheck(f"skipped: the {poisoned} could not be created")
+    if poisoned:
+        raise SkipCheck(f"skipped: an earlier collective ({poisoned}) did not complete; the group is out of step")
     return world
 
 

@@ -1,0 +1,80 @@
+"""A process group that cannot form, and rank 0's store going away: nobody waits for a deadline.
+
+Real processes on loopback. The fault is real too: GLOO_SOCKET_IFNAME names an interface this
+host does not have, so gloo stops with "Unable to find address for: ddnoif0" on that rank.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import base_env, by_name, diagnostics, distdoctor, findings, free_port
+
+pytestmark = pytest.mark.multiproc
+
+NO_SUCH_IFACE = "ddnoif0"
+
+
+def start_pair(procs, port: int, *args: str, rank1_env: dict | None = None, env: dict | None = None):
+    started = []
+    for rank in (0, 1):
+        rank_env = base_env(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                            **(env or {}))
+        if rank == 1:
+            rank_env.update(rank1_env or {})
+        started.append(procs.start(distdoctor("check", "--format", "json", *args), rank_env))
+    return started
+
+
+def test_rank_0_skips_the_collectives_when_a_ranks_local_findings_show_the_group_cannot_form(procs):
+    # The group's own timeout would be 80 % of --check-timeout (16 s): the answer must not wait for it.
+    rank0, rank1 = start_pair(procs, free_port(), "--timeout", "30", "--check-timeout", "20",
+                              rank1_env={"GLOO_SOCKET_IFNAME": NO_SUCH_IFACE})
+    procs.wait(60)
+    assert rank0.rc == 1 and rank1.rc == 1, diagnostics(rank0) + diagnostics(rank1)
+    assert rank0.elapsed < 15, f"rank 0 answered after {rank0.elapsed:.1f}s\n{diagnostics(rank0)}"
+    report = rank0.report()
+    (local,) = findings(report, "net.E008")
+    assert local["ranks"] == [1] and NO_SUCH_IFACE in local["title"]
+    collective = [c for c in report["checks"] if c["stage"] == "collective"]
+    assert collective and all(c["status"] == "skip" for c in collective), collective
+    reason = by_name(report, "collective.process_group")[0]["reason"]
+    assert "gloo process group cannot form" in reason and "rank 1" in reason and "net.E008" in reason, reason
+    procs.assert_no_orphans()
+
+
+def test_a_rank_whose_group_fails_tells_the_others_at_once(procs):
+    # Without the local stage nothing predicts the failure: every rank tries the group, rank 1's
+    # creation fails at once, and rank 0 (blocked in gloo's connect, 16 s timeout) must stop too.
+    rank0, rank1 = start_pair(procs, free_port(), "--timeout", "30", "--check-timeout", "20",
+                              "--stage", "rendezvous", "--stage", "collective", "--all-ranks",
+                              rank1_env={"GLOO_SOCKET_IFNAME": NO_SUCH_IFACE})
+    procs.wait(60)
+    assert rank0.rc == 1 and rank1.rc == 1, diagnostics(rank0) + diagnostics(rank1)
+    assert rank0.elapsed < 12, f"rank 0 answered after {rank0.elapsed:.1f}s\n{diagnostics(rank0)}"
+    report = rank0.report()
+    (failed,) = findings(report, "coll.C008")
+    assert failed["cause"] == "wrong_interface" and failed["ranks"] == [1], failed
+    assert NO_SUCH_IFACE in failed["title"] and "GLOO_SOCKET_IFNAME" in failed["remediation"], failed
+    assert not findings(report, "coll.C001") and not findings(report, "coll.C002"), report["findings"]
+    entries = {c["status"]: c for c in by_name(report, "collective.process_group")}
+    assert entries["fail"]["ranks"] == [1], entries
+    assert entries["skip"]["ranks"] == [0] and "rank 1 could not create the gloo process group" in entries["skip"]["reason"]
+    procs.assert_no_orphans()
+
+
+def test_when_rank_0_is_stuck_its_store_outlives_its_final_word(procs):
+    # Rank 0 hosts the store and hangs in the rendezvous; its watchdog reports, publishes exit 3
+    # and only then ends (taking the store with it). Rank 1, waiting for the decision, takes the
+    # final word instead, and ends quietly: no traceback from a vanished store, no report of its own.
+    timeout = 10
+    rank0, rank1 = start_pair(procs, free_port(), "--timeout", str(timeout),
+                              env={"DISTDOCTOR_TESTING": "1", "DISTDOCTOR_TEST_HANG": "0:rendezvous"})
+    procs.wait(40)
+    for proc in (rank0, rank1):
+        assert proc.rc == 3, diagnostics(proc)
+        assert proc.elapsed < timeout + 1.0, f"ended after {proc.elapsed:.1f}s\n{diagnostics(proc)}"
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert rank1.stdout.strip() == ""
+    (cut,) = findings(rank0.report(), "core.E004")
+    assert cut["check"] == "watchdog" and cut["data"]["stage"] == "rendezvous"
+    procs.assert_no_orphans()
