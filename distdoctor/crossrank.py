@@ -334,7 +334,8 @@ class RankRun:
         if exc.reason == "master_not_here":
             mine = self._own_addresses()
             answer = {"no_host": "no host answers there", "refused": "another host answers there",
-                      "no_route": "there is no route to it", "timeout": "connects to it time out"}.get(
+                      "no_route": "there is no route to it", "timeout": "connects to it time out",
+                      "not_local": "it cannot be bound here"}.get(
                           str(probe), "it does not lead here")
             return MASTER_NOT_HERE(
                 f"MASTER_ADDR={spec.master_addr} is not an address of rank 0's host ({self._host_text()}), "

@@ -278,6 +278,13 @@ def _host_store(spec: "WorldSpec", deadline: float, clock: Callable[[], float], 
         store = _tcp_store(client_host, spec.master_port, is_master=True, timeout_s=deadline - clock())
     except Exception as exc:
         message = _first_line(exc)
+        if "EADDRNOTAVAIL" in message or "cannot assign requested address" in message.lower():
+            # torch's server binds every address, so this comes from an address it was told to
+            # use: MASTER_ADDR is not one of this host's.
+            raise WorldError(f"rank 0 could not host the store at {spec.master_addr}:{spec.master_port}: {message}; "
+                             f"{spec.master_addr} is not an address of this host",
+                             cause="master_unreachable", reason="master_not_here",
+                             data={**data, "error": message, "probe": "not_local"}) from None
         if not _port_taken(message):
             raise WorldError(f"rank 0 could not host the store on port {spec.master_port}: {message}",
                              cause="unknown", reason="host_failed", data={**data, "error": message}) from None

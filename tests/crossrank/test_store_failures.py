@@ -250,3 +250,14 @@ def test_the_watchdog_exits_with_the_code_the_run_already_reported():
     assert done.wait(2.0)
     time.sleep(0.6)
     assert exits == [1]
+
+
+def test_an_address_rank_0_cannot_assign_is_master_unreachable(monkeypatch):
+    def cannot_assign(*args, **kwargs):
+        raise RuntimeError("The server socket has failed to bind. code: -99, name: EADDRNOTAVAIL, "
+                           "message: cannot assign requested address")
+
+    monkeypatch.setattr(world_mod, "_tcp_store", cannot_assign)
+    with pytest.raises(WorldError) as caught:
+        open_store(rank0_spec("127.0.0.1", free_port()), time.monotonic() + 20)
+    assert caught.value.reason == "master_not_here" and caught.value.cause == "master_unreachable"
