@@ -71,7 +71,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def rank_environment(local_rank: int, nproc: int, port: int, run_id: str) -> dict[str, str]:
-    return {
+    env = {
         "RANK": str(local_rank),
         "WORLD_SIZE": str(nproc),
         "LOCAL_RANK": str(local_rank),
@@ -82,6 +82,12 @@ def rank_environment(local_rank: int, nproc: int, port: int, run_id: str) -> dic
         AGENT_STORE_ENV: str(True),
         RUN_ID_ENV: run_id,
     }
+    # The self-test stands in for torchrun, which sets OMP_NUM_THREADS=1 for each rank when it
+    # starts more than one and the variable is unset; a layout of distdoctor's own choosing
+    # must not be reported as the job's CPU oversubscription.
+    if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = "1"
+    return env
 
 
 def _rank_main(
