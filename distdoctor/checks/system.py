@@ -242,12 +242,20 @@ def cpu_and_memory(ctx: CheckContext):
             threads, source = cores, "OMP_NUM_THREADS unset: torch uses every core in every rank"
         if threads is not None and threads * ranks > cores:
             per_rank = max(1, cores // ranks)
+            if threads > per_rank:
+                fix = remedies.set_env(ctx, "OMP_NUM_THREADS", str(per_rank)) + (
+                    f"; with srun also --cpus-per-task={per_rank}" if ctx.launch.launcher == SLURM else "")
+            else:
+                # One thread each is already the floor: only fewer ranks (or more cores) help.
+                fix = (f"Run at most {cores} ranks on this node ("
+                       + ("torchrun --nproc-per-node" if ctx.launch.launcher == TORCHRUN else "tasks per node")
+                       + f" <= {cores}), or give the job more cores"
+                       + (" (srun --cpus-per-task)" if ctx.launch.launcher == SLURM else ""))
             yield THREADS_OVERSUBSCRIBED(
                 f"{ranks} local ranks x {threads} threads = {threads * ranks} threads on {cores} cores",
                 detail=f"{source}. Oversubscribed ranks time-slice each other: steps slow down many-fold and "
                 "collectives see stragglers (and may time out).",
-                remediation=remedies.set_env(ctx, "OMP_NUM_THREADS", str(per_rank))
-                + (f"; with srun also --cpus-per-task={per_rank}" if ctx.launch.launcher == SLURM else ""),
+                remediation=fix,
                 data={"local_ranks": ranks, "threads": threads, "cores": cores},
             )
     memory = ctx.probes.memory_total()

@@ -238,3 +238,10 @@ def test_rank_0_whose_master_addr_nobody_holds_is_told_its_own_address():
     assert finding.cause == "master_unreachable" and "ARP" in finding.title
     assert "not an address of this host" in finding.detail
     assert "10.0.0.1 on eth0" in finding.remediation
+
+
+def test_oversubscription_with_one_thread_each_asks_for_fewer_ranks():
+    env = {**MASTER, "LOCAL_WORLD_SIZE": "8", "OMP_NUM_THREADS": "1", "TORCHELASTIC_RUN_ID": "x"}
+    (finding,) = [f for f in findings(system.cpu_and_memory, env, cpus=2) if f.id == "system.W009"]
+    assert "OMP_NUM_THREADS" not in finding.remediation
+    assert "--nproc-per-node <= 2" in finding.remediation
