@@ -145,50 +145,9 @@ def preflight(
         local += local_findings
         checks += local_results
 
-    # -- 3. one fixed-size all_gather: digests, findings size, batch count ----------------------
-    # Identical tables (same seed, or after DDP's broadcast) have bit-identical fingerprints,
-    # so equal digests settle the comparison without moving any table.
-    local_payload = _encode_payload(local, {})
-    device = _collective_device(torch, backend)
-    mine = torch.tensor([*_digest(table.structure_key(), table.checksums()), _digest(versions)[0],
-                         len(local_payload), -1 if batches is None else batches], dtype=torch.int64, device=device)
-    summary = [torch.zeros_like(mine) for _ in range(world)]
-    _wait(dist.all_gather(summary, mine, group=group, async_op=True), deadline, "summary all_gather", world)
-    rows = [s.cpu().tolist() for s in summary]
-    counts = {r: (None if row[-1] < 0 else int(row[-1])) for r, row in enumerate(rows)}
-    differs = [r for r, row in enumerate(rows) if row[:5] != rows[0][:5]]
-    sizes = [int(row[5]) for row in rows]
-
-    # -- 4. only when something differs or was found: the details --------------------------------
-    ref_table = table
-    payload = local_payload
-    if differs:
-        # Rank 0 broadcasts its table; the ranks that differ compare with it (tolerant) and
-        # send only their differing rows.
-        encoded = json.dumps({"table": table.encode(), "versions": versions}).encode() if rank == 0 else b""
-        received = _broadcast_bytes(torch, dist, encoded, device, group, deadline, world)
-        if rank in differs:
-            reference = json.loads(received)
-            ref_table = ts.SpecTable.decode(reference["table"])
-            local += pc.version_findings(versions, reference.get("versions", {}), rank)
-            payload = _encode_payload(local, _delta(ref_table, table, rtol))
-        sized = torch.tensor([len(payload)], dtype=torch.int64, device=device)
-        all_sizes = [torch.zeros_like(sized) for _ in range(world)]
-        _wait(dist.all_gather(all_sizes, sized, group=group, async_op=True), deadline, "sizes all_gather", world)
-        sizes = [int(t.item()) for t in all_sizes]
-    per_rank: dict[int, dict[str, Any]] = {}
-    if any(sizes):
-        width = max(sizes)
-        padded = torch.zeros(width, dtype=torch.uint8, device=device)
-        if payload:
-            padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        gathered = [torch.zeros_like(padded) for _ in range(world)]
-        _wait(dist.all_gather(gathered, padded, group=group, async_op=True), deadline, "details all_gather", world)
-        for r, (size, data) in enumerate(zip(sizes, gathered)):
-            if size:
-                per_rank[r] = json.loads(bytes(data[:size].cpu().tolist()).decode())
-    # A rank whose digests equal rank 0's holds rank 0's very table: it rebuilds the others'
-    # tables from its own (ref_table = table above).
+    # -- 3./4. the exchange ------------------------------------------------------------------
+    exchange = _Exchange(torch, dist, group, rank, world, _collective_device(torch, backend), deadline)
+    per_rank, counts, ref_table = exchange.run(table, versions, local, batches, rtol)
 
     # -- the same report on every rank ------------------------------------------------------
     findings: list[Finding] = []
@@ -212,6 +171,80 @@ def preflight(
                     report.status, world, len(table), len(below), f" ({', '.join(sorted(set(below)))})" if below else "",
                     report.duration_s)
     return report
+
+
+class _Exchange:
+    """Steps 3 and 4 of preflight (see the module docstring); every wait bounded by ``deadline``."""
+
+    def __init__(self, torch: Any, dist: Any, group: Any, rank: int, world: int, device: Any, deadline: float) -> None:
+        self.torch, self.dist, self.group = torch, dist, group
+        self.rank, self.world, self.device, self.deadline = rank, world, device, deadline
+
+    def run(self, table: Any, versions: Mapping[str, Any], local: list[Finding], batches: int | None,
+            rtol: float) -> tuple[dict[int, dict[str, Any]], dict[int, int | None], Any]:
+        """(rank -> its findings and spec delta, rank -> batch count, rank 0's table)."""
+        from distdoctor import preflight_checks as pc
+        from distdoctor import tensorspec as ts
+
+        # Identical tables (same seed, or after DDP's broadcast) have bit-identical fingerprints,
+        # so equal digests settle the comparison without moving any table.
+        payload = _encode_payload(local, {})
+        mine = [*_digest(table.structure_key(), table.checksums()), _digest(versions)[0], len(payload),
+                -1 if batches is None else batches]
+        rows = self.all_gather_ints(mine, "summary all_gather")
+        counts = {r: (None if row[6] < 0 else int(row[6])) for r, row in enumerate(rows)}
+        differs = [r for r, row in enumerate(rows) if row[:5] != rows[0][:5]]
+        sizes = [int(row[5]) for row in rows]
+        # A rank whose digests equal rank 0's holds rank 0's very table.
+        ref_table = table
+        if differs:
+            # Rank 0 broadcasts its table; the ranks that differ compare with it (with the
+            # tolerance) and send only their differing rows.
+            encoded = json.dumps({"table": table.encode(), "versions": versions}).encode() if self.rank == 0 else b""
+            received = self.broadcast_bytes(encoded)
+            if self.rank in differs:
+                reference = json.loads(received)
+                ref_table = ts.SpecTable.decode(reference["table"])
+                extra = pc.version_findings(versions, reference.get("versions", {}), self.rank)
+                payload = _encode_payload(local + extra, _delta(ref_table, table, rtol))
+            sizes = [row[0] for row in self.all_gather_ints([len(payload)], "sizes all_gather")]
+        per_rank: dict[int, dict[str, Any]] = {}
+        if any(sizes):
+            for r, data in self.all_gather_bytes(payload, max(sizes), sizes).items():
+                per_rank[r] = json.loads(data)
+        return per_rank, counts, ref_table
+
+    def all_gather_ints(self, values: list[int], what: str) -> list[list[int]]:
+        torch = self.torch
+        mine = torch.tensor(values, dtype=torch.int64, device=self.device)
+        out = [torch.zeros_like(mine) for _ in range(self.world)]
+        _wait(self.dist.all_gather(out, mine, group=self.group, async_op=True), self.deadline, what, self.world)
+        return [t.cpu().tolist() for t in out]
+
+    def all_gather_bytes(self, data: bytes, width: int, sizes: list[int]) -> dict[int, bytes]:
+        """Every rank's bytes (padded to ``width``); only the ranks with a non-zero size are returned."""
+        torch = self.torch
+        padded = torch.zeros(width, dtype=torch.uint8, device=self.device)
+        if data:
+            padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        out = [torch.zeros_like(padded) for _ in range(self.world)]
+        _wait(self.dist.all_gather(out, padded, group=self.group, async_op=True), self.deadline,
+              "details all_gather", self.world)
+        return {r: bytes(t[:size].cpu().tolist()) for r, (t, size) in enumerate(zip(out, sizes)) if size}
+
+    def broadcast_bytes(self, data: bytes) -> bytes:
+        """Group rank 0's bytes to every rank: a length, then the bytes."""
+        torch, dist = self.torch, self.dist
+        src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        _wait(dist.broadcast(size, src=src, group=self.group, async_op=True), self.deadline,
+              "reference broadcast", self.world)
+        buffer = torch.zeros(int(size.item()), dtype=torch.uint8, device=self.device)
+        if data:
+            buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        _wait(dist.broadcast(buffer, src=src, group=self.group, async_op=True), self.deadline,
+              "reference broadcast", self.world)
+        return bytes(buffer.cpu().tolist())
 
 
 def _encode_payload(findings: list[Finding], delta: Mapping[str, Any]) -> bytes:
@@ -252,18 +285,6 @@ def _default_store(dist: Any) -> Any:
         return dist.distributed_c10d._get_default_store()
     except Exception:
         return None
-
-
-def _broadcast_bytes(torch: Any, dist: Any, data: bytes, device: Any, group: Any, deadline: float, world: int) -> bytes:
-    """Group rank 0's bytes to every rank: a length, then the bytes (two broadcasts with deadlines)."""
-    src = dist.get_global_rank(group, 0) if group is not None else 0
-    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    _wait(dist.broadcast(size, src=src, group=group, async_op=True), deadline, "reference broadcast", world)
-    buffer = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
-    if data:
-        buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-    _wait(dist.broadcast(buffer, src=src, group=group, async_op=True), deadline, "reference broadcast", world)
-    return bytes(buffer.cpu().tolist())
 
 
 def _store_wait(store: Any, keys: list[str], deadline: float) -> bool:
@@ -347,9 +368,9 @@ def _wait(work: Any, deadline: float, what: str, world: int) -> None:
         if work.wait(timeout=timedelta(seconds=remaining)) is not False:
             return
         title, reason = f"preflight's {what} did not complete within the deadline", "it timed out"
-    except Exception as exc:
+    except Exception as exc:  # gloo raises "Operation timed out!" at the deadline
         text = str(exc).splitlines()[0][:300] if str(exc) else ""
-        title, reason = f"preflight's {what} failed", f"{type(exc).__name__}: {text}"
+        title, reason = f"preflight's {what} failed or timed out", f"{type(exc).__name__}: {text}"
     finding = RUN_DEADLINE(title, detail=f"Every rank had checked in, then the collective broke off: {reason}. "
                                          "A rank crashed or stalled after checking in.", check="preflight")
     raise PreflightError(build_report([finding], world=WorldSummary(size=world), incomplete=True))
