@@ -101,6 +101,11 @@ def preflight(
         report = build_report([pc.NOT_INITIALIZED(check=pc.CHECK)], duration_s=time.monotonic() - started)
         raise PreflightError(report)
 
+    if model is not None and not hasattr(model, "named_parameters"):
+        raise TypeError(f"preflight(model=...) expects a torch.nn.Module, got {type(model).__name__}")
+    bad = [k for k, v in (tensors or {}).items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise TypeError(f"preflight(tensors=...) expects tensors; not a tensor: {', '.join(map(repr, bad))}")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if rank < 0:
         raise ValueError("preflight(group=...): this process is not a member of that group")

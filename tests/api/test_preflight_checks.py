@@ -152,3 +152,15 @@ def test_import_distdoctor_does_not_import_torch():
     code = "import sys, distdoctor; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_preflight_rejects_what_it_cannot_fingerprint(monkeypatch):
+    import torch.distributed as dist
+
+    import distdoctor
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    with pytest.raises(TypeError, match="expects a torch.nn.Module, got int"):
+        distdoctor.preflight(model=3)
+    with pytest.raises(TypeError, match="not a tensor: 'lr'"):
+        distdoctor.preflight(tensors={"lr": 0.1, "w": torch.zeros(1)})
