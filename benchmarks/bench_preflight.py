@@ -30,7 +30,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from timing import PYTHON, Figure, clean_env, interleaved, median, timed  # noqa: E402
+from timing import PYTHON, Figure, clean_env, interleaved, timed  # noqa: E402
 
 TARGET = "<= 1.10x"
 SMALL_TENSORS = 4

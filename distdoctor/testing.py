@@ -301,7 +301,6 @@ def _cleanup(workdir: Path) -> None:
 
 def _child(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
-    rank = spec["rank"]
     result_path = Path(spec["result"])
 
     def write(status: str, tb: str = "", message: str = "") -> None:

@@ -25,9 +25,7 @@ Every operation has a deadline: waits poll ``check`` (never a blocking get on a 
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import socket
 import threading
 import time
 from dataclasses import dataclass, field

@@ -6,8 +6,9 @@ and compares its own table against it, so each rank learns by itself whether it 
 names itself in the findings (rank 0 merges them into one report). Cost per rank: one table
 out (rank 0) or one table in; rank 0 sends O(1) messages, whatever the world size.
 
-``preflight()`` uses the same :func:`agreement_findings` with a user's model; the built-in check
-here uses tensors every rank builds the same way (a seeded nn.Linear, a seeded randn, a tensor
+``preflight()`` compares a user's model with the same spec tables and the same
+``tensorspec.compare_tables``, over its own exchange inside the live process group (one digest
+all_gather; see distdoctor/api.py); the built-in check here uses tensors every rank builds the same way (a seeded nn.Linear, a seeded randn, a tensor
 of the default dtype), which catches ranks whose torch produces different values for the same
 seed or runs with another default dtype.
 """
