@@ -188,6 +188,20 @@ def _odd_ones(groups: Mapping[str, list[int]]) -> list[int]:
     return sorted(r for ranks in groups.values() if ranks is not reference for r in ranks)
 
 
+def _disagreement(kind: Any, what: str, groups: Mapping[str, list[int]], payloads: Mapping[int, Mapping[str, Any]],
+                  detail: str, data: Mapping[str, Any]) -> Finding:
+    """One value that differs between ranks: named with each value's ranks and hosts; the ranks
+    outside rank 0's group are the ones the finding names (rank 0 is the reference)."""
+    odd = _odd_ones(groups)
+    return kind(
+        f"{what} between ranks: {_describe_groups(groups, payloads)}",
+        detail=detail,
+        ranks=odd,
+        hosts=_hosts(payloads, odd),
+        data=data,
+    )
+
+
 # -- who is there -----------------------------------------------------------------------------
 def missing_rank_hosts(missing: Iterable[int], accepted: Mapping[int, Mapping[str, Any]]) -> dict[int, str]:
     """Where missing ranks would have run, when the launcher's layout tells (LOCAL_WORLD_SIZE
@@ -308,26 +322,20 @@ def world_agreement(ctx: CheckContext):
     accepted = {r: p for r, p in everyone.items() if 0 <= r < checkins.expected}
     sizes = _group_by({r: _launch(p).get("world_size") for r, p in everyone.items()})
     if len(sizes) > 1:
-        odd = _odd_ones(sizes)
-        yield WORLD_SIZE_DISAGREES(
-            f"WORLD_SIZE differs between ranks: {_describe_groups(sizes, everyone)}",
+        yield _disagreement(
+            WORLD_SIZE_DISAGREES, "WORLD_SIZE differs", sizes, everyone,
             detail="init_process_group waits for WORLD_SIZE ranks; ranks with another number wait for a "
             "world that never completes (or complete one the others are not in).",
-            ranks=odd,
-            hosts=_hosts(everyone, odd),
             data={"world_sizes": sizes, "reference": checkins.expected},
         )
     for var, field_name in (("MASTER_ADDR", "master_addr"), ("MASTER_PORT", "master_port")):
         groups = _group_by({r: _launch(p).get(field_name) for r, p in accepted.items()})
         if len(groups) > 1:
-            odd = _odd_ones(groups)
-            yield MASTER_DIFFERS(
-                f"{var} differs between ranks: {_describe_groups(groups, accepted)}",
+            yield _disagreement(
+                MASTER_DIFFERS, f"{var} differs", groups, accepted,
                 detail="Every rank reached the same store this time, so the names lead to the same place "
                 "from where they are used; a value that resolves differently elsewhere (or after a DNS "
                 "change) splits the job.",
-                ranks=odd,
-                hosts=_hosts(accepted, odd),
                 data={"variable": var, "values": groups},
             )
 
@@ -344,13 +352,10 @@ def versions_agree(ctx: CheckContext):
             values[rank] = info.get(name) if isinstance(info, dict) else "could not tell"
         groups = _group_by(values)
         if len(groups) > 1:
-            odd = _odd_ones(groups)
-            yield VERSIONS_DIFFER(
-                f"{label} versions differ between ranks: {_describe_groups(groups, accepted)}",
+            yield _disagreement(
+                VERSIONS_DIFFER, f"{label} versions differ", groups, accepted,
                 detail=f"Collectives between different {label} builds may hang, fail or exchange data in "
                 "incompatible layouts.",
-                ranks=odd,
-                hosts=_hosts(accepted, odd),
                 data={"component": name, "versions": groups},
             )
 
@@ -370,16 +375,13 @@ def settings_agree(ctx: CheckContext):
         if len(groups) <= 1:
             continue
         kind = IFNAME_DIFFERS if name in IFNAME_SETTINGS else SETTING_DIFFERS
-        odd = _odd_ones(groups)
-        yield kind(
-            f"{name} differs between ranks: {_describe_groups(groups, accepted)}",
+        yield _disagreement(
+            kind, f"{name} differs", groups, accepted,
             detail="Ranks that pick different interfaces or protocols cannot connect to each other, or "
             "behave differently under the same fault."
             if kind is IFNAME_DIFFERS
             else "Ranks with different settings behave differently under the same fault (timeouts, "
             "error handling, algorithms).",
-            ranks=odd,
-            hosts=_hosts(accepted, odd),
             data={"variable": name, "values": groups},
         )
 
