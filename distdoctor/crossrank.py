@@ -24,7 +24,6 @@ report: somebody must.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,7 +48,7 @@ from distdoctor.checks.rendezvous import (
     STORE_PORT_TAKEN,
     STORE_UNREACHABLE,
 )
-from distdoctor.watchdog import Watchdog
+from distdoctor.watchdog import Watchdog, flush_std_streams
 from distdoctor.world import Arrival, CheckIns, World, WorldError, WorldSpec, fit
 
 CROSS_RANK_STAGES = ("rendezvous", "collective")
@@ -250,11 +249,7 @@ class RankRun:
         if self.emit is None:
             return False
         self.emit(report)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+        flush_std_streams()
         return True
 
     def _finish_alone(self, extra: Iterable[Finding] = ()) -> RankOutcome:
@@ -851,10 +846,6 @@ def check_entry(
         return run_selftest(config, render, nproc=config.nproc, all_ranks=all_ranks, started=started, argv=list(argv))
     outcome = run_rank(config, env=env, argv=argv, all_ranks=all_ranks, emit=render, started=started)
     if outcome.world_opened or outcome.world_described:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+        flush_std_streams()
         os._exit(outcome.exit_code)
     return outcome.exit_code

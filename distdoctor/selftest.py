@@ -31,7 +31,7 @@ from distdoctor.config import Config
 from distdoctor.crossrank import NON_ROOT_GRACE_S
 from distdoctor.launchers import SELF_TEST_VAR
 from distdoctor.report import EXIT_FINDINGS, EXIT_INCOMPLETE
-from distdoctor.watchdog import EXPIRE_GRACE_S
+from distdoctor.watchdog import EXPIRE_GRACE_S, flush_std_streams
 from distdoctor.world import AGENT_STORE_ENV, RUN_ID_ENV
 
 LOOPBACK = "127.0.0.1"
@@ -118,11 +118,7 @@ def _rank_main(
             pass
         code = EXIT_FINDINGS
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+        flush_std_streams()
         # Skip interpreter teardown: destructors of a process group whose peer hung can block.
         os._exit(code)
 

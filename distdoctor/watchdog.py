@@ -23,6 +23,15 @@ from distdoctor.report import EXIT_INCOMPLETE
 EXPIRE_GRACE_S = 2.0
 
 
+def flush_std_streams() -> None:
+    """Flush stdout and stderr before an os._exit (which skips Python's own flushing)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
 class Watchdog:
     def __init__(
         self,
@@ -88,9 +97,5 @@ class Watchdog:
     def _hard_exit(self, code: int = EXIT_INCOMPLETE) -> None:
         if not self._exiting.acquire(blocking=False):
             return  # the backstop and the normal path both end up here; exit once
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+        flush_std_streams()
         self._exit(code)
