@@ -134,7 +134,7 @@ def check(
     import functools
     import os
 
-    from distdoctor.crossrank import check_entry, process_started
+    from distdoctor.entry import check_entry, process_started
     from distdoctor.launchers import NONE, detect
     from distdoctor.registry import RegistryError
 

@@ -81,7 +81,7 @@ def _describes_world(config: Config, env: Mapping[str, str] | None, argv: Sequen
     import os
     import sys
 
-    from distdoctor.crossrank import cross_rank_requested
+    from distdoctor.entry import cross_rank_requested
     from distdoctor.launchers import detect
 
     if not cross_rank_requested(config):
