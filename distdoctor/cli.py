@@ -165,7 +165,7 @@ def list_checks(
     if fmt not in ("rich", "json"):
         fail_usage(f"--format: expected rich or json, got {fmt!r}")
     try:
-        registry = load_registry(Config(checks_dirs=tuple(str(p) for p in checks_dir or ())), with_log_catalog=True)
+        registry = load_registry(Config(checks_dirs=tuple(str(p) for p in checks_dir or ())), every_kind=True)
     except RegistryError as exc:
         fail_usage(str(exc))
     checks = [c.describe() for c in registry.checks.values()]
@@ -204,7 +204,7 @@ def show(finding_id: Annotated[str, typer.Argument(help="A finding ID, e.g. laun
     from distdoctor.docs import finding_doc, finding_sections
     from distdoctor.engine import load_registry
 
-    registry = load_registry(Config(), with_log_catalog=True)
+    registry = load_registry(Config(), every_kind=True)
     kind = registry.kinds.get(finding_id)
     doc = finding_doc(finding_id)
     if kind is None and doc is None:

@@ -13,15 +13,19 @@ from distdoctor.report import Report, WorldSummary, build_report
 from distdoctor.runner import Runner
 
 
-def load_registry(config: Config, registry: Registry | None = None, *, with_log_catalog: bool = False) -> Registry:
+def load_registry(config: Config, registry: Registry | None = None, *, every_kind: bool = False) -> Registry:
     """The built-ins, the entry-point plugins and the --checks-dir files, loaded once each.
 
-    ``with_log_catalog`` also declares the log.* finding IDs of `distdoctor explain` (for
-    `list`, `show` and the docs); a check run does not need them and skips their import.
+    ``every_kind`` also declares the finding IDs that only `distdoctor explain` (log.*) and the
+    embedded API (pre.*, init.*) emit, for `list`, `show` and the docs; a check run does not
+    need them and skips their import.
     """
     registry = registry or REGISTRY
-    if with_log_catalog:
-        import distdoctor.explain  # noqa: F401  (importing registers the log.* kinds)
+    if every_kind:
+        # Importing these registers their kinds; none of them imports torch at import time.
+        import distdoctor.explain  # noqa: F401
+        import distdoctor.guarded_init  # noqa: F401
+        import distdoctor.preflight_checks  # noqa: F401
     registry.load_builtins()
     registry.load_entry_points()
     for directory in config.checks_dirs:

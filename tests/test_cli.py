@@ -101,6 +101,8 @@ def test_list_json_names_every_check_and_id():
     data = json.loads(result.stdout)
     ids = {k["id"] for k in data["findings"]}
     assert {"core.W001", "launch.C001", "launch.C002"} <= ids
+    # IDs emitted only by explain, preflight() and the bounded init are listed too.
+    assert {i.split(".")[0] for i in ids} >= {"log", "pre", "init", "spec", "rdzv", "coll", "net"}
     assert all(set(k) >= {"id", "cause", "title", "severity"} for k in data["findings"])
     assert any(c["name"] == "launch.rendezvous_env" for c in data["checks"])
 

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def registry_with_site_checks():
-    return load_registry(Config(checks_dirs=(str(REPO / "checks"),)), with_log_catalog=True)
+    return load_registry(Config(checks_dirs=(str(REPO / "checks"),)), every_kind=True)
 
 
 def test_every_registered_id_has_a_docs_entry():
