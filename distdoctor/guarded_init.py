@@ -154,7 +154,7 @@ def open_store(target: Target, deadline: float, probes: Any = None) -> Any:
     if not is_master:
         # Wait for a listener ourselves: TCPStore's client retries with back-off (about 2x
         # its timeout in all) and logs a C++ traceback per try.
-        status = _wait_for_listener(target.host, target.port, deadline)
+        status = _wait_for_listener(target.host, target.port, deadline, probes)
         if status != "open":
             raise CheckInFailed([_client_failure(target, status, deadline)]) from None
     remaining = max(0.5, deadline - time.monotonic())
@@ -170,12 +170,12 @@ def open_store(target: Target, deadline: float, probes: Any = None) -> Any:
                                              str(exc).splitlines()[0][:300] if str(exc) else "")]) from None
 
 
-def _wait_for_listener(host: str, port: int, deadline: float) -> str:
+def _wait_for_listener(host: str, port: int, deadline: float, probes: Any = None) -> str:
     """Poll a TCP connect until it succeeds or the deadline passes; the last status."""
     status = "refused"
     delay = 0.05
     while True:
-        status = _connect_status(host, port, timeout=max(0.05, min(1.0, deadline - time.monotonic())))
+        status = _connect_status(host, port, max(0.05, min(1.0, deadline - time.monotonic())), probes)
         if status in ("open", "unresolvable") or time.monotonic() >= deadline:
             return status
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
@@ -225,20 +225,18 @@ def _client_failure(target: Target, status: str, deadline: float, extra: str = "
     )
 
 
-def _connect_status(host: str, port: int, timeout: float = 1.0) -> str:
-    try:
-        socket.getaddrinfo(host, port)
-    except OSError:
-        return "unresolvable"
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return "open"
-    except socket.timeout:
-        return "timeout"
-    except ConnectionRefusedError:
-        return "refused"
-    except OSError as exc:
-        return f"connect error: {exc.strerror or exc}"
+def _connect_status(host: str, port: int, timeout: float, probes: Any = None) -> str:
+    """open, unresolvable, timeout, refused, or "connect error: ..." from the shared bounded probe
+    (its name lookup has a deadline too)."""
+    if probes is None:
+        from distdoctor.probes import Probes
+
+        probes = Probes()
+    result = probes.connect(host, port, timeout)
+    status = getattr(result, "status", None)
+    if status in ("open", "unresolvable", "timeout", "refused"):
+        return status
+    return f"connect error: {getattr(result, 'detail', '') or result}"
 
 
 def _port_holder(port: int, probes: Any) -> str:
@@ -250,9 +248,9 @@ def _port_holder(port: int, probes: Any) -> str:
         return ""
     if not isinstance(listeners, (list, tuple)) or not listeners:
         return ""
-    first = listeners[0]
-    name, pid = getattr(first, "name", None) or getattr(first, "process", None), getattr(first, "pid", None)
-    return f" (held by {name or 'a process'}{f', pid {pid}' if pid else ''})"
+    first = listeners[0]  # Probes.listeners: {"pid", "address", "cmdline"}
+    pid, cmdline = first.get("pid"), first.get("cmdline")
+    return f" (held by {cmdline or 'a process'}{f', pid {pid}' if pid else ''})"
 
 
 def check_in(store: Any, target: Target, deadline: float, env: Mapping[str, str], rank0_share: float = 0.85) -> None:
