@@ -383,27 +383,16 @@ def _wait(work: Any, deadline: float, what: str, world: int) -> None:
 
 def _local_checks(deadline: float, started: float, timeout: float) -> tuple[list[Finding], list[dict[str, Any]]]:
     """The registry's local checks (minus the network probes), with a tight deadline."""
-    from distdoctor.config import load_config
-    from distdoctor.context import build_context
-    from distdoctor.engine import load_registry
-    from distdoctor.runner import Runner
+    from distdoctor.config import Config, load_config
+    from distdoctor.engine import diagnose
 
     budget = max(0.5, min(5.0, (deadline - time.monotonic()) * 0.25))
     try:
         config = load_config(cli={"stages": ("local",), "timeout": budget, "check_timeout": min(2.0, budget)})
     except Exception:
-        from distdoctor.config import Config
-
         config = Config(stages=("local",), timeout=budget, check_timeout=min(2.0, budget))
-    registry = load_registry(config)
-    ctx = build_context(config)
-    chosen = [c for c in registry.select(("local",), config.tags) if not set(c.tags) & set(PREFLIGHT_SKIPPED_TAGS)]
-    runner = Runner(registry, timeout=budget, check_timeout=config.check_timeout, silence=config.silence)
-    runner.run(ctx, chosen, ("local",))
-    rank = ctx.rank
-    findings = [f if f.ranks or rank is None else f.with_(ranks=(rank,)) for f in
-                [*registry.load_problems, *runner.state.findings]]
-    return findings, [r.to_dict() for r in runner.state.results]
+    report = diagnose(config, skip_tags=PREFLIGHT_SKIPPED_TAGS)
+    return list(report.findings), report.checks
 
 
 def _collective_device(torch: Any, backend: str) -> Any:

@@ -63,6 +63,7 @@ def diagnose(
     probes: Probes | None = None,
     registry: Registry | None = None,
     world: Any = None,
+    skip_tags: Sequence[str] = (),
 ) -> Report:
     """Run the selected stages on this process and return the report (never prints).
 
@@ -77,7 +78,7 @@ def diagnose(
     registry = load_registry(config, registry)
     ctx = build_context(config, env=env, argv=argv, probes=probes, world=world)
     runner = Runner(registry, timeout=config.timeout, check_timeout=config.check_timeout, silence=config.silence)
-    runner.run(ctx, registry.select(config.stages, config.tags), config.stages)
+    runner.run(ctx, registry.select(config.stages, config.tags, skip_tags), config.stages)
     return report_from_runner(runner, ctx)
 
 

@@ -126,13 +126,21 @@ class Registry:
         return register(func) if func is not None else register
 
     # -- queries -----------------------------------------------------------------------
-    def select(self, stages: Iterable[str] | None = None, tags: Iterable[str] | None = None) -> list[Check]:
+    def select(
+        self,
+        stages: Iterable[str] | None = None,
+        tags: Iterable[str] | None = None,
+        skip_tags: Iterable[str] = (),
+    ) -> list[Check]:
+        """Checks of these stages with one of ``tags`` (all when none) and none of ``skip_tags``."""
         stage_set = set(stages) if stages else set(STAGES)
-        tag_set = set(tags or ())
+        tag_set, skip_set = set(tags or ()), set(skip_tags)
         chosen = [
             c
             for c in self.checks.values()
-            if c.stage in stage_set and (not tag_set or tag_set.intersection(c.tags))
+            if c.stage in stage_set
+            and (not tag_set or tag_set.intersection(c.tags))
+            and not skip_set.intersection(c.tags)
         ]
         return sorted(chosen, key=lambda c: STAGES.index(c.stage))
 

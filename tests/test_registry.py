@@ -38,6 +38,7 @@ def test_select_by_stage_and_tag(fresh_registry):
     assert [c.name for c in fresh_registry.select()] == ["l.two", "c.one"]
     assert [c.name for c in fresh_registry.select(tags=["x"])] == ["c.one"]
     assert [c.name for c in fresh_registry.select(stages=["local"])] == ["l.two"]
+    assert [c.name for c in fresh_registry.select(skip_tags=["x"])] == ["l.two"]
 
 
 def test_checks_dir_plugin_that_fails_becomes_a_finding(tmp_path, monkeypatch):
