@@ -134,6 +134,10 @@ def resolve_target(init_method: str | None, rank: int, world_size: int, env: Map
     return Target(host, port, rank, world_size, agent, use_libuv)
 
 
+# How long rank 0 keeps its store up after a failing verdict, for the others to read it.
+READ_GRACE_S = 1.0
+
+
 def _poll(done: Any, deadline: float) -> bool:
     delay = POLL_FIRST_S
     while True:
@@ -276,18 +280,31 @@ def check_in(store: Any, target: Target, deadline: float, env: Mapping[str, str]
             f"Another process already claimed rank {me}; this one (pid {os.getpid()} on {socket.gethostname()}) is a duplicate",
             ranks=(me,), hosts=(socket.gethostname(),), check=CHECK)])
 
+    read_key = f"{prefix}/read"
     if me == 0:
         verdict = _rank0_verdict(store, prefix, target, time.monotonic() + (deadline - time.monotonic()) * rank0_share)
         verdict = _decode(store.compare_set(decision_key, "", json.dumps(verdict)))
+        if not verdict.get("ok"):
+            # Rank 0 hosts the store and is about to raise: keep it up (bounded) until the others
+            # have read the verdict, or they would find the store gone instead of the reason.
+            readers = sum(1 for r in range(1, target.world_size) if store.add(f"{prefix}/claim/{r}", 0) > 0)
+            _poll(lambda: store.add(read_key, 0) >= readers, min(deadline, time.monotonic() + READ_GRACE_S))
     else:
-        if _poll(lambda: store.check([decision_key]), deadline):
-            verdict = _decode(store.get(decision_key))
-        else:
-            abort = {"ok": False, "findings": [INIT_RANKS_MISSING(
-                f"Rank 0 did not complete the rendezvous within the deadline (rank {me} gave up waiting)",
-                detail="Rank 0 hosts the store but never published its verdict: it is stuck or very slow.",
-                ranks=(0,), check=CHECK).to_dict()]}
-            verdict = _decode(store.compare_set(decision_key, "", json.dumps(abort)))
+        try:
+            if _poll(lambda: store.check([decision_key]), deadline):
+                verdict = _decode(store.get(decision_key))
+            else:
+                abort = {"ok": False, "findings": [INIT_RANKS_MISSING(
+                    f"Rank 0 did not complete the rendezvous within the deadline (rank {me} gave up waiting)",
+                    detail="Rank 0 hosts the store but never published its verdict: it is stuck or very slow.",
+                    ranks=(0,), check=CHECK).to_dict()]}
+                verdict = _decode(store.compare_set(decision_key, "", json.dumps(abort)))
+            store.add(read_key, 1)
+        except (RuntimeError, OSError) as exc:  # torch's DistNetworkError is a RuntimeError
+            raise CheckInFailed([INIT_MASTER_UNREACHABLE(
+                f"Rank 0's store at {target.host}:{target.port} closed before rank {me} read its verdict",
+                detail=f"Rank 0 ended (or lost its store) during the check-in: {str(exc).splitlines()[0][:200]}",
+                ranks=(0,), check=CHECK)]) from None
     if not verdict.get("ok"):
         raise CheckInFailed([Finding.from_dict(f) for f in verdict.get("findings", ())])
 
