@@ -16,24 +16,6 @@ from distdoctor.core.findings import Finding
 from distdoctor.core.registry import SkipCheck, check, finding_kind
 from distdoctor.core.report import format_ranks
 
-STORE_UNREACHABLE = finding_kind(
-    "rdzv.C001",
-    cause="master_unreachable",
-    title="This rank could not reach the rendezvous store",
-    hint="Check MASTER_ADDR/MASTER_PORT on every rank and that rank 0 (or the launcher) is running and reachable",
-)
-NO_DECISION = finding_kind(
-    "rdzv.E002",
-    cause="rank_missing",
-    title="Rank 0 did not publish the outcome of the check-in before this rank's deadline",
-    hint="Rank 0 did not finish its rendezvous stage: see rank 0's output, or raise --timeout if it is merely slow",
-)
-STORE_PORT_TAKEN = finding_kind(
-    "rdzv.C003",
-    cause="port_in_use",
-    title="Rank 0 could not host the rendezvous store: MASTER_PORT is taken",
-    hint="Pick a free MASTER_PORT (the same on every rank), or stop the process that holds it",
-)
 RANK_MISSING = finding_kind(
     "rdzv.C004",
     cause="rank_missing",
@@ -105,30 +87,6 @@ CHECKIN_UNREADABLE = finding_kind(
     cause="unknown",
     title="A rank's check-in could not be read",
     hint="Run the same distdoctor version on every rank; the detail says what was wrong with the message",
-)
-RANK_DIED = finding_kind(
-    "rdzv.E016",
-    cause="unknown",
-    title="A rank of the self-test world ended without a report",
-    hint="Run the self-test again with --all-ranks; a rank killed by signal 9 points at the OOM killer (dmesg)",
-)
-MASTER_NOT_HERE = finding_kind(
-    "rdzv.C017",
-    cause="master_unreachable",
-    title="MASTER_ADDR is not an address of rank 0's host and does not lead to it",
-    hint="Run rank 0 on the host MASTER_ADDR names, or set MASTER_ADDR (on every rank) to rank 0's host address",
-)
-STORE_HOST_FAILED = finding_kind(
-    "rdzv.C018",
-    cause="unknown",
-    title="Rank 0 could not host the rendezvous store",
-    hint="Read the error in the detail; it is neither a taken port nor an address of another host",
-)
-STORE_DROPPED = finding_kind(
-    "rdzv.C019",
-    cause="firewall",
-    title="Connections to the rendezvous store time out: packets are dropped",
-    hint="Open MASTER_PORT (and the backend's ports) between the nodes: firewall, security group, network policy",
 )
 
 # A rank this much later than the median arrival is a straggler (seconds, and share of the

@@ -36,10 +36,13 @@ def local_world_summary(ctx: CheckContext) -> WorldSummary:
     )
 
 
-def report_from_runner(runner: Runner, ctx: CheckContext, world: WorldSummary | None = None, extra: Sequence[Any] = ()) -> Report:
+def report_from_runner(runner: Runner, ctx: CheckContext, world: WorldSummary | None = None, extra: Sequence[Any] = (),
+                       ranks: Sequence[int] | None = None) -> Report:
+    """The report of one run; ``ranks`` tags every check result with the ranks it holds for."""
+    tag = {"ranks": list(ranks)} if ranks is not None else {}
     return build_report(
         [*runner.registry.load_problems, *runner.state.findings, *extra],
-        [r.to_dict() for r in runner.state.results],
+        [{**r.to_dict(), **tag} for r in list(runner.state.results)],
         world=world or local_world_summary(ctx),
         duration_s=runner.elapsed(),
         incomplete=runner.state.incomplete,

@@ -33,7 +33,7 @@ from distdoctor.core.config import Config
 from distdoctor.core.context import CheckContext
 from distdoctor.machine.host import build_context
 from distdoctor.core.kinds import RUN_DEADLINE
-from distdoctor.core.engine import load_registry, local_world_summary
+from distdoctor.core.engine import load_registry, report_from_runner
 from distdoctor.core.findings import Finding, Severity
 from distdoctor.machine.probes import Probes, call_with_deadline
 from distdoctor.core.redact import secret_values
@@ -41,16 +41,19 @@ from distdoctor.core.registry import CROSS_RANK_STAGES, STAGES, Registry
 from distdoctor.core.report import EXIT_INCOMPLETE, Report, WorldSummary, build_report, format_ranks
 from distdoctor.core.runner import Runner
 from distdoctor.machine.snapshot import collect_snapshot
-from distdoctor.checks.rendezvous import (
+from distdoctor.checks.rendezvous import collision_findings
+from distdoctor.world.checkin import FINAL, malformed_finding
+from distdoctor.world.kinds import (
     MASTER_NOT_HERE,
     NO_DECISION,
     STORE_DROPPED,
+    STORE_ENTRY_MALFORMED,
     STORE_HOST_FAILED,
     STORE_PORT_TAKEN,
     STORE_UNREACHABLE,
 )
 from distdoctor.world.watchdog import Watchdog, flush_std_streams
-from distdoctor.world.store_exchange import Arrival, CheckIns, World, WorldError, WorldSpec, fit
+from distdoctor.world.store_exchange import DECISION, Arrival, CheckIns, World, WorldError, WorldSpec, fit
 
 
 # The promise is a report within the deadline + 1 s. Rank 0's watchdog fires this long before
@@ -227,15 +230,14 @@ class RankRun:
             self.runner.run_stage(stage, self.checks, self.ctx, skip_reason=skip_reason)
 
     def _own_report(self, extra: Iterable[Finding] = ()) -> Report:
-        return build_report(
-            [*self.registry.load_problems, *self.runner.state.findings, *extra],
-            [{**r.to_dict(), "ranks": [self.rank]} for r in self.runner.state.results],
-            world=local_world_summary(self.ctx),
-            duration_s=self.clock() - self.started,
-            incomplete=self.runner.state.incomplete,
-            silence=self.config.silence,
-            secrets=secret_values(self.ctx.env),
-        )
+        return report_from_runner(self.runner, self.ctx, extra=[*extra, *self._store_malformed()], ranks=[self.rank])
+
+    def _store_malformed(self) -> list[Finding]:
+        """The malformed store entries this process met, as one finding (none when there were none)."""
+        if self.world is None:
+            return []
+        finding = malformed_finding(self.world.protocol, self.rank, STORE_ENTRY_MALFORMED, check="rendezvous.store")
+        return [finding] if finding is not None else []
 
     def _render(self, report: Report, code: int | None = None) -> bool:
         """Emit the report unless this process already emitted one (the first one wins)."""
@@ -304,8 +306,8 @@ class RankRun:
             return self._finish_alone([self._store_finding(spec, exc)])
         world = self.world
         self.ctx.world = world
-        claim = world.check_in(checkin_payload(self.ctx, self.runner))
-        if claim > 1:
+        world.check_in(checkin_payload(self.ctx, self.runner), self.work_deadline)
+        if world.is_duplicate:
             return self._run_as_duplicate()
         if world.rank == 0:
             return self._run_root()
@@ -401,8 +403,7 @@ class RankRun:
                     + "; ".join(blockers["gloo"]))
         decision = {"skip": skip, "accepted": accepted, "size": world.size,
                     **nccl_decision(checkins, self.config, blockers["nccl"])}
-        world.decision = decision
-        world.put("decision", decision)
+        world.decide(decision)
         self.progress.expected = accepted
         self._stage("collective", skip_reason=skip)
         self._testing_hang("gather")
@@ -450,8 +451,6 @@ class RankRun:
             return []
         if not late:
             return []
-        from distdoctor.checks.rendezvous import collision_findings
-
         for rank, claim in late:
             checkins.arrivals.append(Arrival(rank, claim, checkins.waited_s))
         checkins.payloads.update(late)
@@ -459,7 +458,8 @@ class RankRun:
 
     def _consolidated(self, extra: Iterable[Finding] = ()) -> Report:
         checkins = self.progress.checkins
-        findings: list[Finding] = [*self.registry.load_problems, *self.runner.state.findings, *extra]
+        findings: list[Finding] = [*self.registry.load_problems, *self.runner.state.findings, *extra,
+                                   *self._store_malformed()]
         examined = checkins.reported if checkins else [0]
         entries: list[tuple[Sequence[int], Mapping[str, Any]]] = []
         for result in self.runner.state.results:
@@ -508,7 +508,7 @@ class RankRun:
         self._testing_hang("rendezvous")
         # Rank 0 decides only when its check-in wait ends: wait for it up to this rank's own end,
         # or for rank 0's final word if its deadline ended the run before it decided.
-        key, decision = world.fetch_first(("decision", "final"), self.deadline + MEMBER_WAIT_S)
+        key, decision = world.fetch_first({"decision": DECISION, "final": FINAL}, self.deadline + MEMBER_WAIT_S)
         if key == "final" and isinstance(decision, dict):
             reason = "skipped: rank 0 ended the run (its deadline passed) before it published a decision"
             self._stage("rendezvous", skip_reason=reason)
@@ -539,7 +539,7 @@ class RankRun:
         except Exception as exc:
             world.lost = f"the store went away: {exc}"
             return self._finish_member(None)
-        _, final = world.fetch_first(("final",), self.deadline + MEMBER_WAIT_S)
+        _, final = world.fetch_first({"final": FINAL}, self.deadline + MEMBER_WAIT_S)
         return self._finish_member(final)
 
     def _results_message(self) -> dict[str, Any]:
@@ -547,6 +547,7 @@ class RankRun:
         stuck = next((r.name for r in results if r.status == "timeout"), None)
         findings = [f for r in results for f in r.findings]
         findings += [f for f in self.runner.state.findings if f.id == RUN_DEADLINE.id]
+        findings += self._store_malformed()
         return fit(
             {
                 "checks": [r.to_dict() for r in results],
@@ -564,23 +565,22 @@ class RankRun:
         reason = f"skipped: another process already claimed rank {world.rank}"
         self._stage("rendezvous", skip_reason=reason)
         self._stage("collective", skip_reason=reason)
-        _, final = world.fetch_first(("final",), self.deadline + MEMBER_WAIT_S)
+        _, final = world.fetch_first({"final": FINAL}, self.deadline + MEMBER_WAIT_S)
         claims = final.get("claims") if isinstance(final, dict) else None
-        if isinstance(claims, list) and f"{world.rank}:{world.claim}" not in claims:
+        if claims is not None and f"{world.rank}:{world.claim}" not in claims:
             # Rank 0 finished before this process arrived: nobody else will name the collision.
             return self._finish_alone(self._own_collision())
         return self._finish_member(final)
 
     def _own_collision(self) -> list[Finding]:
-        from distdoctor.checks.rendezvous import collision_findings
-
         world = self.world
         assert world is not None and world.claim is not None
-        keys = [(world.rank, c) for c in range(1, world.claim + 1)]
         try:
-            payloads, _ = world._read_checkins(keys)
+            keys = [(r, c) for r, c in world.roster() if r == world.rank and c <= world.claim]
+            payloads, _ = world.read_checkins(keys)
         except Exception:
             payloads = {}
+        keys = sorted(payloads)
         checkins = CheckIns(world.size, [Arrival(r, c, 0.0) for r, c in keys], payloads)
         return collision_findings(checkins)
 
@@ -641,10 +641,8 @@ class RankRun:
         return None
 
     def _roster_size(self, world: World) -> int:
-        from distdoctor.world.store_exchange import parse_roster
-
-        roster = call_with_deadline(lambda: world.read_text("roster"), STORE_READ_S, "roster")
-        return len(parse_roster(roster)) if isinstance(roster, str) else 0
+        roster = call_with_deadline(world.roster, STORE_READ_S, "roster")
+        return len(roster) if isinstance(roster, list) else 0
 
     def _partial(self, world: World | None) -> Report:
         stage = self.progress.stage
@@ -652,10 +650,8 @@ class RankRun:
         if world is not None and stage in CROSS_RANK_STAGES:
             expected = self.progress.expected or list(range(world.size))
             if stage == "rendezvous" and self.progress.checkins is None:
-                from distdoctor.world.store_exchange import parse_roster
-
-                roster = call_with_deadline(lambda: world.read_text("roster"), STORE_READ_S, "roster")
-                arrived = {r for r, _ in parse_roster(roster)} if isinstance(roster, str) else set()
+                roster = call_with_deadline(world.roster, STORE_READ_S, "roster")
+                arrived = {r for r, _ in roster} if isinstance(roster, list) else set()
                 stuck = [r for r in expected if r not in arrived] or [0]
             else:
                 done = call_with_deadline(lambda: world.done_ranks(stage), STORE_READ_S, "progress")
@@ -670,20 +666,12 @@ class RankRun:
             data={"stage": stage},
         )
         findings = [f for f in list(self.runner.state.findings) if f.id != RUN_DEADLINE.id]
+        self.runner.state.findings = findings
+        self.runner.state.incomplete = True
         if world is not None:
-            self.runner.state.findings = findings
-            self.runner.state.incomplete = True
             report = self._consolidated(extra=[deadline_finding])
         else:
-            report = build_report(
-                [*findings, deadline_finding],
-                [{**r.to_dict(), "ranks": [self.rank]} for r in list(self.runner.state.results)],
-                world=local_world_summary(self.ctx),
-                duration_s=self.clock() - self.started,
-                incomplete=True,
-                silence=self.config.silence,
-                secrets=secret_values(self.ctx.env),
-            )
+            report = self._own_report([deadline_finding])
         report.incomplete = True
         return report
 
@@ -731,7 +719,11 @@ def group_blockers(checkins: CheckIns) -> dict[str, list[str]]:
                 continue
             if not severe:
                 continue
-            for backend in _backends_blocked(raw):
+            try:
+                blocked = _backends_blocked(raw)
+            except (TypeError, AttributeError):
+                continue  # a finding of a shape no distdoctor writes: not evidence of anything
+            for backend in blocked:
                 out[backend].append(f"rank {rank}{f' on {host}' if host else ''}: {raw.get('title')} ({raw.get('id')})")
     return out
 

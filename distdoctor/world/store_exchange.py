@@ -33,33 +33,47 @@ from datetime import timedelta
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from distdoctor.core.context import WorldError
+from distdoctor.machine.probes import Probes
+from distdoctor.world.checkin import (
+    CHECKS,
+    CLAIM_GRACE_S,
+    FINDINGS,
+    MAX_MESSAGE_BYTES,
+    MAX_RANK,
+    POLL_FIRST_S,
+    POLL_MAX_S,
+    CheckInProtocol,
+    StoreGone,
+    boolean,
+    first_line,
+    integer,
+    list_of,
+    optional,
+    parse_roster,
+    text,
+)
+from distdoctor.world.checkin import decode as protocol_decode
+from distdoctor.world.checkin import encode as protocol_encode
 from distdoctor.machine.launchers import TORCHRUN, LaunchInfo
 
-# A check-in carries findings and a snapshot; 64 KiB is ~10x a typical one, and keeps a
-# 1024-rank gather at rank 0 under 64 MiB even when every rank is at the bound.
-MAX_MESSAGE_BYTES = 64 * 1024
-# Polling back-off for waits: quick first answers on a healthy world, little load on a slow one.
-POLL_FIRST_S, POLL_MAX_S = 0.005, 0.1
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 RUN_ID_ENV = "DISTDOCTOR_RUN_ID"
 
 
-# -- wire format ------------------------------------------------------------------------------
+# -- wire format (the check-in protocol's, with the world's error) ------------------------------
 def encode(obj: Any, limit: int = MAX_MESSAGE_BYTES) -> bytes:
-    raw = json.dumps(obj, separators=(",", ":"), default=str).encode("utf-8")
-    if len(raw) > limit:
-        raise WorldError(f"message of {len(raw)} bytes exceeds the {limit}-byte bound", cause="unknown")
-    return raw
+    try:
+        return protocol_encode(obj, limit)
+    except ValueError as exc:
+        raise WorldError(str(exc), cause="unknown") from None
 
 
 def decode(raw: bytes | str, limit: int = MAX_MESSAGE_BYTES) -> Any:
     """Parse a message from another rank; an oversized or malformed one is refused, not trusted."""
-    if len(raw) > limit:
-        raise WorldError(f"message of {len(raw)} bytes exceeds the {limit}-byte bound", cause="unknown")
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise WorldError(f"message is not valid JSON: {exc}", cause="unknown") from None
+        return protocol_decode(raw, limit)
+    except ValueError as exc:
+        raise WorldError(f"message is {exc}" if str(exc).startswith("not") else str(exc), cause="unknown") from None
 
 
 def fit(payload: Mapping[str, Any], limit: int = MAX_MESSAGE_BYTES, droppable: Iterable[str] = ()) -> dict[str, Any]:
@@ -174,11 +188,7 @@ def probe_once(host: str, port: int, timeout: float, probes: Any = None) -> Unan
 
 
 def _probes(probes: Any) -> Any:
-    if probes is None:
-        from distdoctor.machine.probes import Probes
-
-        probes = Probes()
-    return probes
+    return Probes() if probes is None else probes
 
 
 def _attempt(host: str, port: int, timeout: float, probes: Any) -> tuple[str, str, str | None] | None:
@@ -222,11 +232,6 @@ def _tcp_store(host: str, port: int, *, is_master: bool, timeout_s: float) -> An
     return TCPStore(host, port, is_master=is_master, **kwargs)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _port_taken(message: str) -> bool:
     # torch: "The server socket has failed to listen on any local network address. port: 29500,
     # useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
@@ -259,7 +264,7 @@ def _host_store(spec: "WorldSpec", deadline: float, clock: Callable[[], float], 
     try:
         store = _tcp_store(client_host, spec.master_port, is_master=True, timeout_s=deadline - clock())
     except Exception as exc:
-        message = _first_line(exc)
+        message = first_line(exc)
         if "EADDRNOTAVAIL" in message or "cannot assign requested address" in message.lower():
             # torch's server binds every address, so this comes from an address it was told to
             # use: MASTER_ADDR is not one of this host's.
@@ -324,7 +329,7 @@ def open_store(spec: WorldSpec, deadline: float, clock: Callable[[], float] = ti
         return _tcp_store(host, spec.master_port, is_master=False, timeout_s=max(deadline - clock(), 0.5)), False, host
     except Exception as exc:
         raise WorldError(f"connecting to the store at {spec.master_addr}:{spec.master_port} failed: "
-                         f"{_first_line(exc)}") from None
+                         f"{first_line(exc)}") from None
 
 
 # -- the live world ---------------------------------------------------------------------------
@@ -357,8 +362,12 @@ class CheckIns:
 
     @property
     def accepted(self) -> dict[int, dict[str, Any]]:
-        """rank -> the check-in of its first claimant."""
-        return {r: p for (r, c), p in self.payloads.items() if c == 1}
+        """rank -> the check-in of its first claimant (the lowest claim that checked in: a claim
+        counter bumped by something that never checked in does not push a rank out)."""
+        out: dict[int, dict[str, Any]] = {}
+        for (rank, claim), payload in sorted(self.payloads.items()):
+            out.setdefault(rank, payload)
+        return out
 
     @property
     def reported(self) -> list[int]:
@@ -378,13 +387,17 @@ class CheckIns:
         return {r: sorted(c) for r, c in claims.items() if len(c) > 1}
 
 
-def parse_roster(text: str) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for item in text.split(";"):
-        rank, _, claim = item.partition(":")
-        if rank.strip().lstrip("-").isdigit() and claim.strip().isdigit():
-            out.append((int(rank), int(claim)))
-    return out
+# What rank 0 publishes and the others act on (the world's schemas of the check-in protocol).
+def _devices(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) <= MAX_RANK and all(
+        isinstance(k, str) and type(v) is int and 0 <= v < 4096 for k, v in value.items())
+
+
+DECISION = ({"skip": optional(text(4096)), "accepted": list_of(integer(0, MAX_RANK), MAX_RANK),
+             "size": integer(1, MAX_RANK), "nccl": optional(boolean), "nccl_reason": optional(text(4096)),
+             "devices": optional(_devices)}, ("accepted", "size"))
+RESULTS = {"checks": CHECKS, "findings": FINDINGS, "incomplete": optional(boolean), "stuck_check": optional(text(256))}
+GROUP_FAILURE = {"rank": integer(0, MAX_RANK), "error": text(4000)}
 
 
 class World:
@@ -392,17 +405,21 @@ class World:
 
     def __init__(self, spec: WorldSpec, store: Any, *, hosted: bool = False, clock: Callable[[], float] = time.monotonic,
                  connect_host: str | None = None) -> None:
+        # torch is loaded by now (the store is a torch TCPStore); this module is imported by
+        # the CLI's start-up path only through dispatch, which imports it lazily.
         from torch.distributed import PrefixStore
 
         self.spec = spec
         self.raw_store = store
-        self.store = PrefixStore(spec.namespace, store)
+        self._store = PrefixStore(spec.namespace, store)
         self.hosted = hosted
         # Where this process's store client connected (rank 0 may use loopback); process groups
         # get their own client there.
         self.connect_host = connect_host or spec.master_addr
         self.clock = clock
         self.claim: int | None = None
+        # A second process claiming a rank an earlier claimant holds (see CheckInProtocol.check_in).
+        self.duplicate = False
         self.nonce = secrets.token_hex(4)
         self.process_groups: dict[str, Any] = {}
         # Set by a collective check whose operation did not complete: the group is out of step
@@ -414,6 +431,17 @@ class World:
         # Why the store stopped answering this process (rank 0 that hosted it ended), if it did.
         self.lost: str | None = None
         self._lock = threading.Lock()
+        self.protocol = CheckInProtocol(self._store, lock=self._lock, clock=clock)
+
+    @property
+    def store(self) -> Any:
+        return self._store
+
+    @store.setter
+    def store(self, value: Any) -> None:
+        # The protocol talks to the same store (a benchmark wraps it to count requests).
+        self._store = value
+        self.protocol.store = value
 
     # -- identity ------------------------------------------------------------------------
     @property
@@ -426,11 +454,11 @@ class World:
 
     @property
     def is_root(self) -> bool:
-        return self.spec.rank == 0 and self.claim in (None, 1)
+        return self.spec.rank == 0 and not self.duplicate
 
     @property
     def is_duplicate(self) -> bool:
-        return bool(self.claim and self.claim > 1)
+        return self.duplicate
 
     @classmethod
     def open(cls, spec: WorldSpec, deadline: float, clock: Callable[[], float] = time.monotonic,
@@ -440,129 +468,76 @@ class World:
 
     # -- primitives ----------------------------------------------------------------------
     def put(self, key: str, obj: Any, limit: int = MAX_MESSAGE_BYTES) -> None:
-        with self._lock:
-            self.store.set(key, encode(obj, limit))
+        try:
+            self.protocol.set(key, obj, limit)
+        except ValueError as exc:
+            raise WorldError(str(exc), cause="unknown") from None
 
     def fetch(self, key: str, deadline: float, limit: int = MAX_MESSAGE_BYTES) -> Any:
         """The JSON value under key once it exists; None when the deadline passes first."""
-        if not self.wait_key(key, deadline):
-            return None
+        delay = POLL_FIRST_S
+        while not self.protocol.exists(key):
+            left = deadline - self.clock()
+            if left <= 0:
+                return None
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, POLL_MAX_S)
         with self._lock:
             return decode(self.store.get(key), limit)
 
-    def fetch_first(self, keys: Sequence[str], deadline: float, limit: int = MAX_MESSAGE_BYTES) -> tuple[str | None, Any]:
-        """(key, value) of the first of ``keys`` to exist; (None, None) at the deadline.
+    def fetch_first(self, schemas: Mapping[str, tuple[Mapping[str, Any], Sequence[str]]], deadline: float) -> tuple[str | None, Any]:
+        """(key, value) of the first of these keys to hold a valid value; (None, None) at the deadline.
 
         Never raises: when the store goes away (rank 0 hosted it and has ended), the error is
         kept in ``lost`` and (None, None) returned, so the caller reports what it knows.
         """
-        delay = POLL_FIRST_S
         try:
-            while True:
-                for key in keys:
-                    with self._lock:
-                        if self.store.check([key]):
-                            return key, decode(self.store.get(key), limit)
-                left = deadline - self.clock()
-                if left <= 0:
-                    return None, None
-                time.sleep(min(delay, left))
-                delay = min(delay * 2, POLL_MAX_S)
-        except WorldError as exc:
-            self.lost = f"a message from rank 0 could not be read: {exc}"
+            return self.protocol.wait_for(schemas, deadline)
+        except StoreGone as exc:
+            self.lost = f"the store went away: {exc}"
         except Exception as exc:
-            self.lost = f"the store went away: {_first_line(exc)}"
+            self.lost = f"a message from rank 0 could not be read: {first_line(exc)}"
         return None, None
 
-    def wait_key(self, key: str, deadline: float) -> bool:
-        delay = POLL_FIRST_S
-        while True:
-            with self._lock:
-                if self.store.check([key]):
-                    return True
-            left = deadline - self.clock()
-            if left <= 0:
-                return False
-            time.sleep(min(delay, left))
-            delay = min(delay * 2, POLL_MAX_S)
-
-    def read_text(self, key: str) -> str:
-        with self._lock:
-            if not self.store.check([key]):
-                return ""
-            return self.store.get(key).decode("utf-8", "replace")
+    def roster(self) -> list[tuple[int, int]]:
+        """Every valid (rank, claim) line of the roster so far (the watchdog reads it too)."""
+        return self.protocol.roster(self.size)
 
     # -- check-in ------------------------------------------------------------------------
-    def check_in(self, payload: Mapping[str, Any]) -> int:
+    def check_in(self, payload: Mapping[str, Any], deadline: float | None = None) -> int:
         """Claim this rank and post the check-in; returns the claim number (1 = first claimant)."""
-        with self._lock:
-            claim = int(self.store.add(f"claim/{self.rank}", 1))
-        self.claim = claim
-        body = {**payload, "rank": self.rank, "claim": claim, "nonce": self.nonce}
-        self.put(f"checkin/{self.rank}/{claim}", body)
-        with self._lock:
-            self.store.append("roster", f"{self.rank}:{claim};")
+        deadline = self.clock() + CLAIM_GRACE_S if deadline is None else deadline
+        claim, duplicate = self.protocol.check_in(self.rank, {**payload, "nonce": self.nonce}, deadline)
+        self.claim, self.duplicate = claim, duplicate
         return claim
 
-    def wait_for_checkins(self, deadline: float, settle_s: float = 0.0) -> CheckIns:
-        """Rank 0: poll the roster until every rank 0..size-1 arrived or the deadline passed.
+    def decide(self, decision: Mapping[str, Any]) -> None:
+        """Rank 0 publishes the decision every rank follows (it alone decides in a world)."""
+        self.decision = self.protocol.decide(decision, *DECISION, authority=True)
 
-        ``settle_s`` keeps listening that long after the last expected rank arrived, so that a
-        second process claiming a rank moments later is still seen.
-        """
-        start = self.clock()
-        seen: dict[tuple[int, int], float] = {}
-        delay = POLL_FIRST_S
-        complete_at: float | None = None
-        while True:
-            for rank, claim in parse_roster(self.read_text("roster")):
-                seen.setdefault((rank, claim), self.clock() - start)
-            now = self.clock()
-            have = {r for r, _ in seen}
-            if all(r in have for r in range(self.size)):
-                complete_at = complete_at if complete_at is not None else now
-                if now - complete_at >= settle_s:
-                    break
-            if now >= deadline:
-                break
-            time.sleep(max(min(delay, deadline - now), 0))
-            delay = min(delay * 2, POLL_MAX_S)
-        arrivals = [Arrival(r, c, t) for (r, c), t in sorted(seen.items(), key=lambda kv: kv[1])]
-        payloads, unreadable = self._read_checkins(list(seen))
-        return CheckIns(self.size, arrivals, payloads, unreadable, self.clock() - start)
+    def wait_for_checkins(self, deadline: float, settle_s: float = 0.0) -> CheckIns:
+        """Rank 0: poll the roster until every rank 0..size-1 arrived or the deadline passed."""
+        seen, waited = self.protocol.wait_roster(self.size, deadline, settle_s)
+        payloads, unreadable = self.protocol.read_checkins(list(seen))
+        arrivals = [Arrival(r, c, t) for (r, c), t in sorted(seen.items(), key=lambda kv: kv[1]) if (r, c) in payloads]
+        return CheckIns(self.size, arrivals, payloads, unreadable, waited)
 
     def late_claims(self, known: Iterable[tuple[int, int]]) -> tuple[dict[tuple[int, int], dict[str, Any]], dict[tuple[int, int], str]]:
         """Check-ins that arrived after the check-in phase (late duplicates), read once more."""
         known = set(known)
-        fresh = [k for k in parse_roster(self.read_text("roster")) if k not in known]
-        return self._read_checkins(fresh)
+        fresh = [k for k in self.roster() if k not in known]
+        return self.read_checkins(fresh)
 
-    def _read_checkins(self, keys: list[tuple[int, int]]) -> tuple[dict[tuple[int, int], dict[str, Any]], dict[tuple[int, int], str]]:
-        payloads: dict[tuple[int, int], dict[str, Any]] = {}
-        unreadable: dict[tuple[int, int], str] = {}
-        if not keys:
-            return payloads, unreadable
-        with self._lock:
-            # One request for all of them: the roster entry is appended after the payload is set.
-            raws = self.store.multi_get([f"checkin/{r}/{c}" for r, c in keys])
-        for key, raw in zip(keys, raws):
-            try:
-                value = decode(raw)
-                if not isinstance(value, dict):
-                    raise WorldError("check-in is not a JSON object")
-                payloads[key] = value
-            except WorldError as exc:
-                unreadable[key] = str(exc)
-        return payloads, unreadable
+    def read_checkins(self, keys: list[tuple[int, int]]) -> tuple[dict[tuple[int, int], dict[str, Any]], dict[tuple[int, int], str]]:
+        return self.protocol.read_checkins(keys)
 
     # -- stages --------------------------------------------------------------------------
     def mark_done(self, stage: str, results: Mapping[str, Any]) -> None:
         self.put(f"results/{stage}/{self.rank}", results)
-        with self._lock:
-            self.store.append(f"done/{stage}", f"{self.rank};")
+        self.protocol.mark(f"done/{stage}", self.rank)
 
     def done_ranks(self, stage: str) -> set[int]:
-        return {int(x) for x in self.read_text(f"done/{stage}").split(";") if x.strip().lstrip("-").isdigit()}
+        return self.protocol.marked(f"done/{stage}")
 
     def wait_done(self, stage: str, ranks: Iterable[int], deadline: float) -> set[int]:
         """Rank 0: wait for these ranks to finish a stage; returns those that did."""
@@ -577,36 +552,19 @@ class World:
             delay = min(delay * 2, POLL_MAX_S)
 
     def results(self, stage: str, ranks: Iterable[int]) -> dict[int, Any]:
-        ranks = sorted(set(ranks))
-        if not ranks:
-            return {}
-        with self._lock:
-            raws = self.store.multi_get([f"results/{stage}/{r}" for r in ranks])
-        out: dict[int, Any] = {}
-        for rank, raw in zip(ranks, raws):
-            try:
-                out[rank] = decode(raw)
-            except WorldError as exc:
-                out[rank] = {"unreadable": str(exc)}
-        return out
+        """Each rank's posted results; a missing or malformed one reads as ``{"unreadable": why}``."""
+        keys = {rank: f"results/{stage}/{rank}" for rank in sorted(set(ranks))}
+        values = self.protocol.read_many(list(keys.values()), RESULTS)
+        return {rank: values[key] if values[key] is not None else
+                {"unreadable": f"{key}: {self.protocol.malformed.get(key, 'never posted')}"}
+                for rank, key in keys.items()}
 
     def say_goodbye(self) -> None:
-        with self._lock:
-            self.store.add("bye", 1)
-
-    def goodbyes(self) -> int:
-        with self._lock:
-            return int(self.store.add("bye", 0))
+        self.protocol.acknowledge("bye")
 
     def await_goodbyes(self, expected: int, until: float) -> None:
         """Rank 0 hosting the store: keep it up until ``expected`` others read the final word."""
-        while self.clock() < until:
-            try:
-                if self.goodbyes() >= expected:
-                    return
-            except Exception:
-                return
-            time.sleep(0.01)
+        self.protocol.await_acks(expected, until, "bye")
 
     # -- process groups ------------------------------------------------------------------
     def process_group(self, backend: str, timeout_s: float) -> Any:
@@ -649,7 +607,7 @@ class World:
         if "error" in outcome:
             exc = outcome["error"]
             try:
-                self.report_group_failure(backend, _first_line(exc))
+                self.report_group_failure(backend, first_line(exc))
             except Exception:
                 pass  # the store is gone too; the others find out by their own timeout
             raise exc
@@ -678,24 +636,14 @@ class World:
 
     def report_group_failure(self, backend: str, message: str) -> None:
         self.put(f"pgfail/{backend}/{self.rank}", {"rank": self.rank, "error": message[:2000]})
-        with self._lock:
-            self.store.append(f"pgfail/{backend}", f"{self.rank};")
+        self.protocol.mark(f"pgfail/{backend}", self.rank)
 
     def group_failures(self, backend: str) -> dict[int, str]:
         """Other ranks that could not create this group: rank -> their error."""
-        ranks = sorted({int(x) for x in self.read_text(f"pgfail/{backend}").split(";")
-                        if x.strip().lstrip("-").isdigit()} - {self.rank})
-        if not ranks:
-            return {}
-        with self._lock:
-            raws = self.store.multi_get([f"pgfail/{backend}/{r}" for r in ranks])
         out: dict[int, str] = {}
-        for rank, raw in zip(ranks, raws):
-            try:
-                value = decode(raw)
-                out[rank] = str(value.get("error", "")) if isinstance(value, dict) else ""
-            except WorldError as exc:
-                out[rank] = f"(unreadable: {exc})"
+        for rank in sorted(self.protocol.marked(f"pgfail/{backend}") - {self.rank}):
+            value = self.protocol.read(f"pgfail/{backend}/{rank}", GROUP_FAILURE)
+            out[rank] = str(value["error"]) if value is not None and "error" in value else "(unreadable)"
         return out
 
     def close(self, destroy_groups: bool = True) -> None:
@@ -709,6 +657,6 @@ class World:
             except Exception:
                 pass
         self.process_groups.clear()
-        self.store = None  # type: ignore[assignment]
+        self.store = None
         self.raw_store = None
 
