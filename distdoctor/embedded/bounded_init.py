@@ -20,7 +20,6 @@ arguments unchanged and finds every rank already there. Under torchrun
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -32,9 +31,20 @@ from urllib.parse import parse_qs, urlparse
 from distdoctor.core.findings import Finding
 from distdoctor.core.registry import finding_kind
 from distdoctor.core.report import format_ranks
+from distdoctor.machine.probes import Probes, Unknown, call_with_deadline
+from distdoctor.machine.service_identity import FOREIGN
+from distdoctor.world.checkin import (
+    VERDICT,
+    CheckInProtocol,
+    Prefixed,
+    StoreGone,
+    first_line,
+    malformed_finding,
+)
+from distdoctor.world import kinds as world_kinds
+from distdoctor.world.store_exchange import wait_for_listener
 
 CHECK = "init_process_group"
-POLL_FIRST_S, POLL_MAX_S = 0.005, 0.1
 
 INIT_RANKS_MISSING = finding_kind(
     "init.E001",
@@ -83,6 +93,12 @@ INIT_MASTER_FILTERED = finding_kind(
     cause="firewall",
     title="Connections to MASTER_ADDR:MASTER_PORT time out (dropped or filtered)",
     hint="Open MASTER_PORT between the nodes (firewall, security group) or use an address on a reachable network",
+)
+INIT_FOREIGN_SERVICE = finding_kind(
+    "init.E009",
+    cause="foreign_service_on_port",
+    title="Something that is not a c10d store listens on MASTER_PORT",
+    hint="Pick a free MASTER_PORT on every rank, or stop the program that holds it on rank 0's host",
 )
 
 
@@ -136,54 +152,59 @@ def resolve_target(init_method: str | None, rank: int, world_size: int, env: Map
 
 # How long rank 0 keeps its store up after a failing verdict, for the others to read it.
 READ_GRACE_S = 1.0
-
-
-def _poll(done: Any, deadline: float) -> bool:
-    delay = POLL_FIRST_S
-    while True:
-        if done():
-            return True
-        now = time.monotonic()
-        if now >= deadline:
-            return False
-        time.sleep(min(delay, max(0.0, deadline - now)))
-        delay = min(delay * 2, POLL_MAX_S)
+# How long a client may spend telling a c10d store from a foreign service before connecting.
+IDENTIFY_S = 1.5
 
 
 def open_store(target: Target, deadline: float, probes: Any = None) -> Any:
-    """Open (rank 0) or connect to the store within the deadline, or raise CheckInFailed."""
-    from torch.distributed import TCPStore
+    """Open (rank 0) or connect to the store within the deadline, or raise CheckInFailed.
 
+    Bounded on every rank: a client first waits for a listener with a plain socket probe
+    (TCPStore's client retries with back-off, about 2x its timeout, and logs a C++ stack per
+    try), then makes sure it is a c10d store (a foreign service holding MASTER_PORT never
+    completes TCPStore's handshake), and the connect itself runs under the deadline.
+    """
+    probes = Probes() if probes is None else probes
     is_master = target.rank == 0 and not target.agent_store
     if not is_master:
-        # Wait for a listener ourselves: TCPStore's client retries with back-off (about 2x
-        # its timeout in all) and logs a C++ traceback per try.
-        status = _wait_for_listener(target.host, target.port, deadline, probes)
-        if status != "open":
-            raise CheckInFailed([_client_failure(target, status, deadline)]) from None
+        problem = wait_for_listener(target.host, target.port, deadline, probes=probes)
+        if problem is not None:
+            raise CheckInFailed([_client_failure(target, problem.kind, deadline, problem.detail)]) from None
+        _refuse_foreign(target, deadline, probes)
     remaining = max(0.5, deadline - time.monotonic())
     try:
-        return TCPStore(
-            target.host, target.port, None, is_master, timedelta(seconds=remaining),
-            wait_for_workers=False, multi_tenant=True, use_libuv=target.use_libuv,
-        )
+        store = call_with_deadline(lambda: _tcp_store(target, is_master, remaining), remaining + 0.5, "store connect")
     except Exception as exc:  # torch raises RuntimeError / DistNetworkError subclasses
         if is_master:
             raise CheckInFailed([_master_failure(target, exc, probes)]) from None
         raise CheckInFailed([_client_failure(target, f"store handshake failed: {type(exc).__name__}", deadline,
-                                             str(exc).splitlines()[0][:300] if str(exc) else "")]) from None
+                                             first_line(exc))]) from None
+    if isinstance(store, Unknown):
+        raise CheckInFailed([_client_failure(target, "the store handshake did not complete", deadline,
+                                             store.reason)]) from None
+    return store
 
 
-def _wait_for_listener(host: str, port: int, deadline: float, probes: Any = None) -> str:
-    """Poll a TCP connect until it succeeds or the deadline passes; the last status."""
-    status = "refused"
-    delay = 0.05
-    while True:
-        status = _connect_status(host, port, max(0.05, min(1.0, deadline - time.monotonic())), probes)
-        if status in ("open", "unresolvable") or time.monotonic() >= deadline:
-            return status
-        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, 0.5)
+def _tcp_store(target: Target, is_master: bool, timeout_s: float) -> Any:
+    # torch.distributed is loaded by init_process_group, the only caller, before this runs.
+    from torch.distributed import TCPStore
+
+    return TCPStore(target.host, target.port, None, is_master, timedelta(seconds=timeout_s),
+                    wait_for_workers=False, multi_tenant=True, use_libuv=target.use_libuv)
+
+
+def _refuse_foreign(target: Target, deadline: float, probes: Any) -> None:
+    """Raise CheckInFailed when what listens at the target is certainly not a c10d store."""
+    identity = probes.identify_port(target.host, target.port, max(0.3, min(IDENTIFY_S, deadline - time.monotonic())))
+    if getattr(identity, "kind", None) != FOREIGN:
+        return  # a store, or silent (a busy store is silent too): TCPStore's bounded connect decides
+    answer = f" (it answered {identity.answer!r})" if identity.answer else ""
+    raise CheckInFailed([INIT_FOREIGN_SERVICE(
+        f"Rank {target.rank} found a service at {target.host}:{target.port} that is not a c10d store{answer}",
+        detail=f"{identity.detail}. Rank 0 cannot host the store on a port another program holds, and torch's "
+        "client would wait on that program until its timeout.",
+        ranks=(target.rank,), check=CHECK, data={"protocol": identity.protocol, "port": target.port},
+    )]) from None
 
 
 def _master_failure(target: Target, exc: BaseException, probes: Any) -> Finding:
@@ -219,7 +240,8 @@ def _client_failure(target: Target, status: str, deadline: float, extra: str = "
             detail="Packets are dropped: a firewall, a wrong network, or a host that is down." + tail,
             ranks=rank, check=CHECK,
         )
-    reason = "nothing listens there" if status == "refused" else status
+    reason = {"refused": "nothing listens there", "no_host": "no host answers there",
+              "no_route": "there is no route to it"}.get(status, status)
     return INIT_MASTER_UNREACHABLE(
         f"Rank {target.rank} found no rendezvous store at {where} before its deadline ({reason}): "
         "rank 0 is missing or MASTER_ADDR/MASTER_PORT point elsewhere",
@@ -227,20 +249,6 @@ def _client_failure(target: Target, status: str, deadline: float, extra: str = "
                 "crashed, is still busy before init, or runs on another host/port." + tail),
         ranks=rank + (0,), check=CHECK,
     )
-
-
-def _connect_status(host: str, port: int, timeout: float, probes: Any = None) -> str:
-    """open, unresolvable, timeout, refused, or "connect error: ..." from the shared bounded probe
-    (its name lookup has a deadline too)."""
-    if probes is None:
-        from distdoctor.machine.probes import Probes
-
-        probes = Probes()
-    result = probes.connect(host, port, timeout)
-    status = getattr(result, "status", None)
-    if status in ("open", "unresolvable", "timeout", "refused"):
-        return status
-    return f"connect error: {getattr(result, 'detail', '') or result}"
 
 
 def _port_holder(port: int, probes: Any) -> str:
@@ -265,93 +273,108 @@ def check_in(store: Any, target: Target, deadline: float, env: Mapping[str, str]
     """
     key = (f"{target.host}:{target.port}", target.world_size)
     attempt = _ATTEMPTS[key] = _ATTEMPTS.get(key, 0) + 1
-    restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
-    run = env.get("TORCHELASTIC_RUN_ID", "")
-    prefix = f"distdoctor/init/{run}/{restart}/{attempt}"
-    decision_key = f"{prefix}/decision"
+    prefix = (f"distdoctor/init/{env.get('TORCHELASTIC_RUN_ID', '')}/"
+              f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/{attempt}/")
+    protocol = CheckInProtocol(Prefixed(store, prefix))
     me = target.rank
-
-    claims = store.add(f"{prefix}/claim/{me}", 1)
-    store.set(f"{prefix}/rank/{me}/{claims}", json.dumps(
-        {"host": socket.gethostname(), "pid": os.getpid(), "world_size": target.world_size}))
-    if claims > 1:
-        # This process is a duplicate of rank `me`: it cannot join; the first claimant goes on.
-        raise CheckInFailed([INIT_DUPLICATE_RANK(
-            f"Another process already claimed rank {me}; this one (pid {os.getpid()} on {socket.gethostname()}) is a duplicate",
-            ranks=(me,), hosts=(socket.gethostname(),), check=CHECK)])
-
-    read_key = f"{prefix}/read"
-    if me == 0:
-        verdict = _rank0_verdict(store, prefix, target, time.monotonic() + (deadline - time.monotonic()) * rank0_share)
-        verdict = _decode(store.compare_set(decision_key, "", json.dumps(verdict)))
-        if not verdict.get("ok"):
-            # Rank 0 hosts the store and is about to raise: keep it up (bounded) until the others
-            # have read the verdict, or they would find the store gone instead of the reason.
-            readers = sum(1 for r in range(1, target.world_size) if store.add(f"{prefix}/claim/{r}", 0) > 0)
-            _poll(lambda: store.add(read_key, 0) >= readers, min(deadline, time.monotonic() + READ_GRACE_S))
-    else:
-        try:
-            if _poll(lambda: store.check([decision_key]), deadline):
-                verdict = _decode(store.get(decision_key))
-            else:
-                abort = {"ok": False, "findings": [INIT_RANKS_MISSING(
-                    f"Rank 0 did not complete the rendezvous within the deadline (rank {me} gave up waiting)",
-                    detail="Rank 0 hosts the store but never published its verdict: it is stuck or very slow.",
-                    ranks=(0,), check=CHECK).to_dict()]}
-                verdict = _decode(store.compare_set(decision_key, "", json.dumps(abort)))
-            store.add(read_key, 1)
-        except (RuntimeError, OSError) as exc:  # torch's DistNetworkError is a RuntimeError
-            raise CheckInFailed([INIT_MASTER_UNREACHABLE(
-                f"Rank 0's store at {target.host}:{target.port} closed before rank {me} read its verdict",
-                detail=f"Rank 0 ended (or lost its store) during the check-in: {str(exc).splitlines()[0][:200]}",
-                ranks=(0,), check=CHECK)]) from None
+    try:
+        _, duplicate = protocol.check_in(me, {"host": socket.gethostname(), "pid": os.getpid(),
+                                              "world_size": target.world_size}, deadline)
+        if duplicate:
+            # This process is a duplicate of rank `me`: it cannot join; the first claimant goes on.
+            raise CheckInFailed([INIT_DUPLICATE_RANK(
+                f"Another process already claimed rank {me}; this one (pid {os.getpid()} on "
+                f"{socket.gethostname()}) is a duplicate", ranks=(me,), hosts=(socket.gethostname(),), check=CHECK)])
+        verdict = _rank0_decides(protocol, target, deadline, rank0_share) if me == 0 else _await_verdict(
+            protocol, target, deadline)
+    except (StoreGone, RuntimeError, OSError) as exc:  # torch's DistNetworkError is a RuntimeError
+        raise CheckInFailed([INIT_MASTER_UNREACHABLE(
+            f"Rank 0's store at {target.host}:{target.port} closed before rank {me} read its verdict",
+            detail=f"Rank 0 ended (or lost its store) during the check-in: {first_line(exc)[:200]}",
+            ranks=(0,), check=CHECK)]) from None
+    malformed = malformed_finding(protocol, me, world_kinds.STORE_ENTRY_MALFORMED, check=CHECK)
     if not verdict.get("ok"):
-        raise CheckInFailed([Finding.from_dict(f) for f in verdict.get("findings", ())])
+        findings = [f for f in (_finding(raw) for raw in verdict.get("findings", ())) if f is not None]
+        raise CheckInFailed(findings + ([malformed] if malformed else []) or [_unexplained(me)])
 
 
-def _rank0_verdict(store: Any, prefix: str, target: Target, deadline: float) -> dict[str, Any]:
+def _rank0_decides(protocol: CheckInProtocol, target: Target, deadline: float, share: float) -> dict[str, Any]:
+    verdict = _rank0_verdict(protocol, target, time.monotonic() + (deadline - time.monotonic()) * share)
+    verdict = protocol.decide(verdict, *VERDICT)
+    if not verdict.get("ok"):
+        # Rank 0 hosts the store and is about to raise: keep it up (bounded) until the others
+        # have read the verdict, or they would find the store gone instead of the reason.
+        readers = len({r for r, _ in protocol.roster(target.world_size) if 0 < r < target.world_size})
+        protocol.await_acks(readers, min(deadline, time.monotonic() + READ_GRACE_S), "read")
+    return verdict
+
+
+def _await_verdict(protocol: CheckInProtocol, target: Target, deadline: float) -> dict[str, Any]:
+    _, verdict = protocol.wait_for({"decision": VERDICT}, deadline)
+    if verdict is None:
+        abort = {"ok": False, "findings": [INIT_RANKS_MISSING(
+            f"Rank 0 did not complete the rendezvous within the deadline (rank {target.rank} gave up waiting)",
+            detail="Rank 0 hosts the store but never published its verdict: it is stuck or very slow.",
+            ranks=(0,), check=CHECK).to_dict()]}
+        verdict = protocol.decide(abort, *VERDICT)
+    protocol.acknowledge("read")
+    return verdict
+
+
+def _rank0_verdict(protocol: CheckInProtocol, target: Target, deadline: float) -> dict[str, Any]:
     world = target.world_size
-    keys = [f"{prefix}/rank/{r}/1" for r in range(world)]
-    if not _poll(lambda: store.check(keys), deadline):
-        missing = [r for r, k in enumerate(keys) if not store.check([k])]
-        present = world - len(missing)
+    seen, _ = protocol.wait_roster(world, deadline)
+    payloads, _ = protocol.read_checkins(list(seen))
+    first: dict[int, dict[str, Any]] = {}
+    claims: dict[int, int] = {}
+    for (rank, _claim), payload in sorted(payloads.items()):
+        first.setdefault(rank, payload)
+        claims[rank] = claims.get(rank, 0) + 1
+    duplicates = _duplicates([r for r, n in claims.items() if n > 1 and 0 <= r < world])
+    missing = [r for r in range(world) if r not in first]
+    if missing:
         label = ("rank " if len(missing) == 1 else "ranks ") + format_ranks(missing)
         finding = INIT_RANKS_MISSING(
-            f"{label.capitalize()} never checked in ({present} of {world} ranks arrived)",
+            f"{label.capitalize()} never checked in ({world - len(missing)} of {world} ranks arrived)",
             detail=(f"Rank 0 hosted the store at {target.host}:{target.port} and waited for WORLD_SIZE={world} ranks. "
                     "The missing ranks were not started, crashed before init_process_group, or point at another "
                     "MASTER_ADDR/MASTER_PORT."),
             ranks=missing, check=CHECK, data={"missing": missing, "world_size": world},
         )
-        return {"ok": False, "findings": [finding.to_dict()] + [f.to_dict() for f in _duplicates(store, prefix, world)]}
-    records = [_decode(raw) for raw in store.multi_get(keys)]
-    findings: list[Finding] = []
+        return {"ok": False, "findings": [finding.to_dict()] + [f.to_dict() for f in duplicates]}
     sizes: dict[int, list[int]] = {}
-    for r, record in enumerate(records):
-        sizes.setdefault(int(record.get("world_size", world)), []).append(r)
+    for r in range(world):
+        size = first[r].get("world_size")
+        sizes.setdefault(size if isinstance(size, int) else world, []).append(r)
+    findings: list[Finding] = []
     if len(sizes) > 1:
         spread = "; ".join(f"{('rank ' if len(rs) == 1 else 'ranks ') + format_ranks(rs)}: {s}"
                            for s, rs in sorted(sizes.items(), key=lambda kv: min(kv[1])))
         findings.append(INIT_WORLD_DISAGREES(
             f"Ranks were given different world sizes: {spread}",
             ranks=[r for s, rs in sizes.items() if s != world for r in rs], check=CHECK))
-    findings += _duplicates(store, prefix, world)
+    findings += duplicates
     return {"ok": not findings, "findings": [f.to_dict() for f in findings]}
 
 
-def _duplicates(store: Any, prefix: str, world: int) -> list[Finding]:
+def _duplicates(ranks: list[int]) -> list[Finding]:
     """Ranks claimed by more than one process so far (a later duplicate finds the group formed)."""
-    duplicates = [r for r in range(world) if store.add(f"{prefix}/claim/{r}", 0) > 1]
-    if not duplicates:
+    if not ranks:
         return []
     return [INIT_DUPLICATE_RANK(
-        f"Several processes claim {('rank ' if len(duplicates) == 1 else 'ranks ') + format_ranks(duplicates)}",
-        ranks=duplicates, check=CHECK)]
+        f"Several processes claim {('rank ' if len(ranks) == 1 else 'ranks ') + format_ranks(ranks)}",
+        ranks=sorted(ranks), check=CHECK)]
 
 
-def _decode(raw: Any) -> dict[str, Any]:
+def _finding(raw: Any) -> Finding | None:
     try:
-        value = json.loads(raw.decode() if isinstance(raw, (bytes, bytearray)) else raw)
-        return value if isinstance(value, dict) else {"ok": False, "findings": []}
-    except (ValueError, UnicodeDecodeError):
-        return {"ok": False, "findings": []}
+        return Finding.from_dict(raw)
+    except (KeyError, ValueError, TypeError):
+        return None  # a finding of a shape no distdoctor writes (the verdict's schema let it through)
+
+
+def _unexplained(rank: int) -> Finding:
+    return INIT_RANKS_MISSING(
+        "The rendezvous verdict was a failure without a readable reason",
+        detail="The verdict in the store said the group cannot form but carried no finding distdoctor could read.",
+        ranks=(rank,), check=CHECK)

@@ -24,16 +24,30 @@ preflight's exchange, in order (every step has a deadline within ``timeout``):
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Mapping
 
+from distdoctor.checks._support import tensor_specs as ts
+from distdoctor.checks._support.tensor_specs import SpecTable, TensorSpec, values_close
+from distdoctor.core.config import Config, load_config
 from distdoctor.core.findings import Finding, Severity
+from distdoctor.core.kinds import RUN_DEADLINE
+from distdoctor.core.render import make_console, render_rich
 from distdoctor.core.report import Report, WorldSummary, build_report
+from distdoctor.embedded import bounded_init as gi
+from distdoctor.embedded import setup_checks as pc
+from distdoctor.machine.host import diagnose_here
+from distdoctor.machine.launchers import detect
+from distdoctor.machine.probes import Probes
+from distdoctor.world.checkin import VERDICT, CheckInProtocol, Prefixed, StoreGone, first_line, malformed_finding
+from distdoctor.world import kinds as world_kinds
 
 logger = logging.getLogger("distdoctor")
 
@@ -55,8 +69,6 @@ class PreflightError(RuntimeError):
 
 
 def render_plain(report: Report) -> str:
-    from distdoctor.core.render import make_console, render_rich
-
     buffer = io.StringIO()
     render_rich(report, make_console(buffer))
     return "distdoctor found problems:\n" + buffer.getvalue().rstrip()
@@ -85,22 +97,44 @@ def preflight(
     patterns ("spec.E004", "pre.*"). ``max_samples``/``rtol`` tune the value fingerprint
     (see distdoctor.checks._support.tensor_specs).
     """
-    from distdoctor.embedded import setup_checks as pc
-    from distdoctor.checks._support import tensor_specs as ts
+    # torch is imported here, not at the top: `import distdoctor` must stay cheap for the CLI.
+    import torch
+    import torch.distributed as dist
 
     started = time.monotonic()
     deadline = started + float(timeout)
     fail = Severity.parse(fail_level)
     max_samples = ts.DEFAULT_MAX_SAMPLES if max_samples is None else max_samples
     rtol = ts.DEFAULT_RTOL if rtol is None else rtol
+    rank, world = _validate_inputs(torch, dist, model, tensors, group, started)
+    facts = _local_facts(torch, dist, model, dataloader, tensors, group, rank, world, max_samples)
+    checks: list[dict[str, Any]] = []
+    extra = _check_in(dist, group, rank, world, started, deadline, checks, silence)
+    facts.findings += extra
+    if local_checks:
+        local_findings, local_results = _local_checks(deadline, started, float(timeout))
+        facts.findings += local_findings
+        checks += local_results
+    exchange = _Exchange(torch, dist, group, rank, world, _collective_device(torch, facts.backend), deadline)
+    per_rank, counts, ref_table = exchange.run(facts.table, facts.versions, facts.findings, facts.batches, rtol)
+    report = _same_report(facts, per_rank, counts, ref_table, checks, world, started, silence, rtol,
+                          model is not None, dataloader is not None)
+    if report.exit_code(fail) != 0:
+        raise PreflightError(report)
+    if rank == 0:
+        below = [f.id for f in report.findings]
+        logger.info("distdoctor preflight: %s on %d ranks, %d tensors compared, %d finding(s) below the fail level%s (%.2f s)",
+                    report.status, world, len(facts.table), len(below),
+                    f" ({', '.join(sorted(set(below)))})" if below else "", report.duration_s)
+    return report
 
-    import torch
-    import torch.distributed as dist
 
+def _validate_inputs(torch: Any, dist: Any, model: Any, tensors: Mapping[str, Any] | None, group: Any,
+                     started: float) -> tuple[int, int]:
+    """This rank and the world size; PreflightError without a group, TypeError on wrong arguments."""
     if not (dist.is_available() and dist.is_initialized()):
         report = build_report([pc.NOT_INITIALIZED(check=pc.CHECK)], duration_s=time.monotonic() - started)
         raise PreflightError(report)
-
     if model is not None and not hasattr(model, "named_parameters"):
         raise TypeError(f"preflight(model=...) expects a torch.nn.Module, got {type(model).__name__}")
     bad = [k for k, v in (tensors or {}).items() if not isinstance(v, torch.Tensor)]
@@ -109,11 +143,25 @@ def preflight(
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if rank < 0:
         raise ValueError("preflight(group=...): this process is not a member of that group")
+    return rank, world
+
+
+@dataclass
+class _Facts:
+    """What this rank knows before talking to the others."""
+
+    backend: str
+    table: Any
+    findings: list[Finding]
+    batches: int | None
+    versions: dict[str, Any]
+
+
+def _local_facts(torch: Any, dist: Any, model: Any, dataloader: Any, tensors: Mapping[str, Any] | None, group: Any,
+                 rank: int, world: int, max_samples: int) -> _Facts:
     backend = str(dist.get_backend(group))
     local_rank = _int_env("LOCAL_RANK")
     cuda_index = _expected_cuda_index(torch, local_rank)
-
-    # -- this rank's facts ----------------------------------------------------------------
     local: list[Finding] = []
     table = ts.SpecTable()
     if model is not None:
@@ -126,35 +174,31 @@ def preflight(
         local += pc.tensors_findings(tensors, rank=rank, backend=backend, local_rank=local_rank,
                                      expected_cuda_index=cuda_index)
     local += pc.dataloader_findings(dataloader, rank=rank, world_size=world)
-    batches = pc.batch_count(dataloader)
     versions = {"torch": torch.__version__, "cuda": torch.version.cuda}
-    checks: list[dict[str, Any]] = []
+    return _Facts(backend, table, local, pc.batch_count(dataloader), versions)
 
-    # -- 1. check-in through the store: one verdict for all ranks -------------------------
+
+def _check_in(dist: Any, group: Any, rank: int, world: int, started: float, deadline: float,
+              checks: list[dict[str, Any]], silence: Any) -> list[Finding]:
+    """Step 1: the check-in through the group's store, one verdict for all ranks (raises when it
+    fails); returns the findings about malformed store entries met on the way."""
     store = _default_store(dist)
+    if store is None:
+        return []
     name = str(getattr(group or dist.group.WORLD, "group_name", "world"))
     generation = _GENERATIONS[name] = _GENERATIONS.get(name, 0) + 1
-    prefix = f"distdoctor/preflight/{name}/{generation}"
-    verdict: dict[str, Any] = {"ok": True}
-    if store is not None:
-        store.set(f"{prefix}/arrive/{rank}", "1")
-        verdict = _decide(store, prefix, rank, world, started, deadline)
+    verdict, extra = _decide(store, f"distdoctor/preflight/{name}/{generation}/", rank, world, started, deadline)
     if not verdict.get("ok"):
-        findings = [Finding.from_dict(f) for f in verdict.get("findings", ())]
+        findings = [f for f in (_finding(raw) for raw in verdict.get("findings", ())) if f is not None] + extra
         raise PreflightError(_report(findings, checks, world, list(verdict.get("arrived", ())), started, silence,
                                      incomplete=True))
+    return extra
 
-    # -- 2. local registry checks ------------------------------------------------------------
-    if local_checks:
-        local_findings, local_results = _local_checks(deadline, started, float(timeout))
-        local += local_findings
-        checks += local_results
 
-    # -- 3./4. the exchange ------------------------------------------------------------------
-    exchange = _Exchange(torch, dist, group, rank, world, _collective_device(torch, backend), deadline)
-    per_rank, counts, ref_table = exchange.run(table, versions, local, batches, rtol)
-
-    # -- the same report on every rank ------------------------------------------------------
+def _same_report(facts: _Facts, per_rank: Mapping[int, Mapping[str, Any]], counts: Mapping[int, int | None],
+                 ref_table: Any, checks: list[dict[str, Any]], world: int, started: float, silence: Any,
+                 rtol: float, model_given: bool, loader_given: bool) -> Report:
+    """The same report on every rank, from the same exchanged data."""
     findings: list[Finding] = []
     tables = {0: ref_table}
     for r, item in per_rank.items():
@@ -162,20 +206,11 @@ def preflight(
         if item.get("delta"):
             tables[r] = _apply_delta(ref_table, item["delta"])
     # With one table this only says which tensors could not be compared (sharded, meta).
-    findings += ts.compare_tables(tables, rtol=rtol, label="parameter" if model is not None else "tensor",
-                                  check=pc.CHECK)
-    findings += pc.batch_count_findings(counts) if dataloader is not None else []
+    findings += ts.compare_tables(tables, rtol=rtol, label="parameter" if model_given else "tensor", check=pc.CHECK)
+    findings += pc.batch_count_findings(counts) if loader_given else []
     checks.append({"name": "preflight.exchange", "stage": "collective", "status": "fail" if findings else "pass",
                    "duration_s": round(time.monotonic() - started, 4)})
-    report = _report(findings, checks, world, list(range(world)), started, silence)
-    if report.exit_code(fail) != 0:
-        raise PreflightError(report)
-    if rank == 0:
-        below = [f.id for f in report.findings]
-        logger.info("distdoctor preflight: %s on %d ranks, %d tensors compared, %d finding(s) below the fail level%s (%.2f s)",
-                    report.status, world, len(table), len(below), f" ({', '.join(sorted(set(below)))})" if below else "",
-                    report.duration_s)
-    return report
+    return _report(findings, checks, world, list(range(world)), started, silence)
 
 
 class _Exchange:
@@ -188,9 +223,6 @@ class _Exchange:
     def run(self, table: Any, versions: Mapping[str, Any], local: list[Finding], batches: int | None,
             rtol: float) -> tuple[dict[int, dict[str, Any]], dict[int, int | None], Any]:
         """(rank -> its findings and spec delta, rank -> batch count, rank 0's table)."""
-        from distdoctor.embedded import setup_checks as pc
-        from distdoctor.checks._support import tensor_specs as ts
-
         # Identical tables (same seed, or after DDP's broadcast) have bit-identical fingerprints,
         # so equal digests settle the comparison without moving any table.
         payload = _encode_payload(local, {})
@@ -261,8 +293,6 @@ def _encode_payload(findings: list[Finding], delta: Mapping[str, Any]) -> bytes:
 
 def _digest(*parts: Any) -> list[int]:
     """Four signed int64 words of a SHA-256 over the parts' repr (stable within one torch/Python)."""
-    import hashlib
-
     raw = hashlib.sha256(repr(parts).encode()).digest()
     return [int.from_bytes(raw[i:i + 8], "little", signed=True) for i in range(0, 32, 8)]
 
@@ -277,8 +307,6 @@ def _report(findings: list[Finding], checks: list[dict[str, Any]], world: int, r
 
 def _launcher() -> str:
     try:
-        from distdoctor.machine.launchers import detect
-
         return detect(dict(os.environ), ()).launcher
     except Exception:
         return "unknown"
@@ -292,52 +320,55 @@ def _default_store(dist: Any) -> Any:
         return None
 
 
-def _store_wait(store: Any, keys: list[str], deadline: float) -> bool:
-    """Block until every key exists or the deadline passes (server-side wait: no polling delay)."""
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        return bool(store.check(keys))
-    try:
-        store.wait(keys, timedelta(seconds=remaining))
-        return True
-    except Exception:  # DistStoreError on timeout; any store failure reads as "not arrived"
-        try:
-            return bool(store.check(keys))
-        except Exception:
-            return False
-
-
-def _decide(store: Any, prefix: str, rank: int, world: int, started: float, deadline: float) -> dict[str, Any]:
-    """One verdict for all ranks: rank 0 decides when all arrived; whoever gives up first aborts."""
-    from distdoctor.embedded import setup_checks as pc
-
-    decision_key = f"{prefix}/decision"
-    keys = [f"{prefix}/arrive/{r}" for r in range(world)]
+def _decide(store: Any, prefix: str, rank: int, world: int, started: float,
+            deadline: float) -> tuple[dict[str, Any], list[Finding]]:
+    """One verdict for all ranks through the check-in protocol: rank 0 decides when all arrived
+    (at 85 % of the budget at the latest: it can name the missing); whoever gives up first aborts.
+    Returns the verdict and the findings about malformed store entries."""
+    protocol = CheckInProtocol(Prefixed(store, prefix))
     budget = deadline - time.monotonic()
-    if rank == 0:
-        # Rank 0 (who can name the missing) decides first: it stops waiting at 85 % of the budget.
-        if _store_wait(store, keys, time.monotonic() + budget * 0.85):
-            proposal = {"ok": True}
+    try:
+        protocol.check_in(rank, {"pid": os.getpid()}, deadline)
+        if rank == 0:
+            seen, _ = protocol.wait_roster(world, time.monotonic() + budget * 0.85)
+            proposal = _proposal({r for r, _ in seen}, world, deadline - started, "Rank 0")
         else:
-            arrived = [r for r, k in enumerate(keys) if store.check([k])]
-            missing = sorted(set(range(world)) - set(arrived))
-            proposal = {"ok": False, "arrived": arrived,
-                        "findings": [pc.ranks_missing_finding(missing, world, deadline - started, "Rank 0").to_dict()]}
-    else:
-        if _store_wait(store, [decision_key], deadline):
-            return json.loads(store.get(decision_key))
-        arrived = [r for r, k in enumerate(keys) if store.check([k])]
-        missing = sorted(set(range(world)) - set(arrived))
-        proposal = {"ok": False, "arrived": arrived,
-                    "findings": [pc.ranks_missing_finding(missing or [0], world, deadline - started, f"Rank {rank}").to_dict()]}
-    raw = store.compare_set(decision_key, "", json.dumps(proposal))
-    return json.loads(raw)
+            _, verdict = protocol.wait_for({"decision": VERDICT}, deadline)
+            if verdict is not None:
+                return verdict, _malformed(protocol, rank)
+            present = {r for r, _ in protocol.roster(world)} - {0}
+            proposal = _proposal(present, world, deadline - started, f"Rank {rank}")
+        verdict = protocol.decide(proposal, *VERDICT)
+    except (StoreGone, RuntimeError, OSError) as exc:  # the store went away: rank 0 ended
+        finding = pc.ranks_missing_finding([0], world, deadline - started, f"Rank {rank}")
+        finding.detail += f" The store stopped answering: {first_line(exc)}."
+        verdict = {"ok": False, "findings": [finding.to_dict()], "arrived": [rank]}
+    return verdict, _malformed(protocol, rank)
+
+
+def _proposal(arrived: set[int], world: int, waited: float, who: str) -> dict[str, Any]:
+    present = sorted(r for r in arrived if 0 <= r < world)
+    missing = sorted(set(range(world)) - set(present))
+    if not missing:
+        return {"ok": True}
+    return {"ok": False, "arrived": present,
+            "findings": [pc.ranks_missing_finding(missing, world, waited, who).to_dict()]}
+
+
+def _malformed(protocol: CheckInProtocol, rank: int) -> list[Finding]:
+    finding = malformed_finding(protocol, rank, world_kinds.STORE_ENTRY_MALFORMED, check=pc.CHECK)
+    return [finding] if finding is not None else []
+
+
+def _finding(raw: Any) -> Finding | None:
+    try:
+        return Finding.from_dict(raw)
+    except (KeyError, ValueError, TypeError):
+        return None  # a finding of a shape no distdoctor writes: not trusted
 
 
 def _delta(reference: Any, mine: Any, rtol: float) -> dict[str, Any]:
     """My specs that differ from rank 0's (rows), and the names of its tensors I lack."""
-    from distdoctor.checks._support.tensor_specs import values_close
-
     ref_index = reference.index()
     changed = []
     for spec in mine.specs:
@@ -356,8 +387,6 @@ def _delta(reference: Any, mine: Any, rtol: float) -> dict[str, Any]:
 
 def _apply_delta(reference: Any, delta: Mapping[str, Any]) -> Any:
     """Rebuild a rank's table from rank 0's and that rank's delta (O(tensors))."""
-    from distdoctor.checks._support.tensor_specs import SpecTable, TensorSpec
-
     changed = {row[0]: TensorSpec.from_row(row) for row in delta.get("changed", ())}
     missing = set(delta.get("missing", ()))
     specs = [changed.pop(s.name, s) for s in reference.specs if s.name not in missing]
@@ -366,8 +395,6 @@ def _apply_delta(reference: Any, delta: Mapping[str, Any]) -> Any:
 
 def _wait(work: Any, deadline: float, what: str, world: int) -> None:
     """Wait for an async collective until the deadline; a timeout or a failure raises PreflightError."""
-    from distdoctor.core.kinds import RUN_DEADLINE
-
     remaining = max(0.1, deadline - time.monotonic())
     try:
         if work.wait(timeout=timedelta(seconds=remaining)) is not False:
@@ -383,9 +410,6 @@ def _wait(work: Any, deadline: float, what: str, world: int) -> None:
 
 def _local_checks(deadline: float, started: float, timeout: float) -> tuple[list[Finding], list[dict[str, Any]]]:
     """The registry's local checks (minus the network probes), with a tight deadline."""
-    from distdoctor.core.config import Config, load_config
-    from distdoctor.machine.host import diagnose_here
-
     budget = max(0.5, min(5.0, (deadline - time.monotonic()) * 0.25))
     try:
         config = load_config(cli={"stages": ("local",), "timeout": budget, "check_timeout": min(2.0, budget)})
@@ -453,7 +477,6 @@ def init_process_group(
     """
     import torch.distributed as dist
 
-    from distdoctor.embedded import bounded_init as gi
 
     started = time.monotonic()
     fail = Severity.parse(fail_level)
@@ -476,8 +499,6 @@ def init_process_group(
                                    int(given.get("world_size", -1)), env)
     if target is not None and target.world_size > 1:
         try:
-            from distdoctor.machine.probes import Probes
-
             our_store = gi.open_store(target, deadline, Probes())
             gi.check_in(our_store, target, deadline, env)
         except gi.CheckInFailed as failed:
@@ -496,9 +517,6 @@ def init_process_group(
 
 
 def _init_local_checks(backend: Any, budget: float) -> Report:
-    from distdoctor.core.config import load_config
-    from distdoctor.machine.host import diagnose_here
-
     cli: dict[str, Any] = {"stages": ("local",), "timeout": max(1.0, budget), "check_timeout": max(0.5, min(5.0, budget))}
     if isinstance(backend, str) and backend.lower() in ("nccl", "gloo", "mpi", "ucc", "xccl"):
         cli["backend"] = backend.lower()

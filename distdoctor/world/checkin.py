@@ -56,6 +56,35 @@ class StoreGone(Exception):
     """The store stopped answering (its host ended): the caller reports what it knows."""
 
 
+class Prefixed:
+    """Any c10d-store-like object seen under a key prefix (torch's PrefixStore needs a torch Store;
+    this also takes the test doubles, and keeps torch off the import path)."""
+
+    def __init__(self, store: Any, prefix: str) -> None:
+        self.inner, self.prefix = store, prefix
+
+    def set(self, key: str, value: Any) -> None:
+        self.inner.set(self.prefix + key, value)
+
+    def get(self, key: str) -> Any:
+        return self.inner.get(self.prefix + key)
+
+    def add(self, key: str, amount: int) -> int:
+        return self.inner.add(self.prefix + key, amount)
+
+    def append(self, key: str, value: Any) -> None:
+        self.inner.append(self.prefix + key, value)
+
+    def check(self, keys: list[str]) -> bool:
+        return self.inner.check([self.prefix + k for k in keys])
+
+    def multi_get(self, keys: list[str]) -> list[Any]:
+        return self.inner.multi_get([self.prefix + k for k in keys])
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> Any:
+        return self.inner.compare_set(self.prefix + key, expected, desired)
+
+
 # -- schemas ------------------------------------------------------------------------------------
 Validator = Callable[[Any], bool]
 

@@ -16,6 +16,9 @@ class VanishingStore:
     def set(self, key, value):
         pass
 
+    def append(self, key, value):
+        pass
+
     def check(self, keys):
         raise RuntimeError("Failed to recv, got 0 bytes. Connection was likely closed.")
 
