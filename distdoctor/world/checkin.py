@@ -41,10 +41,12 @@ POLL_FIRST_S, POLL_MAX_S = 0.005, 0.1
 MAX_RANK = 1 << 20
 MAX_CLAIM = 1 << 31
 _RANK = re.compile(r"[0-9]{1,7}", re.ASCII)
+_DIGITS = re.compile(rb"-?[0-9]+")
 _ROSTER_LINE = re.compile(r"([0-9]{1,7}):([0-9]{1,10})", re.ASCII)
 # How many distinct roster lines rank 0 tracks: every process of the world, plenty of
 # duplicates and out-of-range ranks; more than that cannot come from one job.
 ROSTER_SLACK = 256
+MAX_CLAIMS_TRACKED = 64
 # How long a process with claim > 1 waits for an earlier claimant's check-in before it decides
 # the counter was bumped by something that never checked in (then it is the first claimant).
 CLAIM_GRACE_S = 2.0
@@ -169,6 +171,10 @@ class CheckInProtocol:
         self._roster_len = 0
         self._roster: dict[tuple[int, int], None] = {}
         self._verified: set[tuple[int, int]] = set()
+        self._dangling: set[tuple[int, int]] = set()
+        self._per_bucket: dict[int, int] = {}
+        # Valid check-ins already read (a malformed one is read again: the real one may replace it).
+        self._payloads: dict[tuple[int, int], dict[str, Any]] = {}
         # The roster is parsed incrementally; the watchdog's thread reads it too.
         self._roster_lock = threading.Lock()
 
@@ -221,12 +227,17 @@ class CheckInProtocol:
         return value
 
     def counter(self, key: str, by: int = 0) -> int | None:
-        """A counter's value after adding ``by``; None when the entry is not a counter (noted)."""
-        try:
-            value = int(self._do("add", key, by))
-        except (ValueError, IndexError, OverflowError, TypeError) as exc:  # torch: stoll on a non-number
-            self.note(key, f"not a counter ({type(exc).__name__})")
-            return None
+        """A counter's value after adding ``by``; None when the entry is not a counter (noted).
+
+        The value is read before it is added to: torch's store server answers an add to a
+        non-number by dropping the connection, which would cost this process its store.
+        """
+        if self.exists(key):
+            raw = self._do("get", key)
+            if not (0 < len(raw) <= 10 and _DIGITS.fullmatch(raw)):
+                self.note(key, f"not a counter ({_short(raw)})")
+                return None
+        value = int(self._do("add", key, by))
         if not 0 <= value <= MAX_CLAIM:
             self.note(key, f"a counter out of range ({value})")
             return None
@@ -240,8 +251,10 @@ class CheckInProtocol:
         by something that never checked in does not make this process a duplicate.
         """
         claim = self.counter(f"claim/{rank}", 1)
-        if claim is None or claim < 1:
-            claim = 1  # the counter was overwritten: take the first claim's key
+        if claim is None:
+            # The counter was overwritten with something else: every process of this rank falls
+            # back to the same second counter.
+            claim = self.counter(f"claim/{rank}/fallback", 1) or 1
         self.set(f"checkin/{rank}/{claim}", {**payload, "rank": rank, "claim": claim})
         self._do("append", "roster", f"{rank}:{claim};")
         if claim == 1:
@@ -283,7 +296,6 @@ class CheckInProtocol:
         fresh = raw[self._roster_len:]
         cut = fresh.rfind(b";") + 1  # a line still being appended is read next time
         self._roster_len += cut
-        cap = max(expected, 1) * 4 + ROSTER_SLACK
         bad = 0
         for item in fresh[:cut].split(b";"):
             if not item:
@@ -294,17 +306,21 @@ class CheckInProtocol:
                 continue
             entry = (int(match.group(1)), int(match.group(2)))
             if entry not in self._roster:
-                if len(self._roster) >= cap:
+                # Bounded per rank of the world, and for ranks outside it, so a flood of lines
+                # can never push a real rank's line out.
+                bucket = entry[0] if entry[0] < expected else -1
+                if self._per_bucket.get(bucket, 0) >= (MAX_CLAIMS_TRACKED if bucket >= 0 else ROSTER_SLACK):
                     bad += 1
                     continue
+                self._per_bucket[bucket] = self._per_bucket.get(bucket, 0) + 1
                 self._roster[entry] = None
         if bad:
             self.note("roster", f"{bad} line(s) that are not 'rank:claim;' within the bounds "
-                                f"(or beyond the {cap} lines one job can write)")
+                                "(or beyond the lines one job can write)")
         return list(self._roster)
 
     def wait_roster(self, size: int, deadline: float, settle_s: float = 0.0) -> tuple[dict[tuple[int, int], float], float]:
-        """Rank 0: poll until ranks 0..size-1 checked in (roster line and check-in both there) or
+        """Rank 0: poll until ranks 0..size-1 checked in (roster line and a valid check-in) or
         the deadline passed; returns ((rank, claim) -> seconds after the start, seconds waited).
 
         ``settle_s`` keeps listening that long after the last expected rank arrived, so that a
@@ -315,7 +331,8 @@ class CheckInProtocol:
         delay = POLL_FIRST_S
         complete_at: float | None = None
         while True:
-            for entry in self._present(self.roster(size)):
+            payloads, _ = self.read_checkins(self.roster(size))
+            for entry in payloads:
                 seen.setdefault(entry, self.clock() - start)
             now = self.clock()
             have = {r for r, _ in seen}
@@ -327,41 +344,41 @@ class CheckInProtocol:
                 break
             time.sleep(max(min(delay, deadline - now), 0))
             delay = min(delay * 2, POLL_MAX_S)
-        for entry in self.roster(size):
-            if entry not in seen:
-                self.note(f"checkin/{entry[0]}/{entry[1]}", "the roster names this check-in, but it was never posted")
         return seen, self.clock() - start
 
     def _present(self, entries: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """The roster lines whose check-in exists (a genuine line is appended after its check-in)."""
-        fresh = [e for e in entries if e not in self._verified]
+        """The roster lines whose check-in exists. A genuine line is appended after its check-in
+        was set, over the same connection, so a line without one is never waited on: it is noted
+        once and left out."""
+        fresh = [e for e in entries if e not in self._verified and e not in self._dangling]
         if fresh and self._do("check", [f"checkin/{r}/{c}" for r, c in fresh]):
             self._verified.update(fresh)
         else:
             for r, c in fresh:
                 if self.exists(f"checkin/{r}/{c}"):
                     self._verified.add((r, c))
+                else:
+                    self._dangling.add((r, c))
+                    self.note(f"checkin/{r}/{c}", "the roster names this check-in, but it was never posted")
         return [e for e in entries if e in self._verified]
 
     def read_checkins(self, keys: Iterable[tuple[int, int]]) -> tuple[dict[tuple[int, int], dict[str, Any]], dict[tuple[int, int], str]]:
         """The check-ins under these (rank, claim) keys: valid payloads, and why the others are not."""
         keys = self._present(list(keys))
-        payloads: dict[tuple[int, int], dict[str, Any]] = {}
         unreadable: dict[tuple[int, int], str] = {}
-        if not keys:
-            return payloads, unreadable
-        raws = self._do("multi_get", [f"checkin/{r}/{c}" for r, c in keys])
-        for (rank, claim), raw in zip(keys, raws):
+        todo = [k for k in keys if k not in self._payloads]
+        raws = self._do("multi_get", [f"checkin/{r}/{c}" for r, c in todo]) if todo else []
+        for (rank, claim), raw in zip(todo, raws):
             key = f"checkin/{rank}/{claim}"
             value = self.parse(key, raw, CHECKIN)
+            if value is not None and (value.get("rank", rank), value.get("claim", claim)) != (rank, claim):
+                self.note(key, f"it says rank {value.get('rank')} claim {value.get('claim')}")
+                value = None
             if value is None:
                 unreadable[(rank, claim)] = f"{key}: {self.malformed.get(key, 'malformed')}"
-            elif (value.get("rank", rank), value.get("claim", claim)) != (rank, claim):
-                self.note(key, f"it says rank {value.get('rank')} claim {value.get('claim')}")
-                unreadable[(rank, claim)] = f"{key}: {self.malformed.get(key)}"
             else:
-                payloads[(rank, claim)] = value
-        return payloads, unreadable
+                self._payloads[(rank, claim)] = value
+        return {k: self._payloads[k] for k in keys if k in self._payloads}, unreadable
 
     # -- decision and final word -----------------------------------------------------------
     def decide(self, proposal: Mapping[str, Any], fields: Mapping[str, Validator], required: Sequence[str] = (),

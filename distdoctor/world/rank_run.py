@@ -306,7 +306,16 @@ class RankRun:
             return self._finish_alone([self._store_finding(spec, exc)])
         world = self.world
         self.ctx.world = world
-        world.check_in(checkin_payload(self.ctx, self.runner), self.work_deadline)
+        try:
+            world.check_in(checkin_payload(self.ctx, self.runner), self.work_deadline)
+        except Exception as exc:  # the store dropped this connection (its host ended, or refused us)
+            reason = "skipped: the rendezvous store stopped answering during the check-in"
+            for stage in CROSS_RANK_STAGES:
+                self._stage(stage, skip_reason=reason)
+            return self._finish_alone([STORE_UNREACHABLE(
+                f"Rank {spec.rank}: the store at {spec.master_addr}:{spec.master_port} stopped answering "
+                "during the check-in", detail=str(exc).strip().splitlines()[0][:300] if str(exc).strip() else
+                type(exc).__name__, ranks=(spec.rank,), hosts=self._host())])
         if world.is_duplicate:
             return self._run_as_duplicate()
         if world.rank == 0:

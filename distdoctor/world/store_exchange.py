@@ -518,8 +518,8 @@ class World:
     def wait_for_checkins(self, deadline: float, settle_s: float = 0.0) -> CheckIns:
         """Rank 0: poll the roster until every rank 0..size-1 arrived or the deadline passed."""
         seen, waited = self.protocol.wait_roster(self.size, deadline, settle_s)
-        payloads, unreadable = self.protocol.read_checkins(list(seen))
-        arrivals = [Arrival(r, c, t) for (r, c), t in sorted(seen.items(), key=lambda kv: kv[1]) if (r, c) in payloads]
+        payloads, unreadable = self.protocol.read_checkins(self.roster())
+        arrivals = [Arrival(r, c, seen.get((r, c), waited)) for r, c in sorted(payloads, key=lambda k: seen.get(k, waited))]
         return CheckIns(self.size, arrivals, payloads, unreadable, waited)
 
     def late_claims(self, known: Iterable[tuple[int, int]]) -> tuple[dict[tuple[int, int], dict[str, Any]], dict[tuple[int, int], str]]:
