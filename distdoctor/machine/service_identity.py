@@ -12,16 +12,22 @@ So the probe: (1) wait briefly for a banner (SSH, SMTP, FTP, MySQL... speak firs
 (2) send VALIDATE+PING -> the nonce back means a c10d store, other bytes or a close mean a
 foreign service; (3) still silent: on a fresh connection send an HTTP request -> an "HTTP/"
 answer means a web server (python -m http.server, a metrics endpoint...). Silent throughout:
-"could not tell". Every step has its own socket timeout, so the whole probe is bounded.
+"could not tell" -- unless the port is held by this process's parent on this host: a launcher
+(torchrun's agent, the self-test supervisor) that hosts the c10d store for its workers, answering
+slowly because it is busy (many ranks starting at once on few cores). A slow store is a slow
+store, not a foreign service. Every step has its own socket timeout, so the whole probe is bounded.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import struct
 import time
 from dataclasses import dataclass
+
+import psutil
 
 VALIDATE, PING = 0, 13
 MAGIC = 0x3C85F7CE
@@ -39,6 +45,7 @@ class PortIdentity:
     answer: str = ""  # the first bytes the service sent, printable
     protocol: str = ""  # "http", "ssh", "smtp"... when recognisable
     elapsed_s: float = 0.0
+    slow: bool = False  # a c10d store known by its holder, not by a timely answer
 
 
 def _printable(data: bytes, limit: int = 80) -> str:
@@ -78,6 +85,22 @@ def _connect(address: tuple, family: int, timeout: float) -> socket.socket:
     return sock
 
 
+def _parent_holds(sock: socket.socket, port: int) -> str:
+    """'pid N (name)' when the peer of ``sock`` is this host and this process's parent listens on
+    ``port`` there; '' otherwise (or when it cannot be told)."""
+    try:
+        peer, mine = sock.getpeername()[0], sock.getsockname()[0]
+        if not (peer == mine or ipaddress.ip_address(peer.split("%", 1)[0]).is_loopback):
+            return ""
+        parent = psutil.Process(os.getppid())
+        for conn in parent.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                return f"pid {parent.pid}, {parent.name()}"
+    except (OSError, ValueError, psutil.Error):
+        return ""
+    return ""
+
+
 def identify(host: str, port: int, timeout: float = 1.5) -> PortIdentity:
     """What listens on host:port. Never raises; takes at most about ``timeout`` seconds."""
     start = time.monotonic()
@@ -113,10 +136,13 @@ def identify(host: str, port: int, timeout: float = 1.5) -> PortIdentity:
         except OSError as exc:
             return PortIdentity(FOREIGN, f"it refused a c10d handshake ({exc.strerror or exc})", elapsed_s=time.monotonic() - start)
         reply = b""
-        while len(reply) < 4 and left() > 0:
-            chunk = _recv(sock, min(0.5, left() / 2), 4 - len(reply))
+        # A busy store answers late: wait for the ping most of the budget, keeping a little for
+        # the HTTP probe (a web server answers that at once).
+        reserve = min(0.3, budget * 0.2)
+        while len(reply) < 4 and left() > reserve:
+            chunk = _recv(sock, min(0.25, left() - reserve), 4 - len(reply))
             if chunk is None:
-                break
+                continue
             if chunk == b"":
                 return PortIdentity(FOREIGN, "it closed the connection on a c10d store handshake (validate + ping)",
                                     _printable(reply), _protocol(reply), time.monotonic() - start)
@@ -127,8 +153,13 @@ def identify(host: str, port: int, timeout: float = 1.5) -> PortIdentity:
         if reply:
             return PortIdentity(FOREIGN, "it answered a c10d store ping with something else",
                                 _printable(reply), _protocol(reply), time.monotonic() - start)
+        holder = _parent_holds(sock, port)
     finally:
         sock.close()
+    if holder:
+        return PortIdentity(C10D_STORE, f"it did not answer a store ping within {budget:g}s, but it is held by "
+                            f"this process's launcher ({holder}), which hosts the c10d store: a busy store",
+                            elapsed_s=time.monotonic() - start, slow=True)
 
     # Step 3: silent to the store protocol. Is it a web server waiting for a request line?
     if left() > 0.1:

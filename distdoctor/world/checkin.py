@@ -151,6 +151,7 @@ CHECKIN = {
     "pid": SMALL_INT, "world_size": SMALL_INT, "node_rank": SMALL_INT, "local_rank": SMALL_INT,
     "local_world_size": SMALL_INT, "device": optional(obj({"index": integer(0, 4096)})),
     "snapshot": optional(SNAPSHOT), "findings": optional(FINDINGS), "checks": optional(CHECKS),
+    "blocked": optional(text(4096)),
 }
 # The verdict of the bounded init and preflight: ok, or why not.
 VERDICT = ({"ok": boolean, "findings": FINDINGS, "arrived": list_of(RANK_FIELD, MAX_RANK)}, ("ok",))

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from distdoctor.core.config import Config
 from distdoctor.core.context import CheckContext
 from distdoctor.machine.host import build_context
+from distdoctor.machine.launchers import MP_SPAWN
 from distdoctor.core.kinds import RUN_DEADLINE
 from distdoctor.core.engine import load_registry, report_from_runner
 from distdoctor.core.findings import Finding, Severity
@@ -255,6 +256,11 @@ class RankRun:
         """This rank could not hand its results to rank 0: it reports for itself."""
         report = self._own_report(extra)
         code = report.exit_code(self.config.fail_level)
+        if self.ctx.launch.launcher == MP_SPAWN and self.rank != 0 and not self.all_ranks:
+            # In the self-test world rank 0 (or, failing it, the supervisor) prints the one report.
+            with self._report_lock:
+                self._reported_code = code
+            return RankOutcome(report, code, False, self.world is not None, self._described)
         return RankOutcome(report, code, self._render(report, code), self.world is not None, self._described)
 
     # -- the flow ------------------------------------------------------------------------
@@ -284,11 +290,8 @@ class RankRun:
                 for stage in CROSS_RANK_STAGES:
                     self._stage(stage, skip_reason=reason)
                 return self._finish_alone()
-            blocking = self._blocked()
-            if blocking:
-                for stage in CROSS_RANK_STAGES:
-                    self._stage(stage, skip_reason=blocking)
-                return self._finish_alone()
+            # A rank with critical local findings still checks in (saying so), so that rank 0
+            # reports for the whole world, once, and skips the collectives for every rank.
             return self._run_in_world(spec)
         finally:
             watchdog.cancel()
@@ -307,7 +310,7 @@ class RankRun:
         world = self.world
         self.ctx.world = world
         try:
-            world.check_in(checkin_payload(self.ctx, self.runner), self.work_deadline)
+            world.check_in({**checkin_payload(self.ctx, self.runner), "blocked": self._blocked()}, self.work_deadline)
         except Exception as exc:  # the store dropped this connection (its host ended, or refused us)
             reason = "skipped: the rendezvous store stopped answering during the check-in"
             for stage in CROSS_RANK_STAGES:
@@ -406,6 +409,10 @@ class RankRun:
             skip = self.runner.skip_reason("collective", self.ctx)
             if skip is None and checkins.missing:
                 skip = f"skipped: ranks {format_ranks(checkins.missing)} never checked in"
+        blocked = {r: p["blocked"] for r, p in checkins.accepted.items()
+                   if r != 0 and 0 <= r < world.size and p.get("blocked")}
+        if skip is None and blocked:
+            skip = f"skipped: {_ranks(sorted(blocked))} cannot join ({next(iter(blocked.values()))})"
         blockers = group_blockers(checkins)
         if skip is None and blockers["gloo"]:
             skip = ("skipped: the gloo process group cannot form, as these ranks' local findings show: "
@@ -628,8 +635,10 @@ class RankRun:
                 return self._reported_code
         is_root = self.world is not None and self.world.is_root and self.world.rank == 0
         if not is_root and not self.all_ranks:
-            if self.world is None or self.rank == 0:
-                # Not in a world yet (stuck in the local stage): this process is on its own.
+            if self.rank == 0 or not self._described:
+                # Rank 0 stuck before it reached the world (in the local stage), or a process
+                # with no world at all: it reports for itself. Other ranks stay quiet: rank 0
+                # names them as missing (under the self-test, the supervisor speaks if it cannot).
                 self._render(self._partial(None), EXIT_INCOMPLETE)
             return None
         if not self._render(self._partial(self.world if is_root else None), EXIT_INCOMPLETE):

@@ -33,7 +33,7 @@ from datetime import timedelta
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from distdoctor.core.context import WorldError
-from distdoctor.machine.probes import Probes
+from distdoctor.machine.probes import Probes, Unknown, call_with_deadline
 from distdoctor.world.checkin import (
     CHECKS,
     CLAIM_GRACE_S,
@@ -325,11 +325,33 @@ def open_store(spec: WorldSpec, deadline: float, clock: Callable[[], float] = ti
                 data={"master_addr": spec.master_addr, "master_port": spec.master_port, "probe": problem.kind,
                       "address": problem.address, "attempts": problem.attempts},
             )
-    try:
-        return _tcp_store(host, spec.master_port, is_master=False, timeout_s=max(deadline - clock(), 0.5)), False, host
-    except Exception as exc:
-        raise WorldError(f"connecting to the store at {spec.master_addr}:{spec.master_port} failed: "
-                         f"{first_line(exc)}") from None
+    return _connect_client(spec, host, deadline, clock), False, host
+
+
+# One attempt of TCPStore's client handshake may take this long before a fresh one is made.
+# On a machine with far more ranks than cores a handshake can stall (the store's one thread and
+# this rank both starved); a stalled attempt must not hold the rank until its deadline.
+CLIENT_ATTEMPT_S = 10.0
+
+
+def _connect_client(spec: WorldSpec, host: str, deadline: float, clock: Callable[[], float]) -> Any:
+    """A TCPStore client within the deadline, in attempts bounded from outside (a thread)."""
+    problem = "no time was left"
+    while True:
+        left = deadline - clock()
+        if left <= 0.05:
+            raise WorldError(f"connecting to the store at {spec.master_addr}:{spec.master_port} did not complete "
+                             f"before the deadline: {problem}")
+        attempt = max(min(left, CLIENT_ATTEMPT_S), 0.5)
+        try:
+            store = call_with_deadline(lambda: _tcp_store(host, spec.master_port, is_master=False, timeout_s=attempt),
+                                       attempt + 0.5, "store handshake")
+        except Exception as exc:
+            raise WorldError(f"connecting to the store at {spec.master_addr}:{spec.master_port} failed: "
+                             f"{first_line(exc)}") from None
+        if not isinstance(store, Unknown):
+            return store
+        problem = store.reason
 
 
 # -- the live world ---------------------------------------------------------------------------
