@@ -11,6 +11,7 @@ import os
 from distdoctor.checks._support import cuda_visible_devices as cuda_visible
 
 from distdoctor.checks._support import remedies
+from distdoctor.checks._support.world_layout import local_ranks
 from distdoctor.core.context import CheckContext
 from distdoctor.machine.launchers import DEPRECATED_LAUNCH, KUBEFLOW, SELF_TEST_VAR, SLURM, TORCHRUN
 from distdoctor.machine.probes import Unknown
@@ -59,15 +60,6 @@ GPU_BUSY = finding_kind(
 
 # Memory another process may hold on "our" GPU before we call it busy (display servers, MPS).
 BUSY_BYTES = 1 << 30
-
-
-def _local_ranks(ctx: CheckContext) -> int | None:
-    launch = ctx.launch
-    if launch.local_world_size.value is not None:
-        return launch.local_world_size.value
-    if launch.scheduler_local_size is not None and launch.scheduler_local_size.value is not None:
-        return launch.scheduler_local_size.value
-    return None
 
 
 def _nproc_fix(ctx: CheckContext, count: int) -> str:
@@ -133,7 +125,7 @@ def local_rank_fits_gpus(ctx: CheckContext):
     count = len(gpus)
     nccl = ctx.backend == "nccl"
     local = ctx.launch.local_rank.value
-    local_ranks = _local_ranks(ctx)
+    ranks_here = local_ranks(ctx)
     visible = _visible(ctx)
     cvd = f" (CUDA_VISIBLE_DEVICES={visible.raw!r})" if visible.restricted else ""
     # distdoctor's own self-test runs gloo when ranks outnumber GPUs and never touches GPU
@@ -149,13 +141,13 @@ def local_rank_fits_gpus(ctx: CheckContext):
             + ("; with one GPU per process (srun --gpus-per-task=1, CUDA_VISIBLE_DEVICES per rank) use cuda:0, not cuda:LOCAL_RANK" if count == 1 else ""),
             data={"local_rank": local, "gpus": count, "cuda_visible_devices": visible.raw},
         )
-    if nccl and local_ranks is not None and local_ranks > count:
+    if nccl and ranks_here is not None and ranks_here > count:
         yield TOO_MANY_LOCAL_RANKS(
-            f"{local_ranks} ranks on this node but {count} visible GPU(s){cvd}",
+            f"{ranks_here} ranks on this node but {count} visible GPU(s){cvd}",
             detail="Either some ranks fail with an invalid device ordinal, or two ranks share a GPU and NCCL "
             "aborts with \"Duplicate GPU detected\".",
             remediation=_nproc_fix(ctx, count),
-            data={"local_ranks": local_ranks, "gpus": count},
+            data={"local_ranks": ranks_here, "gpus": count},
         )
 
 

@@ -15,6 +15,7 @@ from distdoctor.machine.launchers import (
     LaunchInfo,
 )
 from distdoctor.core.registry import check, finding_kind
+from distdoctor.checks._support.world_layout import multi_host
 
 ENV_MISSING = finding_kind(
     "launch.C001",
@@ -385,16 +386,6 @@ _LOCAL_FILESYSTEMS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay"
 _SHARED_FILESYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "beegfs", "cephfs", "ceph", "glusterfs", "fuse.", "9p", "wekafs", "panfs", "virtiofs")
 
 
-def _multi_node(ctx: CheckContext) -> bool | None:
-    launch = ctx.launch
-    size, local = launch.world_size.value, launch.local_world_size.value
-    if launch.scheduler_nodes and launch.scheduler_nodes.value:
-        return launch.scheduler_nodes.value > 1
-    if size is not None and local is not None:
-        return size > local
-    return None
-
-
 def _torch_pg_initialized() -> bool:
     """Whether this process already joined a process group (preflight after init)."""
     import sys
@@ -459,7 +450,7 @@ def init_method(ctx: CheckContext):
                 "(e.g. file:///shared/rdzv_$SLURM_JOB_ID)",
                 data={"init_method": method.raw, "path": path},
             )
-    multi = _multi_node(ctx)
+    multi = multi_host(ctx)
     if not multi:
         return
     fs = ctx.probes.filesystem_type(parent)

@@ -16,6 +16,7 @@ from distdoctor.checks._support import socket_ifname as ifname
 from distdoctor.checks._support import remedies
 from distdoctor.core.context import CheckContext
 from distdoctor.checks._support.init_method import rendezvous_endpoint
+from distdoctor.checks._support.world_layout import multi_host
 from distdoctor.machine.launchers import KUBEFLOW, SLURM, TORCHRUN
 from distdoctor.machine.probes import Interface, Resolution, Unknown
 from distdoctor.core.registry import check, finding_kind
@@ -125,19 +126,6 @@ def endpoint(ctx: CheckContext) -> tuple[str | None, int | None, str]:
     launch = ctx.launch
     host = launch.master_addr.strip() if launch.master_addr else None
     return rendezvous_endpoint(ctx.config, host or None, launch.master_port.value)
-
-
-def multi_host(ctx: CheckContext) -> bool | None:
-    """True when the world spans more than one host; None when the environment does not say."""
-    launch = ctx.launch
-    if launch.scheduler_nodes and launch.scheduler_nodes.value:
-        return launch.scheduler_nodes.value > 1
-    size, local = launch.world_size.value, launch.local_world_size.value
-    if size is not None and local is not None:
-        return size > local
-    if ctx.env.get("PET_NNODES", "").strip().isdigit():
-        return int(ctx.env["PET_NNODES"]) > 1
-    return None
 
 
 def is_loopback(address: str) -> bool:

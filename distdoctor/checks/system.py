@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from distdoctor.checks._support import remedies
+from distdoctor.checks._support.world_layout import local_ranks
 from distdoctor.core.context import CheckContext
 from distdoctor.machine.launchers import KUBEFLOW, SLURM, TORCHRUN
 from distdoctor.machine.probes import Unknown
@@ -79,14 +80,6 @@ LIMIT_UNKNOWN = finding_kind(
 )
 
 
-def local_ranks(ctx: CheckContext) -> int:
-    launch = ctx.launch
-    for var in (launch.local_world_size, launch.scheduler_local_size):
-        if var is not None and var.value is not None:
-            return var.value
-    return ctx.config.nproc or 1
-
-
 def _fmt(size: int) -> str:
     return f"{size / GiB:.1f} GiB" if size >= GiB else f"{size / MiB:.0f} MiB"
 
@@ -105,7 +98,7 @@ def _shm_fix(ctx: CheckContext, size: int) -> str:
 @check(stage="local", tags=("system", "shm"), emits=(SHM_TOO_SMALL, SHM_NEARLY_FULL, SHM_NOT_WRITABLE, SHM_UNKNOWN))
 def shared_memory(ctx: CheckContext):
     """/dev/shm size and free space against what NCCL and DataLoader workers need; writable."""
-    ranks = local_ranks(ctx)
+    ranks = local_ranks(ctx, ctx.config.nproc or 1)
     need = max(SHM_MIN, SHM_PER_LOCAL_RANK * ranks)
     usage = ctx.probes.disk_usage(SHM_PATH)
     if isinstance(usage, Unknown):
@@ -177,7 +170,7 @@ def _limit(ctx: CheckContext, name: str):
 @check(stage="local", tags=("system", "limits"), emits=(NOFILE_LOW, NOFILE_TIGHT, MEMLOCK_LOW, NPROC_LOW, LIMIT_UNKNOWN))
 def resource_limits(ctx: CheckContext):
     """Open files, memlock (when RDMA devices exist) and processes/threads."""
-    world = ctx.world_size or local_ranks(ctx)
+    world = ctx.world_size or local_ranks(ctx, ctx.config.nproc or 1)
     nofile = _limit(ctx, "RLIMIT_NOFILE")
     if isinstance(nofile, Unknown):
         yield LIMIT_UNKNOWN(f"Could not tell the open-files limit: {nofile.reason}", remediation="Check ulimit -n", data={"limit": "nofile"})
@@ -216,7 +209,7 @@ def resource_limits(ctx: CheckContext):
                 data={"soft": memlock[0], "hard": memlock[1], "rdma_devices": rdma},
             )
     nproc = _limit(ctx, "RLIMIT_NPROC")
-    ranks = local_ranks(ctx)
+    ranks = local_ranks(ctx, ctx.config.nproc or 1)
     if isinstance(nproc, tuple) and nproc[0] != UNLIMITED and nproc[0] < NPROC_PER_LOCAL_RANK * ranks:
         yield NPROC_LOW(
             f"Process/thread limit is {nproc[0]} for {ranks} local rank(s)",
@@ -230,7 +223,7 @@ def resource_limits(ctx: CheckContext):
 @check(stage="local", tags=("system", "cpu"), emits=(THREADS_OVERSUBSCRIBED, MEMORY_PER_RANK_LOW))
 def cpu_and_memory(ctx: CheckContext):
     """Threads x local ranks vs cores; memory per local rank."""
-    ranks = local_ranks(ctx)
+    ranks = local_ranks(ctx, ctx.config.nproc or 1)
     cores = ctx.probes.cpu_count()
     if isinstance(cores, int) and cores > 0 and ranks > 1:
         raw = ctx.env.get("OMP_NUM_THREADS")

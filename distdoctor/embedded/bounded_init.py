@@ -153,7 +153,7 @@ def resolve_target(init_method: str | None, rank: int, world_size: int, env: Map
 # How long rank 0 keeps its store up after a failing verdict, for the others to read it.
 READ_GRACE_S = 1.0
 # How long a client may spend telling a c10d store from a foreign service before connecting.
-IDENTIFY_S = 1.5
+IDENTIFY_S = 3.0
 
 
 def open_store(target: Target, deadline: float, probes: Any = None) -> Any:
@@ -195,7 +195,7 @@ def _tcp_store(target: Target, is_master: bool, timeout_s: float) -> Any:
 
 def _refuse_foreign(target: Target, deadline: float, probes: Any) -> None:
     """Raise CheckInFailed when what listens at the target is certainly not a c10d store."""
-    identity = probes.identify_port(target.host, target.port, max(0.3, min(IDENTIFY_S, deadline - time.monotonic())))
+    identity = probes.identify_port(target.host, target.port, max(0.3, min(IDENTIFY_S, (deadline - time.monotonic()) / 2)))
     if getattr(identity, "kind", None) != FOREIGN:
         return  # a store, or silent (a busy store is silent too): TCPStore's bounded connect decides
     answer = f" (it answered {identity.answer!r})" if identity.answer else ""

@@ -138,7 +138,7 @@ def identify(host: str, port: int, timeout: float = 1.5) -> PortIdentity:
         reply = b""
         # A busy store answers late: wait for the ping most of the budget, keeping a little for
         # the HTTP probe (a web server answers that at once).
-        reserve = min(0.3, budget * 0.2)
+        reserve = max(0.3, budget * 0.4)
         while len(reply) < 4 and left() > reserve:
             chunk = _recv(sock, min(0.25, left() - reserve), 4 - len(reply))
             if chunk is None:
@@ -156,10 +156,7 @@ def identify(host: str, port: int, timeout: float = 1.5) -> PortIdentity:
         holder = _parent_holds(sock, port)
     finally:
         sock.close()
-    if holder:
-        return PortIdentity(C10D_STORE, f"it did not answer a store ping within {budget:g}s, but it is held by "
-                            f"this process's launcher ({holder}), which hosts the c10d store: a busy store",
-                            elapsed_s=time.monotonic() - start, slow=True)
+
 
     # Step 3: silent to the store protocol. Is it a web server waiting for a request line?
     if left() > 0.1:
@@ -178,6 +175,10 @@ def identify(host: str, port: int, timeout: float = 1.5) -> PortIdentity:
         if answer:
             return PortIdentity(FOREIGN, "it does not answer a c10d store ping but answers an HTTP request",
                                 _printable(answer), _protocol(answer) or "unknown", time.monotonic() - start)
+    if holder:
+        return PortIdentity(C10D_STORE, f"it did not answer a store ping within {budget:g}s, but it is held by "
+                            f"this process's launcher ({holder}), which hosts the c10d store: a busy store",
+                            elapsed_s=time.monotonic() - start, slow=True)
     return PortIdentity(
         SILENT,
         f"it accepts connections but answered neither a c10d store ping nor an HTTP request within {budget:g}s",

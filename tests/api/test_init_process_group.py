@@ -24,13 +24,13 @@ def free_port() -> int:
 
 
 def launch(ranks: list[int], world_size: int, port: int, rdzv_timeout: float, deadline_s: float = 60,
-           extra: tuple[str, ...] = ()) -> list[dict]:
+           extra: tuple[str, ...] = (), env_extra: dict[str, str] | None = None) -> list[dict]:
     """Start one process per entry of ranks; wait with a deadline; kill by PID whatever is left."""
     procs = []
     try:
         for rank in ranks:
             env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **(env_extra or {})}
             procs.append(subprocess.Popen([sys.executable, SCRIPT, str(rdzv_timeout), *extra], env=env, text=True,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True))
         end = time.monotonic() + deadline_s
@@ -120,3 +120,45 @@ def test_two_processes_claiming_one_rank():
         assert duplicate["ranks"] == [1] and duplicate["cause"] == "rank_config_error"
     # rank 0 and the first rank 1 also name the rank that never came
     assert sum(ids(r) == ["init.E001", "init.E004"] for r in results) == 2, results
+
+
+def test_world_size_larger_than_the_processes_is_a_missing_rank_not_an_interface():
+    # WORLD_SIZE=3 with two processes and LOCAL_WORLD_SIZE=2 does not say "a second host":
+    # the sizes do not add up, and the check-in names the rank that never came.
+    results = launch([0, 1], 3, free_port(), rdzv_timeout=6, env_extra={"LOCAL_WORLD_SIZE": "2"})
+    assert all(r["raised"] for r in results), results
+    assert not any(f["cause"] == "wrong_interface" for r in results for f in r["findings"]), results
+    missing = next(f for f in results[0]["findings"] if f["id"] == "init.E001")
+    assert missing["cause"] == "rank_missing" and missing["ranks"] == [2], missing
+
+
+@pytest.mark.parametrize("service", ["silent", "http"])
+def test_a_foreign_service_on_master_port_is_bounded_on_every_rank(service):
+    # The port's holder accepts connections: silent (like `nc -l`), or a web server answering
+    # every request. torch's TCPStore client would wait on it for its whole timeout; each rank
+    # must raise within its rendezvous timeout (+ the local checks, bounded on their own).
+    import http.server
+    import threading
+
+    if service == "http":
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        port, close = server.server_address[1], server.shutdown
+    else:
+        squatter = socket.socket()
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen(64)
+        port, close = squatter.getsockname()[1], squatter.close
+    try:
+        start = time.monotonic()
+        results = launch([0, 1], 2, port, rdzv_timeout=5, extra=("no-local-checks",), deadline_s=40)
+        took = time.monotonic() - start
+    finally:
+        close()
+    assert all(r["raised"] for r in results), results
+    assert ids(results[0]) == ["init.E003"], results[0]
+    expected = "init.E009" if service == "http" else "init.E002"
+    assert ids(results[1]) == [expected], results[1]
+    # elapsed counts from before torch is imported (seconds on a loaded machine)
+    assert max(r["elapsed"] for r in results) < 5 + 12, results
+    assert took < 30
