@@ -475,6 +475,7 @@ def init_process_group(
     use or duplicate ranks. file:// and an explicit ``store`` are passed to torch unchecked
     apart from the local checks.
     """
+    # torch is imported here, not at the top: `import distdoctor` must stay cheap for the CLI.
     import torch.distributed as dist
 
 

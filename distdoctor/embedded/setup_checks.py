@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
+from distdoctor.checks._support.tensor_specs import SpecTable, TensorSpec, spec_table
 from distdoctor.core.findings import Finding
 from distdoctor.core.registry import finding_kind
 from distdoctor.core.report import format_ranks
@@ -110,8 +111,6 @@ def model_spec_table(model: Any, max_samples: int | None) -> Any:
     compared, their shapes and values are not (reported as not compared, spec.I006). FSDP2
     parameters are DTensors, which tensorspec treats the same way (global shape compared).
     """
-    from distdoctor.checks._support.tensor_specs import SpecTable, TensorSpec, spec_table
-
     if "FullyShardedDataParallel" in wrappers_of(model):
         specs = [
             TensorSpec(_clean_fsdp_name(name), (), str(p.dtype).removeprefix("torch."), p.device.type, None, 0,

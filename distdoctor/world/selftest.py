@@ -28,7 +28,10 @@ from multiprocessing.connection import wait as wait_for
 from typing import Any, Callable
 
 from distdoctor.core.config import Config
-from distdoctor.world.rank_run import NON_ROOT_GRACE_S
+from distdoctor.core.kinds import RUN_DEADLINE
+from distdoctor.core.report import WorldSummary, build_report
+from distdoctor.world.kinds import RANK_DIED
+from distdoctor.world.rank_run import NON_ROOT_GRACE_S, run_rank
 from distdoctor.machine.launchers import SELF_TEST_VAR
 from distdoctor.core.report import EXIT_FINDINGS, EXIT_INCOMPLETE
 from distdoctor.world.watchdog import EXPIRE_GRACE_S, flush_std_streams
@@ -51,6 +54,7 @@ def default_nproc(gpu_count: int | None = None) -> int:
 def visible_gpu_count() -> int:
     """GPUs visible here, without initialising CUDA in the supervisor (its children fork)."""
     try:
+        # torch off the CLI's start-up path: only the self-test needs it here.
         import torch
 
         return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
@@ -107,8 +111,6 @@ def _rank_main(
     code = EXIT_INCOMPLETE
     try:
         os.environ.update(rank_environment(local_rank, nproc, port, run_id))
-        from distdoctor.world.rank_run import run_rank
-
         outcome = run_rank(config, env=dict(os.environ), argv=argv, all_ranks=all_ranks, emit=render, started=started)
         code = outcome.exit_code
     except BaseException as exc:  # never a traceback: say what happened and exit non-zero
@@ -134,6 +136,7 @@ def run_selftest(
 ) -> int:
     """Start the world, supervise it, return rank 0's exit code. Rank 0 prints the report."""
     started = time.monotonic() if started is None else started
+    # torch is imported when a self-test starts, not when the CLI does.
     import torch.multiprocessing as mp
     from torch.distributed import TCPStore
 
@@ -184,10 +187,6 @@ def run_selftest(
 
 
 def abnormal_report(codes: dict[int, int | None], killed: set[int], config: Config, started: float, size: int) -> Any:
-    from distdoctor.checks.rendezvous import RANK_DIED
-    from distdoctor.core.kinds import RUN_DEADLINE
-    from distdoctor.core.report import WorldSummary, build_report
-
     def how(code: int | None) -> str:
         if code is None:
             return "did not exit"

@@ -223,6 +223,8 @@ def _verdict(attempts: list[tuple[str, str, str | None]]) -> Unanswered:
 
 
 def _tcp_store(host: str, port: int, *, is_master: bool, timeout_s: float) -> Any:
+    # torch stays off the import of this module (the watchdog and the tests of the protocol
+    # need none); every rank of a world has imported it by the time it opens the store.
     from torch.distributed import TCPStore
 
     kwargs: dict[str, Any] = {"timeout": timedelta(seconds=max(timeout_s, 0.1))}
@@ -427,8 +429,7 @@ class World:
 
     def __init__(self, spec: WorldSpec, store: Any, *, hosted: bool = False, clock: Callable[[], float] = time.monotonic,
                  connect_host: str | None = None) -> None:
-        # torch is loaded by now (the store is a torch TCPStore); this module is imported by
-        # the CLI's start-up path only through dispatch, which imports it lazily.
+        # torch at use, as everywhere in this module (see _tcp_store): a World wraps a torch store.
         from torch.distributed import PrefixStore
 
         self.spec = spec
@@ -639,6 +640,7 @@ class World:
         return group
 
     def _create_group(self, backend: str, timeout: timedelta) -> Any:
+        # torch at use, as everywhere in this module (see _tcp_store).
         import torch.distributed as dist
         from torch.distributed import PrefixStore
 
@@ -650,6 +652,7 @@ class World:
 
     def _group_store(self, timeout: timedelta) -> Any:
         """A second client of the same store for the process group (any other store: itself)."""
+        # torch at use, as everywhere in this module (see _tcp_store).
         from torch.distributed import TCPStore
 
         if not isinstance(self.raw_store, TCPStore):
@@ -672,6 +675,7 @@ class World:
         """Release the process groups and the store (rank 0's hosted store goes with it)."""
         if destroy_groups and self.process_groups and self.poisoned is None:
             try:
+                # torch at use, as everywhere in this module (see _tcp_store).
                 import torch.distributed as dist
 
                 if dist.is_initialized():
