@@ -73,6 +73,9 @@ CAUSES: dict[str, str] = {
     'collective_mismatch': (
         'ranks issue different collectives, or in a different order'
     ),
+    'slow_link': (
+        'a link between ranks or hosts is much slower (bandwidth or latency) than its peers — a NIC negotiated down, traffic over the wrong interface, IB fallen back to TCP — so every collective runs at its pace'
+    ),
     'straggler_rank': (
         'a rank arrives at a collective far later than the others; the others wait or time out'
     ),
