@@ -169,7 +169,7 @@ def render_bench_report(report: Any, fmt: str, output: Path | None, verbose: boo
 def bench(
     nproc: Annotated[Optional[int], typer.Option("--nproc", help=_help("nproc"), rich_help_panel=RUN_PANEL)] = None,
     backend: Annotated[Optional[str], typer.Option("--backend", help="gloo or nccl (default: nccl when every rank has its GPU, else gloo).", rich_help_panel=RUN_PANEL)] = None,
-    sizes: Annotated[Optional[str], typer.Option("--sizes", help="Message sizes: a list (8,64K,16M) or FROM:TO[:FACTOR] (default 8:256M:2 on GPUs, 8:16M:4 on CPUs).", rich_help_panel=RUN_PANEL)] = None,
+    sizes: Annotated[Optional[str], typer.Option("--sizes", help="Message sizes: a list (8,64K,16M) or FROM:TO[:FACTOR] (default 8:256M:2 on GPUs, 8:32M:4 on CPUs).", rich_help_panel=RUN_PANEL)] = None,
     ops: Annotated[Optional[str], typer.Option("--ops", help="Collectives to sweep (default: all_reduce,all_gather,reduce_scatter,broadcast,all_to_all).", rich_help_panel=RUN_PANEL)] = None,
     iters: Annotated[int, typer.Option("--iters", min=1, help="Timed iterations per size (fewer where one size would take over 0.5 s).", rich_help_panel=RUN_PANEL)] = 20,
     warmup: Annotated[int, typer.Option("--warmup", min=1, help="Untimed warm-up iterations per size.", rich_help_panel=RUN_PANEL)] = 5,

@@ -17,6 +17,11 @@ from distdoctor.report import format_ranks
 CHECK = "bench"
 
 
+def sig(value: float, digits: int = 6) -> float:
+    """Rounded to significant digits: GB/s figures of small messages are far below 1e-3."""
+    return float(f"{value:.{digits}g}")
+
+
 def sweep_rows(per_rank: Mapping[int, Sequence[Mapping[str, Any]]], size: int) -> list[dict[str, Any]]:
     """One row per (op, size): time averaged over ranks (nccl-tests' default), algbw, busbw."""
     order: list[tuple[str, int]] = []
@@ -38,10 +43,10 @@ def sweep_rows(per_rank: Mapping[int, Sequence[Mapping[str, Any]]], size: int) -
         wrong = sorted(rank for rank, r in entries if not r.get("correct", False))
         out.append({
             "op": op, "bytes": nbytes, "size": entries[0][1].get("size"), "count": entries[0][1].get("count"),
-            "iters": entries[0][1].get("iters"), "time_us": round(mean * 1e6, 3),
-            "time_us_slowest_rank": round(max(times) * 1e6, 3),
-            "algbw_gbs": None if algbw is None else round(algbw, 6),
-            "busbw_gbs": None if algbw is None else round(algbw * bus_factor(op, size), 6),
+            "iters": entries[0][1].get("iters"), "time_us": sig(mean * 1e6),
+            "time_us_slowest_rank": sig(max(times) * 1e6),
+            "algbw_gbs": None if algbw is None else sig(algbw),
+            "busbw_gbs": None if algbw is None else sig(algbw * bus_factor(op, size)),
             "correct": not wrong, "wrong_ranks": wrong, "ranks": len(entries),
         })
     return out
@@ -63,7 +68,7 @@ def _figure(slow: Slow) -> str:
 
 def _slow_data(slow: Slow) -> dict[str, Any]:
     return {"a": slow.edge.a, "b": slow.edge.b, "kind": slow.edge.kind, "metric": slow.metric,
-            "value": round(slow.value, 6), "median": round(slow.reference, 6), "ratio": round(slow.ratio, 4)}
+            "value": sig(slow.value), "median": sig(slow.reference), "ratio": sig(slow.ratio, 4)}
 
 
 def slow_findings(verdict: Verdict, hosts: Mapping[int, str]) -> list[Finding]:

@@ -65,8 +65,9 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
 
 
-def _round(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(float(value), digits)
+def _round(value: float | None, digits: int = 6) -> float | None:
+    """Significant digits, not decimals: a throttled link's GB/s is far below 1e-3."""
+    return None if value is None else float(f"{float(value):.{digits}g}")
 
 
 def _median(values: Iterable[float | None]) -> float | None:

@@ -17,7 +17,9 @@ def _num(value: Any, digits: int = 3) -> str:
         return "-"
     if abs(value) >= 1000:
         return f"{value:,.0f}"
-    return f"{value:.{digits}g}" if value < 1 else f"{value:.{digits}f}".rstrip("0").rstrip(".")
+    if value < 1:
+        return f"{value:.{digits}g}"
+    return f"{value:.{digits}f}".rstrip("0").rstrip(".")
 
 
 def sweep_table(bench: Mapping[str, Any]) -> list[list[str]]:
@@ -57,6 +59,8 @@ def render_bench_rich(report: Report, file: IO[str] | None = None, *, verbose: b
     from rich.table import Table
 
     console = make_console(file)
+    # The sweep table needs ~90 columns; a pipe's default of 80 would fold every row.
+    console.width = max(console.width, 100)
     bench = report.data.get("bench") if report.data else None
     if bench:
         console.print(f"Collective sweep ({heading(bench)})")

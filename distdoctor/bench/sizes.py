@@ -10,7 +10,7 @@ ELEMENT_BYTES = 4
 # nccl-tests' defaults are -b 8 -e 256M -f 2 on GPUs; a CPU (gloo) world moves data through
 # memory copies and TCP, so its default stops at 16 MiB and steps by 4 to stay within seconds.
 GPU_SIZES = (8, 256 * 2**20, 2)
-CPU_SIZES = (8, 16 * 2**20, 4)
+CPU_SIZES = (8, 32 * 2**20, 4)
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
           "G": 2**30, "GB": 2**30, "GIB": 2**30}
 MAX_BYTES = 8 * 2**30
