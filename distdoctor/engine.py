@@ -23,6 +23,7 @@ def load_registry(config: Config, registry: Registry | None = None, *, every_kin
     registry = registry or REGISTRY
     if every_kind:
         # Importing these registers their kinds; none of them imports torch at import time.
+        import distdoctor.bench.kinds  # noqa: F401
         import distdoctor.explain  # noqa: F401
         import distdoctor.guarded_init  # noqa: F401
         import distdoctor.preflight_checks  # noqa: F401

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from distdoctor.bench.comm import Comm
 from distdoctor.bench.pairing import partner_in, round_robin
+from distdoctor.bench.sweep import DEADLINE_STOP
 
 LATENCY_BYTES = 8
 LATENCY_BUDGET_S, LATENCY_MAX_ITERS = 0.1, 200
@@ -82,7 +83,7 @@ def run_link_matrix(comm: Comm, plan: LinkPlan, progress: Callable[[str], None] 
         try:
             (stop,) = comm.agree_max([1.0 if clock() > plan.deadline else 0.0])
             if stop:
-                return links, f"the run's deadline came before round {index + 1} of {len(rounds)}"
+                return links, f"{DEADLINE_STOP} round {index + 1} of {len(rounds)} of the link matrix"
             peer, lead = partner_in(pairs, comm.rank)
             if peer is not None:
                 link = measure_pair(comm, peer, lead, plan)

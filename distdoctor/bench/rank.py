@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -30,7 +31,7 @@ from distdoctor.bench.pairing import round_robin
 from distdoctor.bench.progress import Progress
 from distdoctor.bench.settings import CPU_LINK_BYTES, GPU_LINK_BYTES, BenchSettings
 from distdoctor.bench.sizes import default_sizes
-from distdoctor.bench.sweep import SweepPlan, run_sweep
+from distdoctor.bench.sweep import DEADLINE_STOP, SweepPlan, run_sweep
 from distdoctor.core_findings import RUN_DEADLINE
 from distdoctor.findings import Finding
 from distdoctor.launchers import detect
@@ -77,7 +78,8 @@ class BenchRank:
         self.backend = settings.backend or "gloo"
         self.own: dict[str, Any] = {"sweep": [], "links": [], "routes": {}, "stopped": None}
         self.stage = "rendezvous"
-        self._reported = False
+        self._reported_code: int | None = None
+        self._emit_lock = threading.Lock()
         self._progress: Progress | None = None
         self._early_code = EXIT_INCOMPLETE
         self.durations: dict[str, float] = {}
@@ -92,17 +94,23 @@ class BenchRank:
             report.data = {"bench": data}
         return report
 
-    def _emit(self, report: Report) -> int:
-        code = report.exit_code(self.settings.fail_level)
-        if self._reported:
-            return code
-        self._reported = True
-        if self._progress is not None:
-            self._progress.close()
-        if self.emit is not None:
-            self.emit(report)
-            flush_std_streams()
-        return code
+    def _emit(self, report: Report, code: int | None = None) -> int:
+        """Render once per process; returns the code of the report that was rendered.
+
+        The main flow and the watchdog race near the deadline: the lock is held for the whole
+        rendering, so the loser waits until the winner's report is out (and exits with its
+        code) instead of ending the process in the middle of it.
+        """
+        with self._emit_lock:
+            if self._reported_code is not None:
+                return self._reported_code
+            self._reported_code = report.exit_code(self.settings.fail_level) if code is None else code
+            if self._progress is not None:
+                self._progress.close()
+            if self.emit is not None:
+                self.emit(report)
+                flush_std_streams()
+            return self._reported_code
 
     def _alone(self, finding: Finding) -> BenchOutcome:
         report = self._report([finding], reported=(self.rank,))
@@ -251,9 +259,12 @@ class BenchRank:
                 results[rank] = value
         stopped = {r: str(v["stopped"]) for r, v in results.items() if v.get("stopped")}
         stopped.update({r: "did not hand in its figures before the deadline" for r in range(world.size) if r not in results})
-        report = self._full_report(results, stopped, str(decision["backend"]))
-        self._publish_final(self._emit(report), world.size - 1)
-        return BenchOutcome(report, report.exit_code(self.settings.fail_level), True)
+        # Stopped by the deadline (every rank at the same point) is a partial report, exit 3.
+        cut = any(why.startswith(DEADLINE_STOP) for why in stopped.values())
+        report = self._full_report(results, stopped, str(decision["backend"]), incomplete=cut)
+        code = self._emit(report)
+        self._publish_final(code, world.size - 1)
+        return BenchOutcome(report, code, True)
 
     def _full_report(self, results: Mapping[int, Mapping[str, Any]], stopped: Mapping[int, str], backend: str,
                      extra: Sequence[Finding] = (), incomplete: bool = False) -> Report:
@@ -318,15 +329,19 @@ class BenchRank:
     # -- the deadline ----------------------------------------------------------------------
     def _on_deadline(self) -> int | None:
         """Watchdog thread: rank 0 renders what it measured itself; the others stay quiet."""
-        if self._reported or self.rank != 0:
-            return None
+        with self._emit_lock:  # a report being rendered right now is finished first
+            rendered = self._reported_code
+        if rendered is not None or self.rank != 0:
+            return rendered
         deadline = RUN_DEADLINE(f"The bench did not finish before its deadline (in the {self.stage} stage)",
                                 detail=f"The watchdog ended the run {self.settings.timeout:g}s after it started; "
                                 "the figures are rank 0's own and partial.", ranks=(0,), check="watchdog",
                                 data={"stage": self.stage})
         stopped = {0: f"the deadline came during the {self.stage} stage"}
         report = self._full_report({0: self.own}, stopped, self.backend, extra=[deadline], incomplete=True)
-        self._emit(report)
+        code = self._emit(report, EXIT_INCOMPLETE)
+        if code != EXIT_INCOMPLETE:
+            return code  # the main flow's full report got out first
         world = self.world
         if world is not None:
             call_with_deadline(lambda: world.put("final", {"exit": EXIT_INCOMPLETE}), 0.25, "final")

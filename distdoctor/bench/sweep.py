@@ -12,6 +12,8 @@ from distdoctor.bench.sizes import ELEMENT_BYTES, element_count, human_bytes
 # Each size's timed loop is cut to about this long (at least one iteration): the largest
 # sizes of a slow world would otherwise take minutes at the default iteration count.
 SIZE_BUDGET_S = 0.5
+# Every "stopped" reason that is the deadline (not a failure) starts so: the report is then partial.
+DEADLINE_STOP = "the run's deadline came before"
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,6 @@ def run_sweep(comm: Comm, plan: SweepPlan, progress: Callable[[str], None] = lam
             except Exception as exc:  # the group is out of step now: nothing later can run
                 return rows, f"{op} at {human_bytes(size)} failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
             if row is None:
-                return rows, f"the run's deadline came before {op} at {human_bytes(size)}"
+                return rows, f"{DEADLINE_STOP} {op} at {human_bytes(size)}"
             rows.append(row)
     return rows, None

@@ -67,3 +67,21 @@ def test_healthy_lab_names_no_slow_link(make_lab):
     assert len(bench["links"]["host_pairs"]) == 3
     assert bench["interfaces"]["0"]["routes"]["hostb"]["interface"] == "eth0"
     assert all(row["correct"] for row in bench["sweep"])
+
+
+def test_traffic_over_a_docker_bridge_is_named(make_lab):
+    # hostb's only interface is called docker0: its traffic to hosta leaves through a "bridge".
+    lab = make_lab(("hosta", "hostb"), ifnames={"hostb": "docker0"})
+    specs = [RankSpec("hosta", 0), RankSpec("hostb", 1)]
+    argv = [sys.executable, "-m", "distdoctor", "bench", "--format", "json", "--timeout", f"{TIMEOUT_S:g}", *ARGS]
+    run = start_world(lab, specs, argv, bound=TIMEOUT_S + 20, label="bench").wait()
+    report = run.report(0)
+    wrong = [f for f in report["findings"] if f["cause"] == "wrong_interface"]
+    assert [(f["id"], f["hosts"], f["ranks"]) for f in wrong] == [("bench.W003", ["hostb"], [1])], run.describe()
+    assert "docker0" in wrong[0]["detail"] and wrong[0]["data"]["peers"] == ["hosta"]
+    routes = report["data"]["bench"]["interfaces"]
+    assert routes["0"]["routes"]["hostb"]["interface"] == "eth0"
+    assert routes["1"]["routes"]["hosta"]["interface"] == "docker0"
+    # One link between two hosts: nothing to compare it with, and the report says so.
+    assert not [f for f in report["findings"] if f["cause"] == "slow_link"]
+    assert any("no peers" in n for n in report["data"]["bench"]["links"]["notes"])
