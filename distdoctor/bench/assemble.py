@@ -11,8 +11,8 @@ from distdoctor.bench.kinds import (BENCH_STOPPED, REGRESSION, SLOW_HOST, SLOW_L
                                     WRONG_RESULT)
 from distdoctor.bench.outliers import INTER, Slow, Verdict, judge
 from distdoctor.bench.sizes import bus_factor
-from distdoctor.findings import Finding
-from distdoctor.report import format_ranks
+from distdoctor.core.findings import Finding
+from distdoctor.core.report import format_ranks
 
 CHECK = "bench"
 

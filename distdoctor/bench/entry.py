@@ -6,7 +6,7 @@ import os
 from typing import Any, Callable, Mapping, Sequence
 
 from distdoctor.bench.settings import BenchSettings
-from distdoctor.launchers import NONE, detect
+from distdoctor.machine.launchers import NONE, detect
 
 
 class BenchUsageError(ValueError):
@@ -21,7 +21,7 @@ def bench_entry(settings: BenchSettings, render: Callable[[Any], None], *, env: 
 
     launch = detect(env, argv)
     if launch.launcher == NONE:
-        from distdoctor.selftest import run_selftest
+        from distdoctor.world.selftest import run_selftest
 
         return run_selftest(settings, render, nproc=settings.nproc, started=started, argv=list(argv),
                             rank_body=run_bench_rank)
@@ -30,7 +30,7 @@ def bench_entry(settings: BenchSettings, render: Callable[[Any], None], *, env: 
     if not launch.world_configured:
         raise BenchUsageError(f"the environment ({launch.title}) does not describe a usable world: RANK, WORLD_SIZE, "
                               "MASTER_ADDR and MASTER_PORT must all be set (`distdoctor check` says what is wrong)")
-    from distdoctor.watchdog import flush_std_streams
+    from distdoctor.world.watchdog import flush_std_streams
 
     outcome = run_bench_rank(settings, env=env, argv=argv, emit=render, started=started)
     flush_std_streams()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from distdoctor.ifname import is_virtual, nccl_default_candidates, parse_gloo, parse_nccl
+from distdoctor.checks._support.socket_ifname import is_virtual, nccl_default_candidates, parse_gloo, parse_nccl
 
 # A port at or below this speed (Mb/s) next to a faster one is a management port, not the fabric.
 SLOW_PORT_MBPS = 1000

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distdoctor.registry import finding_kind
+from distdoctor.core.registry import finding_kind
 
 SLOW_HOST = finding_kind(
     "bench.W001",

@@ -32,13 +32,13 @@ from distdoctor.bench.progress import Progress
 from distdoctor.bench.settings import CPU_LINK_BYTES, GPU_LINK_BYTES, BenchSettings
 from distdoctor.bench.sizes import default_sizes
 from distdoctor.bench.sweep import DEADLINE_STOP, SweepPlan, run_sweep
-from distdoctor.core_findings import RUN_DEADLINE
-from distdoctor.findings import Finding
-from distdoctor.launchers import detect
-from distdoctor.probes import Probes, call_with_deadline
-from distdoctor.report import EXIT_INCOMPLETE, Report, WorldSummary, build_report, format_ranks
-from distdoctor.watchdog import Watchdog, flush_std_streams
-from distdoctor.world import World, WorldError, WorldSpec
+from distdoctor.core.kinds import RUN_DEADLINE
+from distdoctor.core.findings import Finding
+from distdoctor.machine.launchers import detect
+from distdoctor.machine.probes import Probes, call_with_deadline
+from distdoctor.core.report import EXIT_INCOMPLETE, Report, WorldSummary, build_report, format_ranks
+from distdoctor.world.watchdog import Watchdog, flush_std_streams
+from distdoctor.world.store_exchange import World, WorldError, WorldSpec
 
 RESULTS_LIMIT = 4 * 2**20  # figures of one rank: ~100 B per sweep row and per led link
 ROOT_MARGIN_S, MEMBER_GRACE_S, EXPIRE_GRACE_S = 0.4, 0.4, 0.9

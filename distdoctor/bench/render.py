@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 from typing import IO, Any, Mapping
 
-from distdoctor.render import make_console, render_json, render_markdown, render_rich
-from distdoctor.report import Report
+from distdoctor.core.render import make_console, render_json, render_markdown, render_rich
+from distdoctor.core.report import Report
 
 SWEEP_COLUMNS = ("op", "size", "count", "iters", "time us", "algbw GB/s", "busbw GB/s", "result")
 LINK_COLUMNS = ("link", "ranks", "latency us", "bandwidth GB/s")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from distdoctor.findings import Severity
+from distdoctor.core.findings import Severity
 
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_ITERS, DEFAULT_WARMUP = 20, 5
