@@ -165,7 +165,9 @@ def assemble(*, size: int, hosts: Mapping[int, str], sweeps: Mapping[int, Sequen
         "backend": backend, "world_size": size, "hosts": per_host, "sweep": rows,
         "links": {
             "measured": measured_links,
-            "pairs": [{k: l.get(k) for k in ("a", "b", "host_a", "host_b", "lat_us", "bw_gbs", "bytes", "iters")} for l in linked],
+            "pairs": [{**{k: l.get(k) for k in ("a", "b", "host_a", "host_b", "bytes", "iters")},
+                       **{k: sig(l[k]) if isinstance(l.get(k), float) else l.get(k) for k in ("lat_us", "bw_gbs")}}
+                      for l in linked],
             "host_pairs": [e.to_dict() for e in verdict.edges if e.kind == INTER],
             "intra_host": [e.to_dict() for e in verdict.edges if e.kind != INTER],
             "medians": verdict.references, "notes": verdict.notes,

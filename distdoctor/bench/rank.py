@@ -242,9 +242,7 @@ class BenchRank:
     def _post(self) -> None:
         world = self.world
         assert world is not None
-        world.put(f"results/bench/{world.rank}", self.own, limit=RESULTS_LIMIT)
-        with world._lock:
-            world.store.append("done/bench", f"{world.rank};")
+        world.mark_done("bench", self.own, limit=RESULTS_LIMIT)
 
     def _gather(self, decision: Mapping[str, Any]) -> BenchOutcome:
         world = self.world

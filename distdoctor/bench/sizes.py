@@ -98,7 +98,8 @@ def parse_ops(text: str) -> tuple[str, ...]:
 
 
 def human_bytes(size: int) -> str:
+    """8B, 64K, 16M; a size that is no whole unit (rounded to a chunk per rank) stays in bytes."""
     for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
         if size >= scale and size % scale == 0:
             return f"{size // scale}{unit}"
-    return f"{size}B" if size < 2**10 else f"{size / 2**10:.1f}K"
+    return f"{size}B"
