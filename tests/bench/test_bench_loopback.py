@@ -97,3 +97,26 @@ def test_a_launcher_world_without_master_is_a_usage_error():
     env.update(RANK="0", WORLD_SIZE="2")
     out = subprocess.run([sys.executable, "-m", "distdoctor", "bench"], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 2 and "does not describe a usable world" in out.stderr
+
+
+def test_a_rank_that_never_comes_is_named_within_the_deadline():
+    import os
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    deadline = 8.0
+    began = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "distdoctor", "bench", "--rank", "0", "--world-size", "2",
+                          "--master-addr", "127.0.0.1", "--master-port", str(port), "--timeout", str(deadline),
+                          "--format", "json"], capture_output=True, text=True, timeout=60, env=env)
+    took = time.monotonic() - began
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    (missing,) = report["findings"]
+    assert (missing["id"], missing["cause"], missing["ranks"]) == ("bench.E005", "rank_missing", [1])
+    assert report["world"] == {"size": 2, "launcher": "manual", "ranks_reported": [0], "ranks_missing": [1]}
+    assert took < deadline + 5  # the deadline plus slack for starting Python and torch on a loaded machine
