@@ -149,10 +149,11 @@ class BenchRank:
 
         local = self.launch.local_rank.value or 0
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        wanted = self.settings.backend or ("nccl" if gpus else "gloo")
+        # Rank 0 picks the backend only once everyone checked in: offer the endpoint of each candidate.
+        candidates = (self.settings.backend,) if self.settings.backend else (("gloo", "nccl") if gpus else ("gloo",))
         return {"host": socket.gethostname(), "pid": os.getpid(), "gpus": gpus, "local_rank": local,
                 "nccl": bool(torch.distributed.is_nccl_available()),
-                "endpoint": endpoint(wanted, self.env, self.probes)}
+                "endpoints": {b: endpoint(b, self.env, self.probes) for b in candidates}}
 
     def _decide(self) -> dict[str, Any] | None:
         world = self.world
@@ -173,7 +174,8 @@ class BenchRank:
         if backend is None:
             ok = all(p.get("nccl") and int(p.get("gpus") or 0) > int(p.get("local_rank") or 0) for p in accepted.values())
             backend = "nccl" if ok else "gloo"
-        endpoints = {self.hosts[r]: (p.get("endpoint") or {}).get("address") for r, p in sorted(accepted.items())}
+        endpoints = {self.hosts[r]: ((p.get("endpoints") or {}).get(backend) or {}).get("address")
+                     for r, p in sorted(accepted.items())}
         decision = {"backend": backend, "plan": self.settings.plan(), "hosts": {str(r): h for r, h in self.hosts.items()},
                     "endpoints": endpoints}
         world.put("decision", decision)
