@@ -112,3 +112,17 @@ def test_baseline_must_be_a_bench_report(tmp_path):
             load_baseline(bad)
     with pytest.raises(BaselineError, match="cannot read"):
         load_baseline(tmp_path / "missing.json")
+
+
+def test_endpoint_and_route_from_gloo_socket_ifname_and_the_routing_table():
+    from distdoctor.bench.interfaces import endpoint, routes_to
+    from distdoctor.machine.probes import Probes
+
+    probes = Probes()
+    chosen = endpoint("gloo", {"GLOO_SOCKET_IFNAME": "lo"}, probes)
+    assert chosen == {"address": "127.0.0.1", "interface": "lo", "how": "GLOO_SOCKET_IFNAME=lo"}
+    missing = endpoint("gloo", {"GLOO_SOCKET_IFNAME": "nosuchif0"}, probes)
+    assert missing["address"] is None and "selects no interface" in missing["how"]
+    route = routes_to({"peer": "127.0.0.1"}, probes)["peer"]
+    assert route["interface"] == "lo" and route["loopback"] is True
+    assert "loopback" in suspicious(route, [])
