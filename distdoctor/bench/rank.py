@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 from distdoctor.bench.assemble import assemble
 from distdoctor.bench.comm import Comm
 from distdoctor.bench.interfaces import SLOW_PORT_MBPS, endpoint, faster_ports, routes_to
-from distdoctor.bench.kinds import BENCH_STOPPED, NO_WORLD, RANKS_MISSING
+from distdoctor.bench.kinds import NO_WORLD, RANKS_MISSING
 from distdoctor.bench.link_matrix import LinkPlan, run_link_matrix
 from distdoctor.bench.pairing import round_robin
 from distdoctor.bench.progress import Progress

@@ -88,11 +88,11 @@ def render_bench_markdown(report: Report) -> str:
     bench = report.data.get("bench") if report.data else None
     if not bench:
         return text
-    lines = ["", f"### Collective sweep", "", heading(bench), "", *_md_table(SWEEP_COLUMNS, sweep_table(bench))]
+    lines = ["", "### Collective sweep", "", heading(bench), "", *_md_table(SWEEP_COLUMNS, sweep_table(bench))]
     links = link_table(bench)
     if links:
         lines += ["", "### Link matrix", "", *_md_table(LINK_COLUMNS, links)]
-    lines += [f"", *[f"_note: {n}_" for n in (bench.get("links") or {}).get("notes") or ()]]
+    lines += ["", *[f"_note: {n}_" for n in (bench.get("links") or {}).get("notes") or ()]]
     return text + "\n".join(lines) + "\n"
 
 
