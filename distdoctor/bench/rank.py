@@ -112,8 +112,8 @@ class BenchRank:
                 flush_std_streams()
             return self._reported_code
 
-    def _alone(self, finding: Finding) -> BenchOutcome:
-        report = self._report([finding], reported=(self.rank,))
+    def _alone(self, finding: Finding, incomplete: bool = False) -> BenchOutcome:
+        report = self._report([finding], reported=(self.rank,), incomplete=incomplete)
         return BenchOutcome(report, self._emit(report), self.world is not None)
 
     # -- the flow --------------------------------------------------------------------------
@@ -132,7 +132,10 @@ class BenchRank:
             try:
                 self.world = World.open(spec, self.work_deadline, self.clock, self.probes)
             except WorldError as exc:
-                return self._alone(NO_WORLD(detail=str(exc), ranks=(spec.rank,), data={"reason": exc.reason, "cause": exc.cause}))
+                # Starting Python and torch took the whole deadline: a cut-off run, not a broken world.
+                late = self.clock() >= self.work_deadline
+                return self._alone(NO_WORLD(detail=str(exc), ranks=(spec.rank,), data={"reason": exc.reason, "cause": exc.cause}),
+                                   incomplete=late)
             if self.world.check_in(self._checkin()) > 1:
                 return self._alone(NO_WORLD(f"Another process already claimed rank {spec.rank}", ranks=(spec.rank,),
                                             detail="Two processes were started with the same rank; this one stays out."))

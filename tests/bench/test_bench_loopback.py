@@ -120,3 +120,24 @@ def test_a_rank_that_never_comes_is_named_within_the_deadline():
     assert (missing["id"], missing["cause"], missing["ranks"]) == ("bench.E005", "rank_missing", [1])
     assert report["world"] == {"size": 2, "launcher": "manual", "ranks_reported": [0], "ranks_missing": [1]}
     assert took < deadline + 5  # the deadline plus slack for starting Python and torch on a loaded machine
+
+
+def test_a_run_past_its_deadline_prints_one_partial_report_and_exits_3():
+    import time
+
+    # Long enough for torch to start on a loaded machine (import torch alone has taken 9 s here).
+    deadline = 20
+    began = time.monotonic()
+    # 1000 warm-up iterations of 64 MiB per op: far longer than the deadline on any machine.
+    out = subprocess.run([sys.executable, "-m", "distdoctor", "bench", "--nproc", "2", "--timeout", str(deadline),
+                          "--sizes", "64M", "--warmup", "1000", "--no-links", "--format", "json"],
+                         capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - began
+    assert out.returncode == 3, out.stdout[-2000:] + out.stderr[-2000:]
+    report, end = json.JSONDecoder().raw_decode(out.stdout)
+    assert not out.stdout[end:].strip(), "more than one report"
+    assert report["status"] == "incomplete"
+    ids = {f["id"] for f in report["findings"]}
+    assert "core.E004" in ids and "bench.E003" in ids
+    assert "sweep" in report["data"]["bench"]
+    assert took < deadline + 5  # the deadline plus slack for the supervisor on a loaded machine
