@@ -108,7 +108,7 @@ def test_a_rank_that_never_comes_is_named_within_the_deadline():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    deadline = 8.0
+    deadline = 15.0  # room for torch to start on a loaded machine (9 s has been seen)
     began = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "distdoctor", "bench", "--rank", "0", "--world-size", "2",
                           "--master-addr", "127.0.0.1", "--master-port", str(port), "--timeout", str(deadline),
@@ -119,7 +119,7 @@ def test_a_rank_that_never_comes_is_named_within_the_deadline():
     (missing,) = report["findings"]
     assert (missing["id"], missing["cause"], missing["ranks"]) == ("bench.E005", "rank_missing", [1])
     assert report["world"] == {"size": 2, "launcher": "manual", "ranks_reported": [0], "ranks_missing": [1]}
-    assert took < deadline + 5  # the deadline plus slack for starting Python and torch on a loaded machine
+    assert took < deadline + 5  # the deadline (which counts from the process's start) plus slack
 
 
 def test_a_run_past_its_deadline_prints_one_partial_report_and_exits_3():
