@@ -105,13 +105,16 @@ def _rank_main(
     all_ranks: bool,
     started: float,
     argv: list[str],
+    rank_body: Callable[..., Any] | None = None,
 ) -> None:
-    """One rank of the self-test world (runs in the forked child)."""
+    """One rank of the self-test world (runs in the forked child): ``rank_body`` (the bench's, say)
+    or else the check's run_rank, called with the same arguments."""
     _die_with_parent(parent)
     code = EXIT_INCOMPLETE
     try:
         os.environ.update(rank_environment(local_rank, nproc, port, run_id))
-        outcome = run_rank(config, env=dict(os.environ), argv=argv, all_ranks=all_ranks, emit=render, started=started)
+        outcome = (rank_body or run_rank)(config, env=dict(os.environ), argv=argv, all_ranks=all_ranks, emit=render,
+                                          started=started)
         code = outcome.exit_code
     except BaseException as exc:  # never a traceback: say what happened and exit non-zero
         try:
@@ -133,8 +136,14 @@ def run_selftest(
     all_ranks: bool = False,
     started: float | None = None,
     argv: list[str] | None = None,
+    rank_body: Callable[..., Any] | None = None,
 ) -> int:
-    """Start the world, supervise it, return rank 0's exit code. Rank 0 prints the report."""
+    """Start the world, supervise it, return rank 0's exit code. Rank 0 prints the report.
+
+    Each rank runs ``rank_body(config, env=, argv=, all_ranks=, emit=, started=)`` (an object
+    with ``exit_code``); by default the check's run_rank. ``config`` needs ``timeout``,
+    ``backend``, ``silence`` and ``fail_level``.
+    """
     started = time.monotonic() if started is None else started
     # torch is imported when a self-test starts, not when the CLI does.
     import torch.multiprocessing as mp
@@ -154,7 +163,7 @@ def run_selftest(
     sys.stderr.flush()
     context = mp.start_processes(
         _rank_main,
-        args=(size, store.port, run_id, os.getpid(), config, render, all_ranks, started, list(argv or sys.argv)),
+        args=(size, store.port, run_id, os.getpid(), config, render, all_ranks, started, list(argv or sys.argv), rank_body),
         nprocs=size,
         join=False,
         start_method=method,

@@ -508,12 +508,18 @@ class World:
         with self._lock:
             return decode(self.store.get(key), limit)
 
-    def fetch_first(self, schemas: Mapping[str, tuple[Mapping[str, Any], Sequence[str]]], deadline: float) -> tuple[str | None, Any]:
+    def fetch_first(self, schemas: Mapping[str, tuple[Mapping[str, Any], Sequence[str]]] | Sequence[str],
+                    deadline: float) -> tuple[str | None, Any]:
         """(key, value) of the first of these keys to hold a valid value; (None, None) at the deadline.
+
+        ``schemas``: key -> (fields, required) of the check-in protocol; plain keys accept any
+        JSON object.
 
         Never raises: when the store goes away (rank 0 hosted it and has ended), the error is
         kept in ``lost`` and (None, None) returned, so the caller reports what it knows.
         """
+        if not isinstance(schemas, Mapping):
+            schemas = {key: ({}, ()) for key in schemas}
         try:
             return self.protocol.wait_for(schemas, deadline)
         except StoreGone as exc:
@@ -528,11 +534,12 @@ class World:
 
     # -- check-in ------------------------------------------------------------------------
     def check_in(self, payload: Mapping[str, Any], deadline: float | None = None) -> int:
-        """Claim this rank and post the check-in; returns the claim number (1 = first claimant)."""
+        """Claim this rank and post the check-in; returns 1 when this process holds the rank, else
+        its claim number (a duplicate). ``claim`` keeps the number under which it checked in."""
         deadline = self.clock() + CLAIM_GRACE_S if deadline is None else deadline
         claim, duplicate = self.protocol.check_in(self.rank, {**payload, "nonce": self.nonce}, deadline)
         self.claim, self.duplicate = claim, duplicate
-        return claim
+        return claim if duplicate else 1
 
     def decide(self, decision: Mapping[str, Any]) -> None:
         """Rank 0 publishes the decision every rank follows (it alone decides in a world)."""
@@ -555,8 +562,8 @@ class World:
         return self.protocol.read_checkins(keys)
 
     # -- stages --------------------------------------------------------------------------
-    def mark_done(self, stage: str, results: Mapping[str, Any]) -> None:
-        self.put(f"results/{stage}/{self.rank}", results)
+    def mark_done(self, stage: str, results: Mapping[str, Any], limit: int = MAX_MESSAGE_BYTES) -> None:
+        self.put(f"results/{stage}/{self.rank}", results, limit)
         self.protocol.mark(f"done/{stage}", self.rank)
 
     def done_ranks(self, stage: str) -> set[int]:
