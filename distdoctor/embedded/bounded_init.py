@@ -5,13 +5,13 @@ others connect) and rank 0 then waits for every worker: a rank that never comes 
 after ``timeout`` (10-30 min by default), as "Timed out ... waiting for clients. 1/2 clients
 joined" at rank 0 and as a socket timeout elsewhere, without saying which rank is missing.
 
-Before torch's call, every rank here opens the same store with a short deadline and checks in
-under ``distdoctor/init/<attempt>/``:
-- ``claim/<rank>``: a counter; 2 or more means two processes claim one rank;
-- ``rank/<rank>``:  host, pid and the world size this process was given;
-- ``decision``:     rank 0's verdict, set once with compare_set, so every rank acts on one
-                    decision (a rank that gives up first sets an abort verdict the same way).
-Rank 0 waits with a deadline, lists the ranks that are absent and publishes the verdict. The
+Before torch's call, every rank here opens the same store with a short deadline (bounded on
+every rank, a foreign service on the port included) and checks in under
+``distdoctor/init/<run>/<restart>/<attempt>/`` with the one check-in protocol
+(distdoctor.world.checkin): a claim (two claimants of one rank are named), its check-in (host,
+pid, the world size it was given) and a roster line; rank 0 waits with a deadline, lists the
+ranks that are absent and publishes the verdict with compare_set, so every rank acts on one
+decision (a rank that gives up first sets an abort verdict the same way). The
 store is opened with ``multi_tenant=True``, as torch opens it, so torch's own TCPStore in the
 same process reuses the listening server: on success torch's call then runs with the user's
 arguments unchanged and finds every rank already there. Under torchrun

@@ -6,9 +6,10 @@
     distdoctor.preflight(model=model, dataloader=loader)   # raises PreflightError on every rank
 
 preflight's exchange, in order (every step has a deadline within ``timeout``):
-1. check-in through the process group's store: every rank sets ``arrive/<rank>``. Rank 0 waits
-   for all and sets one verdict with compare_set (``ok``, or an abort naming the ranks that
-   never came); a rank that gives up first sets the abort verdict the same way. So all ranks
+1. check-in through the process group's store, with the one check-in protocol
+   (distdoctor.world.checkin). Rank 0 waits for all and sets one verdict with compare_set
+   (``ok``, or an abort naming the ranks that never came); a rank that gives up first sets the
+   abort verdict the same way. So all ranks
    act on one decision and no rank enters a collective that another has abandoned. (Without a
    store, e.g. the MPI backend, this step is skipped and the collectives' deadlines remain.)
 2. the local registry checks (cheap ones, tight deadline);

@@ -8,18 +8,13 @@ Who hosts the store:
 - otherwise (srun, mpirun, variables set by hand) rank 0 hosts a TCPStore on MASTER_PORT and the
   other ranks connect to it; the store is released when rank 0 is done.
 
-What crosses the wire (every key under one namespace, ``distdoctor/<run>``):
-- ``claim/<rank>``     a counter every process claiming that rank adds 1 to; the answer tells a
-                       process whether it is the first claimant (1) or a duplicate (2, 3, ...).
-- ``checkin/<rank>/<claim>``  that process's check-in (JSON, bounded), so duplicates never
-                       overwrite each other.
-- ``roster``           one appended line per process (``rank:claim;``): rank 0 reads every
-                       arrival with one request, whatever the world size.
-- ``decision``         rank 0's verdict after the rendezvous stage, the same for every rank.
-- ``done/<stage>`` + ``results/<stage>/<rank>``  who finished a stage, and with what.
-- ``final``            the exit code rank 0 settled on; the others exit with it after rank 0 printed.
+What crosses the wire (every key under one namespace, ``distdoctor/<run>``): the check-in
+protocol's keys (distdoctor.world.checkin: ``claim/<rank>``, ``checkin/<rank>/<claim>``,
+``roster``, ``decision``, ``final``), and the world's own: ``done/<stage>`` +
+``results/<stage>/<rank>`` (who finished a stage, and with what), ``pgfail/<backend>`` (a rank
+whose process group failed), ``bye`` (who read the final word). Every value read is checked
+against a schema (the store has no authentication); every wait polls with a deadline.
 Messages at rank 0 are O(1) per poll plus one multi_get per phase; bytes are O(world size).
-Every operation has a deadline: waits poll ``check`` (never a blocking get on a missing key).
 """
 
 from __future__ import annotations
