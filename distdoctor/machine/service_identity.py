@@ -26,6 +26,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
@@ -83,6 +84,26 @@ def _connect(address: tuple, family: int, timeout: float) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _http_answer(host: str, address: tuple, family: int, left: Any, start: float) -> PortIdentity | None:
+    """A FOREIGN or SILENT identity from an HTTP request on a fresh connection; None when it stays silent."""
+    try:
+        http = _connect(address, family, min(left(), 1.0))
+    except OSError as exc:
+        return PortIdentity(SILENT, f"silent to a c10d ping, then refused a second connection ({exc.strerror or exc})",
+                            elapsed_s=time.monotonic() - start)
+    try:
+        http.sendall(f"HEAD / HTTP/1.0\r\nHost: {host}\r\nUser-Agent: distdoctor\r\n\r\n".encode())
+        answer = _recv(http, left())
+    except OSError:
+        answer = None
+    finally:
+        http.close()
+    if answer:
+        return PortIdentity(FOREIGN, "it does not answer a c10d store ping but answers an HTTP request",
+                            _printable(answer), _protocol(answer) or "unknown", time.monotonic() - start)
+    return None
 
 
 def _parent_holds(sock: socket.socket, port: int) -> str:
@@ -160,21 +181,9 @@ def identify(host: str, port: int, timeout: float = 1.5) -> PortIdentity:
 
     # Step 3: silent to the store protocol. Is it a web server waiting for a request line?
     if left() > 0.1:
-        try:
-            http = _connect(address, family, min(left(), 1.0))
-        except OSError as exc:
-            return PortIdentity(SILENT, f"silent to a c10d ping, then refused a second connection ({exc.strerror or exc})",
-                                elapsed_s=time.monotonic() - start)
-        try:
-            http.sendall(f"HEAD / HTTP/1.0\r\nHost: {host}\r\nUser-Agent: distdoctor\r\n\r\n".encode())
-            answer = _recv(http, left())
-        except OSError:
-            answer = None
-        finally:
-            http.close()
-        if answer:
-            return PortIdentity(FOREIGN, "it does not answer a c10d store ping but answers an HTTP request",
-                                _printable(answer), _protocol(answer) or "unknown", time.monotonic() - start)
+        answer = _http_answer(host, address, family, left, start)
+        if isinstance(answer, PortIdentity):
+            return answer
     if holder:
         return PortIdentity(C10D_STORE, f"it did not answer a store ping within {budget:g}s, but it is held by "
                             f"this process's launcher ({holder}), which hosts the c10d store: a busy store",
