@@ -173,7 +173,7 @@ class CheckInProtocol:
         self._roster: dict[tuple[int, int], None] = {}
         self._verified: set[tuple[int, int]] = set()
         self._dangling: set[tuple[int, int]] = set()
-        self._per_bucket: dict[int, int] = {}
+        self._outside = 0
         # Valid check-ins already read (a malformed one is read again: the real one may replace it).
         self._payloads: dict[tuple[int, int], dict[str, Any]] = {}
         # The roster is parsed incrementally; the watchdog's thread reads it too.
@@ -309,11 +309,17 @@ class CheckInProtocol:
             if entry not in self._roster:
                 # Bounded per rank of the world, and for ranks outside it, so a flood of lines
                 # can never push a real rank's line out.
-                bucket = entry[0] if entry[0] < expected else -1
-                if self._per_bucket.get(bucket, 0) >= (MAX_CLAIMS_TRACKED if bucket >= 0 else ROSTER_SLACK):
+                # (a rank of the world: its claims 1..MAX_CLAIMS_TRACKED, whatever came first;
+                # ranks outside it: the first ROSTER_SLACK lines).
+                if entry[0] < expected:
+                    if entry[1] > MAX_CLAIMS_TRACKED:
+                        bad += 1
+                        continue
+                elif self._outside >= ROSTER_SLACK:
                     bad += 1
                     continue
-                self._per_bucket[bucket] = self._per_bucket.get(bucket, 0) + 1
+                else:
+                    self._outside += 1
                 self._roster[entry] = None
         if bad:
             self.note("roster", f"{bad} line(s) that are not 'rank:claim;' within the bounds "
