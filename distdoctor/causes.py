@@ -43,6 +43,9 @@ CAUSES: dict[str, str] = {
     'ib_rdma_issue': (
         'the InfiniBand/RoCE path is missing, down or mis-set (NCCL_IB_*, memlock limits for RDMA)'
     ),
+    'p2p_blocked': (
+        'direct GPU-to-GPU traffic (PCIe peer-to-peer, NVLink) is blocked or broken: IOMMU or PCIe ACS on, a VM without P2P; NCCL hangs right after init or fails in P2P transport (NCCL_P2P_DISABLE=1 works around it)'
+    ),
     'backend_unavailable': (
         'the requested backend (nccl, gloo, mpi, ucc, xccl) or torch.distributed itself is not built into this torch'
     ),
@@ -72,6 +75,9 @@ CAUSES: dict[str, str] = {
     ),
     'collective_mismatch': (
         'ranks issue different collectives, or in a different order'
+    ),
+    'slow_link': (
+        'a link between ranks or hosts is much slower (bandwidth or latency) than its peers — a NIC negotiated down, traffic over the wrong interface, IB fallen back to TCP — so every collective runs at its pace'
     ),
     'straggler_rank': (
         'a rank arrives at a collective far later than the others; the others wait or time out'

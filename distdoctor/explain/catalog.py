@@ -17,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from distdoctor.causes import CAUSES
 from distdoctor.findings import FindingKind
 from distdoctor.registry import finding_kind
 
@@ -35,17 +36,40 @@ def _signal_name(value: str) -> str:
         return f"signal {value}"
 
 
+def _shape(value: str) -> str:
+    """DETAIL prints dims as '2 3', fingerprints as '2, 3': both render as [2, 3]."""
+    dims = value.replace(",", " ").split()
+    return "[" + ", ".join(dims) + "]"
+
+
 # Named transforms a `derive` entry may apply: "src1,src2:transform".
 DERIVATIONS: dict[str, Callable[[str], str]] = {
     "signal": _signal_name,
+    "shape": _shape,
 }
 
 
 @dataclass(frozen=True)
 class Candidate:
+    """One alternative cause of a generic text: how likely, why, and the observation that decides."""
+
     kind: FindingKind
     confidence: float
     why: str
+    tell: str = ""
+
+
+@dataclass(frozen=True)
+class Cue:
+    """A line that names no failure itself but makes some candidate causes likelier (or less likely)
+    for every generic message in the same logs: an OOM-killer line, an NCCL INFO line naming the
+    interface, a loopback address."""
+
+    name: str
+    tokens: tuple[str, ...]
+    regex: re.Pattern[str]
+    boost: Mapping[str, float]
+    note: str
 
 
 @dataclass(frozen=True)
@@ -95,6 +119,10 @@ class Signature:
     tell_apart: str = ""
     fields: Mapping[str, str] = field(default_factory=dict)
     derive: tuple[Derivation, ...] = ()
+    # For a generic text: the observation that confirms the signature's own (first) cause.
+    tell: str = ""
+    # More patterns searched in the same line, for fields the main pattern cannot reach.
+    also: tuple[re.Pattern[str], ...] = ()
 
     @property
     def cause(self) -> str:
@@ -103,6 +131,10 @@ class Signature:
     def extract(self, match: re.Match[str]) -> dict[str, str]:
         """The named groups that matched, plus constant and derived fields."""
         fields = {k: v.strip() for k, v in match.groupdict().items() if v}
+        for extra in self.also:
+            found = extra.search(match.string)
+            if found:
+                fields.update({k: v.strip() for k, v in found.groupdict().items() if v and k not in fields})
         for k, v in self.fields.items():
             fields.setdefault(k, v)
         for derivation in self.derive:
@@ -115,8 +147,9 @@ class Catalog:
     kinds: Mapping[str, FindingKind]
     contexts: tuple[Context, ...]
     signatures: tuple[Signature, ...]
-    # token -> the contexts and signatures it may announce (the scanner's fast path)
-    token_index: Mapping[str, tuple[Context | Signature, ...]]
+    # token -> the contexts, cues and signatures it may announce (the scanner's fast path)
+    token_index: Mapping[str, tuple[Context | Cue | Signature, ...]]
+    cues: tuple[Cue, ...] = ()
 
     def signature(self, name: str) -> Signature:
         for sig in self.signatures:
@@ -185,7 +218,8 @@ def parse_catalog(raw: Mapping[str, Any], register: Callable[..., FindingKind] =
                 raise CatalogError(f"{where}: unknown derivation {transform!r}")
             derive.append(Derivation(target, tuple(s.strip() for s in sources.split(",")), DERIVATIONS.get(transform)))
         candidates = tuple(
-            Candidate(kind_of(where, c["kind"]), float(c["confidence"]), c["why"]) for c in entry.get("candidates", ())
+            Candidate(kind_of(where, c["kind"]), float(c["confidence"]), c["why"], c.get("tell", ""))
+            for c in entry.get("candidates", ())
         )
         sig = Signature(
             name=entry["name"],
@@ -202,9 +236,11 @@ def parse_catalog(raw: Mapping[str, Any], register: Callable[..., FindingKind] =
             tell_apart=entry.get("tell_apart", ""),
             fields=dict(entry.get("fields", {})),
             derive=tuple(derive),
+            tell=entry.get("tell", ""),
+            also=tuple(_compile(where, p) for p in entry.get("also", ())),
         )
-        known = set(regex.groupindex) | set(sig.fields) | {d.target for d in derive} | CONTEXT_FIELDS
-        texts = [sig.title, sig.remediation, sig.tell_apart] + [c.why for c in candidates]
+        known = set(regex.groupindex).union(*(a.groupindex for a in sig.also)) | set(sig.fields) | {d.target for d in derive} | CONTEXT_FIELDS
+        texts = [sig.title, sig.remediation, sig.tell_apart, sig.tell] + [c.why for c in candidates] + [c.tell for c in candidates]
         unknown = set().union(*(_template_fields(t) for t in texts)) - known
         if unknown:
             raise CatalogError(f"{where}: templates name fields the pattern never extracts: {sorted(unknown)}")
@@ -212,6 +248,7 @@ def parse_catalog(raw: Mapping[str, Any], register: Callable[..., FindingKind] =
             raise CatalogError(f"{where}: key names unknown fields {sorted(set(sig.key) - known)}")
         if candidates and not sig.tell_apart:
             raise CatalogError(f"{where}: candidates without tell_apart (say how to decide between them)")
+        _check_candidates(where, sig)
         signatures.append(sig)
 
     for sig in signatures:
@@ -219,8 +256,9 @@ def parse_catalog(raw: Mapping[str, Any], register: Callable[..., FindingKind] =
         if missing:
             raise CatalogError(f"signature {sig.name}: explains unknown signatures {sorted(missing)}")
 
-    index: dict[str, list[Context | Signature]] = {}
-    for item in [*contexts, *signatures]:
+    cues = _parse_cues(raw.get("cue", []))
+    index: dict[str, list[Context | Cue | Signature]] = {}
+    for item in [*contexts, *cues, *signatures]:
         for token in item.tokens:
             index.setdefault(token, []).append(item)
     return Catalog(
@@ -228,7 +266,40 @@ def parse_catalog(raw: Mapping[str, Any], register: Callable[..., FindingKind] =
         contexts=tuple(contexts),
         signatures=tuple(signatures),
         token_index={t: tuple(items) for t, items in index.items()},
+        cues=tuple(cues),
     )
+
+
+# A generic text names at least this many distinct causes (its own and its candidates').
+MIN_GENERIC_CAUSES = 3
+
+
+def _check_candidates(where: str, sig: Signature) -> None:
+    """A generic text lists >= 3 distinct causes, each with the observation that tells it apart."""
+    if not sig.candidates:
+        return
+    causes = [sig.cause] + [c.kind.cause for c in sig.candidates]
+    if len(set(causes)) != len(causes):
+        raise CatalogError(f"{where}: a cause is listed twice among the candidates")
+    if len(causes) < MIN_GENERIC_CAUSES:
+        raise CatalogError(f"{where}: a generic text needs at least {MIN_GENERIC_CAUSES} distinct candidate causes")
+    if not sig.tell or any(not c.tell for c in sig.candidates):
+        raise CatalogError(f"{where}: every candidate needs `tell` (the observation that tells it apart)")
+
+
+def _parse_cues(entries: list[Mapping[str, Any]]) -> list[Cue]:
+    cues = []
+    for entry in entries:
+        where = f"cue {entry['name']}"
+        boost = {str(k): float(v) for k, v in entry.get("boost", {}).items()}
+        unknown = set(boost) - set(CAUSES)
+        if unknown:
+            raise CatalogError(f"{where}: boosts causes outside the vocabulary: {sorted(unknown)}")
+        if not entry.get("tokens"):
+            raise CatalogError(f"{where}: no tokens")
+        cues.append(Cue(entry["name"], tuple(entry["tokens"]), _compile(where, entry["pattern"]), boost,
+                        entry.get("note", "")))
+    return cues
 
 
 @lru_cache(maxsize=1)
