@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from distdoctor.explain.catalog import Catalog, Signature, render_template
 from distdoctor.explain.scan import Accumulator
-from distdoctor.findings import FindingKind
+from distdoctor.core.findings import FindingKind
 
 # A generic text never reaches this: its answer stays a ranked guess, however strong the cues.
 GENERIC_CEILING = 0.75

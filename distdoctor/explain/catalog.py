@@ -17,9 +17,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from distdoctor.causes import CAUSES
-from distdoctor.findings import FindingKind
-from distdoctor.registry import finding_kind
+from distdoctor.core.causes import CAUSES
+from distdoctor.core.findings import FindingKind
+from distdoctor.core.registry import finding_kind
 
 CATALOG_PATH = Path(__file__).with_name("catalog.toml")
 ROLES = ("cause", "crash", "symptom")

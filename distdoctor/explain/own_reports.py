@@ -13,8 +13,8 @@ from typing import Any, Iterator
 
 from distdoctor.explain.reader import LogSource, peek
 from distdoctor.explain.sanitize import clean_quote
-from distdoctor.causes import CAUSES
-from distdoctor.findings import ID_PATTERN, Finding, Severity
+from distdoctor.core.causes import CAUSES
+from distdoctor.core.findings import ID_PATTERN, Finding, Severity
 
 SCHEMA_PREFIX = "distdoctor.report/"
 MAX_REPORT_BYTES = 32 << 20  # larger inputs are logs, read in bounded blocks

@@ -31,8 +31,8 @@ from distdoctor.explain.candidates import Ranked, describe, rank_candidates
 from distdoctor.explain.catalog import Catalog, render_template
 from distdoctor.explain.own_reports import findings_of_report
 from distdoctor.explain.scan import MAX_EVIDENCE, Accumulator, Group
-from distdoctor.findings import Finding
-from distdoctor.report import format_ranks
+from distdoctor.core.findings import Finding
+from distdoctor.core.report import format_ranks
 
 CHECK_NAME = "explain"
 CORROBORATION_BONUS = 0.1

@@ -8,7 +8,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from distdoctor.causes import CAUSES  # noqa: E402
+from distdoctor.core.causes import CAUSES  # noqa: E402
 from distdoctor.explain import CATALOG  # noqa: E402
 
 HEADER = """# log — causes named from a failed job's logs (`distdoctor explain`)
