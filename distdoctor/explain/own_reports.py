@@ -89,8 +89,14 @@ def summary(reports: list[dict]) -> str:
 
 
 def _looks_like_hang_report(report: dict) -> bool:
-    return any(isinstance(f, dict) and "hang" in str(f.get("check", "")) + str(f.get("id", "")) for f in
-               report.get("findings", [])[:MAX_FINDINGS]) or "guard" in str(report.get("world", {}).get("launcher", ""))
+    """The runtime guard's reports name a hang (by check or cause); the schema is the same."""
+    for f in report.get("findings", [])[:MAX_FINDINGS]:
+        if not isinstance(f, dict):
+            continue
+        where = f"{f.get('check', '')} {f.get('id', '')}".lower()
+        if f.get("cause") == "collective_timeout_hang" or any(w in where for w in ("hang", "guard", "watchdog")):
+            return True
+    return False
 
 
 def _text(value: Any, limit: int = MAX_TEXT) -> str:

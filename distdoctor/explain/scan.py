@@ -277,7 +277,7 @@ class Scanner:
         else:
             nccl = _NCCL_PREFIX.match(head)
             if nccl:
-                line_host = nccl.group("host")[:MAX_FIELD_CHARS]
+                line_host = clean_quote(nccl.group("host")[:MAX_FIELD_CHARS])
         for item, offset in items:
             if id(item) in seen:
                 continue
@@ -294,7 +294,8 @@ class Scanner:
                 continue
             sig: Signature = item
             self._noticed += 1
-            fields = {k: v[:MAX_FIELD_CHARS] for k, v in sig.extract(match).items()}
+            # Fields reach titles and remediations: they are cleaned like quotes (secrets, controls).
+            fields = {k: clean_quote(v[:MAX_FIELD_CHARS]) for k, v in sig.extract(match).items()}
             rank = line_rank
             if rank is None:
                 rank = small_int(context.get("rank"))
@@ -322,7 +323,7 @@ class Scanner:
     def _set_context(self, item: Context, match: re.Match[str], context: dict) -> None:
         for name in item.reset:
             context.pop(name, None)
-        context.update({k: v[:MAX_FIELD_CHARS] for k, v in match.groupdict().items() if v})
+        context.update({k: clean_quote(v[:MAX_FIELD_CHARS]) for k, v in match.groupdict().items() if v})
         context.update(item.fields)
         rank = small_int(context.get("rank"))
         if rank is None:
