@@ -62,6 +62,12 @@ def rank_candidates(sig: Signature, fields: dict, acc: Accumulator, catalog: Cat
             if delta:
                 r.confidence += delta
                 r.reasons.append(f"{cue.note} ({evidence['file']}:{evidence['line']})")
+    for field_name, cause, delta, note in sig.boost_if:
+        if fields.get(field_name):
+            for r in ranked:
+                if r.cause == cause:
+                    r.confidence += delta
+                    r.reasons.append(note)
     if silent_ranks:
         who = ", ".join(map(str, silent_ranks[:8]))
         for r in ranked:

@@ -42,10 +42,17 @@ def _shape(value: str) -> str:
     return "[" + ", ".join(dims) + "]"
 
 
+def _more_joined(value: str) -> str:
+    """'world_size=2, worker_count=4' -> 'yes' when more workers joined than the world has."""
+    numbers = [int(n) for n in re.findall(r"\d{1,7}", value)[:2]]
+    return "yes" if len(numbers) == 2 and numbers[1] > numbers[0] else ""
+
+
 # Named transforms a `derive` entry may apply: "src1,src2:transform".
 DERIVATIONS: dict[str, Callable[[str], str]] = {
     "signal": _signal_name,
     "shape": _shape,
+    "more_joined": _more_joined,
 }
 
 
@@ -88,7 +95,9 @@ class Derivation:
         for source in self.sources:
             value = fields.get(source)
             if value:
-                fields[self.target] = self.transform(value) if self.transform else value
+                derived = self.transform(value) if self.transform else value
+                if derived:
+                    fields[self.target] = derived
                 return
 
 
@@ -123,6 +132,8 @@ class Signature:
     tell: str = ""
     # More patterns searched in the same line, for fields the main pattern cannot reach.
     also: tuple[re.Pattern[str], ...] = ()
+    # Candidate boosts that apply when the message itself shows a field: (field, cause, delta, note).
+    boost_if: tuple[tuple[str, str, float, str], ...] = ()
 
     @property
     def cause(self) -> str:
@@ -238,6 +249,7 @@ def parse_catalog(raw: Mapping[str, Any], register: Callable[..., FindingKind] =
             derive=tuple(derive),
             tell=entry.get("tell", ""),
             also=tuple(_compile(where, p) for p in entry.get("also", ())),
+            boost_if=tuple((b["field"], b["cause"], float(b["delta"]), b.get("note", "")) for b in entry.get("boost_if", ())),
         )
         known = set(regex.groupindex).union(*(a.groupindex for a in sig.also)) | set(sig.fields) | {d.target for d in derive} | CONTEXT_FIELDS
         texts = [sig.title, sig.remediation, sig.tell_apart, sig.tell] + [c.why for c in candidates] + [c.tell for c in candidates]
