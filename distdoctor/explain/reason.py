@@ -30,6 +30,7 @@ from typing import Any
 from distdoctor.explain.candidates import Ranked, describe, rank_candidates
 from distdoctor.explain.catalog import Catalog, render_template
 from distdoctor.explain.own_reports import findings_of_report
+from distdoctor.explain.sanitize import clean_quote
 from distdoctor.explain.scan import MAX_EVIDENCE, Accumulator, Group
 from distdoctor.core.findings import Finding
 from distdoctor.core.report import format_ranks
@@ -346,7 +347,7 @@ def _watchdog_mismatch_finding(root: Root, catalog: Catalog) -> Finding:
 def _unknown_finding(acc: Accumulator, catalog: Catalog) -> Finding:
     kind = catalog.kinds["log.W030"]
     lines = sorted(acc.relevant, key=lambda item: (item[1], item[2]))
-    evidence = [{"file": f, "line": n, "text": t} for _, _, n, f, t in lines]
+    evidence = [{"file": f, "line": n, "text": clean_quote(t)} for _, _, n, f, t in lines]
     if evidence:
         detail = ["No known failure signature matched. The lines that look most relevant:"] + _quote(evidence, len(evidence))
     else:

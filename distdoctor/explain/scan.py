@@ -25,6 +25,7 @@ RELEVANT_LINES = 8  # lines kept for the "nothing matched" answer
 # work per line is bounded whatever the line's length (a 200 kB line of hex is not a message).
 WINDOW_BEFORE = 1024
 WINDOW_AFTER = 2048
+CUE_LINES_PER_BLOCK = 8  # lines a cue-only token is tried on per block (it counts once anyway)
 MAX_FIELD_CHARS = 200  # an extracted field longer than this is cut (a 5000-digit "rank")
 MAX_RANK_DIGITS = 7  # ranks are < 10 million; a longer number is not a rank
 
@@ -212,7 +213,7 @@ class Scanner:
     def __init__(self, catalog: Catalog, accumulator: Accumulator | None = None) -> None:
         self.catalog = catalog
         self.acc = accumulator or Accumulator()
-        self._tokens = search_tokens(catalog)
+        self._tokens = [(t, items, _cue_only(items)) for t, items in search_tokens(catalog)]
         self._relevance = list(RELEVANCE_TOKENS.items())
 
     def scan(self, source: LogSource, source_index: int) -> int:
@@ -221,21 +222,36 @@ class Scanner:
         self._noticed = 0
         for block, first_line in iter_blocks(source):
             self._scan_block(block, first_line, source, source_index, context)
+            self._drop_seen_cues()
         if source.rank_hint is not None:
             self.acc.ranks_seen.add(source.rank_hint)
             if self._noticed == 0:
                 self.acc.quiet_ranks.add(source.rank_hint)
         return self._noticed
 
+    def _drop_seen_cues(self) -> None:
+        """A cue counts once: its tokens stop being searched after it was seen (NCCL INFO chatter
+        repeats them on every line)."""
+        if not self.acc.cues:
+            return
+        kept = []
+        for token, items, _ in self._tokens:
+            items = tuple(i for i in items if not (isinstance(i, Cue) and i.name in self.acc.cues))
+            if items:
+                kept.append((token, items, _cue_only(items)))
+        self._tokens = kept
+
     def _scan_block(self, block: str, first_line: int, source: LogSource, source_index: int, context: dict) -> None:
         hits: dict[int, list] = {}
         relevance: dict[int, int] = {}
         find = block.find
-        for token, items in self._tokens:
+        for token, items, cue_only in self._tokens:
             i = find(token)
-            while i != -1:
+            budget = CUE_LINES_PER_BLOCK if cue_only else -1
+            while i != -1 and budget != 0:
                 start = block.rfind("\n", 0, i) + 1
                 hits.setdefault(start, []).extend((item, i - start) for item in items)
+                budget -= 1  # a cue counts once: a few candidate lines per block are enough
                 end = find("\n", i)
                 i = find(token, end) if end != -1 else -1
         lower = block.lower()  # lower() can change the length of some non-ASCII text; then positions would not align
@@ -262,7 +278,8 @@ class Scanner:
                 self._match_line(text, line_no, hits[start], source, source_index, context)
             if start in relevance:
                 score = relevance[start] + (2 if _EXCEPTION_LINE.match(text) else 0)
-                self.acc.add_relevant(score, source_index, line_no, source.name, quote_line(text))
+                # Cut now (bounded memory), clean only the few kept (cleaning every warning line costs).
+                self.acc.add_relevant(score, source_index, line_no, source.name, _cut_line(text))
 
     def _match_line(self, line: str, line_no: int, items: Iterable, source: LogSource, source_index: int,
                     context: dict) -> None:
@@ -332,6 +349,10 @@ class Scanner:
             self.acc.ranks_seen.add(rank)
         if "host" in context:
             self.acc.hosts_seen.add(context["host"])
+
+
+def _cue_only(items: tuple) -> bool:
+    return all(isinstance(i, Cue) for i in items)
 
 
 def _window(line: str, offset: int) -> str:
