@@ -213,7 +213,17 @@ class Scanner:
     def __init__(self, catalog: Catalog, accumulator: Accumulator | None = None) -> None:
         self.catalog = catalog
         self.acc = accumulator or Accumulator()
-        self._tokens = [(t, items, _cue_only(items)) for t, items in search_tokens(catalog)]
+        tokens = [(t, items, _cue_only(items)) for t, items in search_tokens(catalog)]
+        # Tokens that contain a relevance word are tried only on the lines that word is on (the
+        # relevance pass finds them anyway): one block pass fewer per such token.
+        self._gated: dict[str, list] = {}
+        self._tokens = []
+        for entry in tokens:
+            word = next((w for w in GATE_WORDS if w in entry[0].lower()), None)
+            if word is None:
+                self._tokens.append(entry)
+            else:
+                self._gated.setdefault(word, []).append(entry)
         self._relevance = list(RELEVANCE_TOKENS.items())
 
     def scan(self, source: LogSource, source_index: int) -> int:
@@ -234,41 +244,28 @@ class Scanner:
         repeats them on every line)."""
         if not self.acc.cues:
             return
-        kept = []
-        for token, items, _ in self._tokens:
-            items = tuple(i for i in items if not (isinstance(i, Cue) and i.name in self.acc.cues))
-            if items:
-                kept.append((token, items, _cue_only(items)))
-        self._tokens = kept
+        self._tokens = _without_seen_cues(self._tokens, self.acc.cues)
+        self._gated = {w: _without_seen_cues(t, self.acc.cues) for w, t in self._gated.items()}
 
     def _scan_block(self, block: str, first_line: int, source: LogSource, source_index: int, context: dict) -> None:
         hits: dict[int, list] = {}
+        _find_tokens(block, self._tokens, hits)
+        lower = block.lower()
         relevance: dict[int, int] = {}
-        find = block.find
-        for token, items, cue_only in self._tokens:
-            i = find(token)
-            budget = CUE_LINES_PER_BLOCK if cue_only else -1
-            while i != -1 and budget != 0:
-                start = block.rfind("\n", 0, i) + 1
-                hits.setdefault(start, []).extend((item, i - start) for item in items)
-                budget -= 1  # a cue counts once: a few candidate lines per block are enough
-                end = find("\n", i)
-                i = find(token, end) if end != -1 else -1
-        lower = block.lower()  # lower() can change the length of some non-ASCII text; then positions would not align
-        if len(lower) != len(block):
-            lower = block
-        lfind = lower.find
-        for token, weight in self._relevance:
-            i = lfind(token)
-            while i != -1:
-                start = block.rfind("\n", 0, i) + 1
-                relevance[start] = relevance.get(start, 0) + weight
-                end = find("\n", i)
-                i = lfind(token, end) if end != -1 else -1
+        word_lines: dict[str, list[int]] = {}
+        if len(lower) == len(block):
+            _find_relevance(block, lower, self._relevance, relevance, word_lines)
+            _find_gated(block, self._gated, word_lines, hits)
+        else:
+            # lower() changed the length of some non-ASCII text, so positions would not align:
+            # search this block the plain way.
+            _find_relevance(block, block, self._relevance, relevance, word_lines)
+            _find_tokens(block, [t for toks in self._gated.values() for t in toks], hits)
         if not hits and not relevance:
             return
         line_no, pos = first_line, 0
         self._noticed += len(relevance)
+        find = block.find
         for start in sorted(hits.keys() | relevance.keys()):
             line_no += block.count("\n", pos, start)
             pos = start
@@ -349,6 +346,57 @@ class Scanner:
             self.acc.ranks_seen.add(rank)
         if "host" in context:
             self.acc.hosts_seen.add(context["host"])
+
+
+GATE_WORDS = ("error", "exception", "failed", "timed out", "timeout", "killed", "fatal", "abort")
+
+
+def _find_tokens(block: str, tokens: list, hits: dict[int, list]) -> None:
+    find = block.find
+    for token, items, cue_only in tokens:
+        i = find(token)
+        budget = CUE_LINES_PER_BLOCK if cue_only else -1
+        while i != -1 and budget != 0:
+            start = block.rfind("\n", 0, i) + 1
+            hits.setdefault(start, []).extend((item, i - start) for item in items)
+            budget -= 1  # a cue counts once: a few candidate lines per block are enough
+            end = find("\n", i)
+            i = find(token, end) if end != -1 else -1
+
+
+def _find_relevance(block: str, lower: str, words: list, relevance: dict[int, int],
+                    word_lines: dict[str, list[int]]) -> None:
+    find, lfind = block.find, lower.find
+    for word, weight in words:
+        lines = word_lines.setdefault(word, [])
+        i = lfind(word)
+        while i != -1:
+            start = block.rfind("\n", 0, i) + 1
+            relevance[start] = relevance.get(start, 0) + weight
+            lines.append(start)
+            end = find("\n", i)
+            i = lfind(word, end) if end != -1 else -1
+
+
+def _find_gated(block: str, gated: dict[str, list], word_lines: dict[str, list[int]], hits: dict[int, list]) -> None:
+    find = block.find
+    for word, tokens in gated.items():
+        for start in word_lines.get(word, ()):
+            end = find("\n", start)
+            line = block[start:end if end != -1 else len(block)]
+            for token, items, _ in tokens:
+                j = line.find(token)
+                if j != -1:
+                    hits.setdefault(start, []).extend((item, j) for item in items)
+
+
+def _without_seen_cues(tokens: list, seen: dict) -> list:
+    kept = []
+    for token, items, _ in tokens:
+        items = tuple(i for i in items if not (isinstance(i, Cue) and i.name in seen))
+        if items:
+            kept.append((token, items, _cue_only(items)))
+    return kept
 
 
 def _cue_only(items: tuple) -> bool:
