@@ -53,6 +53,7 @@ DERIVATIONS: dict[str, Callable[[str], str]] = {
     "signal": _signal_name,
     "shape": _shape,
     "more_joined": _more_joined,
+    "seq_tag": lambda value: f" #{value}",
 }
 
 
@@ -321,10 +322,11 @@ def load_catalog(path: Path = CATALOG_PATH) -> Catalog:
 
 
 class SafeFields(dict):
-    """format_map mapping: a field the log did not show renders as <field>."""
+    """format_map mapping: a field the log did not show renders as <field> (an optional one,
+    named *_opt, as nothing)."""
 
     def __missing__(self, key: str) -> str:
-        return f"<{key}>"
+        return "" if key.endswith("_opt") else f"<{key}>"
 
 
 def render_template(template: str, fields: Mapping[str, Any]) -> str:

@@ -83,17 +83,46 @@ def test_loopback_timeout_does_not_lead_with_a_firewall():
     assert any("loopback" in r for r in firewall["reordered_by"])
 
 
-def test_an_oom_line_reorders_a_watchdog_timeout():
-    timeout = ("[rank0]:[E1218 20:27:21.4 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught collective operation "
-               "timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600081 "
-               "milliseconds before timing out.\n")
-    alone = explain_text(timeout).findings[0]
-    with_oom = explain_text(timeout + "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
-    assert alone.cause != "rank_missing" or alone.data["candidates"][0]["confidence"] < \
-        with_oom.findings[0].data["candidates"][0]["confidence"]
-    ranked = [c["cause"] for c in with_oom.findings[0].data["candidates"]] if with_oom.findings[0].data.get(
-        "candidates") else [f.cause for f in with_oom.findings]
-    assert "rank_missing" in ranked[:2] or with_oom.findings[0].cause == "unknown"
+def test_a_sigkill_line_reorders_a_lost_peer():
+    lost = "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [10.0.0.2]:41234: Connection reset by peer\n"
+    alone = explain_text(lost).findings[0]
+    killed = explain_text(lost + "  traceback : Signal 9 (SIGKILL) received by PID 4242\n").findings[0]
+    assert alone.data["candidates"][0]["cause"] == "oom_killed_rank"  # the prior order
+    first = killed.data["candidates"][0]
+    assert first["cause"] == "oom_killed_rank" and first["confidence"] > alone.data["candidates"][0]["confidence"]
+    assert any("OOM killer" in r for r in first["reordered_by"])
+    assert len(explain_text(lost + "  traceback : Signal 9 (SIGKILL) received by PID 4242\n").findings) == 1
+
+
+def test_a_kernel_oom_line_explains_the_watchdog_timeouts():
+    text = ("[rank0]:[E1218 20:27:21.4 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught collective operation "
+            "timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600081 "
+            "milliseconds before timing out.\n"
+            "[Mon Jan  1 10:00:00 2024] Out of memory: Killed process 4242 (python) total-vm:1234kB\n")
+    report = explain_text(text)
+    assert report.findings[0].cause == "oom_killed_rank" and len(report.findings) == 1
+    assert report.findings[0].data["consequences"][0]["signature"] == "nccl_watchdog_timeout"
+
+
+OLD_WORDINGS = {
+    # torch 1.9/1.10 torchrun summary
+    "Root Cause:\n[0]:\n  time: 2021-09-14_01:45:50\n  rank: 2 (local_rank: 2)\n  exitcode: -9 (pid: 36071)\n"
+    "  error_file: <N/A>\n  msg: \"Signal 9 (SIGKILL) received by PID 36071\"\n": ("oom_killed_rank", (2,)),
+    # torch 1.10 watchdog without SeqNum
+    "[E ProcessGroupNCCL.cpp:587] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(OpType=ALLREDUCE, "
+    "Timeout(ms)=1800000) ran for 1800380 milliseconds before timing out.\n": (None, (0,)),
+    # torch 1.x TCPStore
+    "RuntimeError: connect() timed out. Original timeout was 1800000 ms.\n": ("master_unreachable", ()),
+}
+
+
+@pytest.mark.parametrize("text", OLD_WORDINGS, ids=["summary-1.9", "watchdog-1.10", "tcpstore-1.x"])
+def test_older_torch_wordings(text):
+    cause, ranks = OLD_WORDINGS[text]
+    top = explain_text(text).findings[0]
+    assert top.cause != "unknown" and top.ranks == ranks, (top.cause, top.title, top.ranks)
+    if cause:
+        assert top.cause == cause
 
 
 def test_an_nccl_info_line_naming_docker0_puts_wrong_interface_first():
