@@ -48,7 +48,8 @@ def explain_files(
         reports = read_reports(source)
         if reports is not None:
             acc.own_reports += [(source.name, r) for r in reports]
-            checks.append(_read_check(source, 0, time.monotonic() - t0, kind="distdoctor report"))
+            found = sum(len(r.get("findings", [])) for r in reports)
+            checks.append(_read_check(source, found, time.monotonic() - t0, kind="distdoctor report"))
             continue
         scanner.scan(source, index)
         if source.empty:

@@ -130,7 +130,8 @@ def _finding(raw: Any, file: str, status: str, kind: str) -> Finding | None:
         check=CHECK_NAME,
         data={"from_report": file, "report_status": status, "original_check": check,
               "original_data_keys": sorted(str(k)[:80] for k in list(data)[:50])},
-        confidence=1.0 if raw.get("confidence") is None else _confidence(raw.get("confidence")),
+        # A live check's finding has no confidence (it observed, it did not infer): keep it so.
+        confidence=None if raw.get("confidence") is None else _confidence(raw.get("confidence")),
     )
 
 
