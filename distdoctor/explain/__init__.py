@@ -1,12 +1,11 @@
-"""`distdoctor explain`: name the cause of a failed job from its logs.
+"""`distdoctor explain`: name the cause of a failed job from its logs."""
 
-    from distdoctor.explain import explain_files
-    report = explain_files(["rank0.log", "rank1.log"])   # a distdoctor.core.report.Report
-
-The signature catalog (catalog.toml) is data; scan.py matches it against the logs in bounded
-memory; reason.py turns the matches into findings with a cause, a confidence and the evidence.
-Importing this package registers the catalog's finding IDs (area ``log``). Nothing here prints.
-"""
+#     from distdoctor.explain import explain_files
+#     report = explain_files(["rank0.log", "rank1.log"])   # a distdoctor.core.report.Report
+#
+# The signature catalog (catalog.toml) is data; scan.py matches it against the logs in bounded
+# memory; reason.py turns the matches into findings with a cause, a confidence and the evidence.
+# Importing this package registers the catalog's finding IDs (area ``log``). Nothing here prints.
 
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
-"""Rank the candidate causes of a generic message, using what the other lines of the logs show.
+"""Rank the candidate causes of a generic message, using what the other lines of the logs show."""
 
-A generic text (a watchdog timeout, "Socket Timeout", "unhandled system error", a bare
-ChildFailedError, "Connection closed by peer") fits several causes. The catalog lists them with
-a prior confidence — the order in which they turned out to be the real cause in the public
-threads of the development corpus (tests/explain/corpus) — and the observation that tells each
-apart. The rest of the logs then reorders them: a cue line (an OOM kill, an NCCL INFO line naming
-docker0, a loopback address) adds to or takes from the causes it bears on, and a per-rank log
-that is empty, or that ends without any error, makes "that rank died or never came" likelier.
-The result is one ranked list: alternatives of one finding, never separate errors.
-"""
+# A generic text (a watchdog timeout, "Socket Timeout", "unhandled system error", a bare
+# ChildFailedError, "Connection closed by peer") fits several causes. The catalog lists them with
+# a prior confidence — the order in which they turned out to be the real cause in the public
+# threads of the development corpus (tests/explain/corpus) — and the observation that tells each
+# apart. The rest of the logs then reorders them: a cue line (an OOM kill, an NCCL INFO line naming
+# docker0, a loopback address) adds to or takes from the causes it bears on, and a per-rank log
+# that is empty, or that ends without any error, makes "that rank died or never came" likelier.
+# The result is one ranked list: alternatives of one finding, never separate errors.
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
-"""Load the signature catalog (catalog.toml) into validated, compiled objects.
+"""Load the signature catalog (catalog.toml) into validated, compiled objects."""
 
-The catalog is data: adding a signature means adding a TOML table, not code. Loading checks
-everything a typo could break (an unknown kind, a cause outside the vocabulary, a regex that does
-not compile, a template naming a field no pattern extracts) so that a bad catalog fails at import,
-in the tests, rather than at a user's terminal.
-"""
+# The catalog is data: adding a signature means adding a TOML table, not code. Loading checks
+# everything a typo could break (an unknown kind, a cause outside the vocabulary, a regex that does
+# not compile, a template naming a field no pattern extracts) so that a bad catalog fails at import,
+# in the tests, rather than at a user's terminal.
 
 from __future__ import annotations
 
@@ -195,75 +194,14 @@ def parse_catalog(raw: Mapping[str, Any], register: Callable[..., FindingKind] =
             raise CatalogError(f"{where}: kind {kind_id!r} is not declared in the catalog")
         return kinds[kind_id]
 
-    contexts = []
-    for entry in raw.get("context", []):
-        where = f"context {entry['name']}"
-        contexts.append(
-            Context(
-                name=entry["name"],
-                tokens=tuple(entry["tokens"]),
-                regex=_compile(where, entry["pattern"]),
-                fields=dict(entry.get("fields", {})),
-                reset=tuple(entry.get("reset", ())),
-            )
-        )
-
+    contexts = [_parse_context(entry) for entry in raw.get("context", [])]
     signatures: list[Signature] = []
     names: set[str] = set()
     for entry in raw.get("signature", []):
-        where = f"signature {entry['name']}"
         if entry["name"] in names:
-            raise CatalogError(f"{where}: declared twice")
+            raise CatalogError(f"signature {entry['name']}: declared twice")
         names.add(entry["name"])
-        if entry["role"] not in ROLES:
-            raise CatalogError(f"{where}: role {entry['role']!r} is not one of {ROLES}")
-        confidence = float(entry["confidence"])
-        if not 0 < confidence <= 1:
-            raise CatalogError(f"{where}: confidence {confidence} is not in (0, 1]")
-        if not entry.get("tokens"):
-            raise CatalogError(f"{where}: no tokens (every signature needs a cheap prefilter)")
-        regex = _compile(where, entry["pattern"])
-        derive = []
-        for target, spec in entry.get("derive", {}).items():
-            sources, _, transform = spec.partition(":")
-            if transform and transform not in DERIVATIONS:
-                raise CatalogError(f"{where}: unknown derivation {transform!r}")
-            derive.append(Derivation(target, tuple(s.strip() for s in sources.split(",")), DERIVATIONS.get(transform)))
-        candidates = tuple(
-            Candidate(kind_of(where, c["kind"]), float(c["confidence"]), c["why"], c.get("tell", ""))
-            for c in entry.get("candidates", ())
-        )
-        sig = Signature(
-            name=entry["name"],
-            kind=kind_of(where, entry["kind"]),
-            role=entry["role"],
-            tokens=tuple(entry["tokens"]),
-            regex=regex,
-            confidence=confidence,
-            title=entry["title"],
-            remediation=entry["remediation"],
-            key=tuple(entry.get("key", ())),
-            explains=tuple(entry.get("explains", ())),
-            candidates=candidates,
-            tell_apart=entry.get("tell_apart", ""),
-            fields=dict(entry.get("fields", {})),
-            derive=tuple(derive),
-            tell=entry.get("tell", ""),
-            also=tuple(_compile(where, p) for p in entry.get("also", ())),
-            boost_if=tuple((b["field"], b["cause"], float(b["delta"]), b.get("note", "")) for b in entry.get("boost_if", ())),
-        )
-        known = set(regex.groupindex).union(*(a.groupindex for a in sig.also)) | set(sig.fields) | {d.target for d in derive} | CONTEXT_FIELDS
-        texts = [sig.title, sig.remediation, sig.tell_apart, sig.tell] + [c.why for c in candidates] + [c.tell for c in candidates]
-        unknown = set().union(*(_template_fields(t) for t in texts)) - known
-        if unknown:
-            raise CatalogError(f"{where}: templates name fields the pattern never extracts: {sorted(unknown)}")
-        if set(sig.key) - known:
-            raise CatalogError(f"{where}: key names unknown fields {sorted(set(sig.key) - known)}")
-        if candidates and not sig.tell_apart:
-            raise CatalogError(f"{where}: candidates without tell_apart (say how to decide between them)")
-        _check_candidates(where, sig)
-        signatures.append(sig)
-
+        signatures.append(_parse_signature(entry, kind_of))
     for sig in signatures:
         missing = set(sig.explains) - names
         if missing:
@@ -281,6 +219,75 @@ def parse_catalog(raw: Mapping[str, Any], register: Callable[..., FindingKind] =
         token_index={t: tuple(items) for t, items in index.items()},
         cues=tuple(cues),
     )
+
+
+def _parse_context(entry: Mapping[str, Any]) -> Context:
+    return Context(
+        name=entry["name"],
+        tokens=tuple(entry["tokens"]),
+        regex=_compile(f"context {entry['name']}", entry["pattern"]),
+        fields=dict(entry.get("fields", {})),
+        reset=tuple(entry.get("reset", ())),
+    )
+
+
+def _parse_derivations(where: str, entry: Mapping[str, Any]) -> tuple[Derivation, ...]:
+    derive = []
+    for target, spec in entry.get("derive", {}).items():
+        sources, _, transform = spec.partition(":")
+        if transform and transform not in DERIVATIONS:
+            raise CatalogError(f"{where}: unknown derivation {transform!r}")
+        derive.append(Derivation(target, tuple(s.strip() for s in sources.split(",")), DERIVATIONS.get(transform)))
+    return tuple(derive)
+
+
+def _parse_signature(entry: Mapping[str, Any], kind_of: Callable[[str, str], FindingKind]) -> Signature:
+    where = f"signature {entry['name']}"
+    if entry["role"] not in ROLES:
+        raise CatalogError(f"{where}: role {entry['role']!r} is not one of {ROLES}")
+    confidence = float(entry["confidence"])
+    if not 0 < confidence <= 1:
+        raise CatalogError(f"{where}: confidence {confidence} is not in (0, 1]")
+    if not entry.get("tokens"):
+        raise CatalogError(f"{where}: no tokens (every signature needs a cheap prefilter)")
+    sig = Signature(
+        name=entry["name"],
+        kind=kind_of(where, entry["kind"]),
+        role=entry["role"],
+        tokens=tuple(entry["tokens"]),
+        regex=_compile(where, entry["pattern"]),
+        confidence=confidence,
+        title=entry["title"],
+        remediation=entry["remediation"],
+        key=tuple(entry.get("key", ())),
+        explains=tuple(entry.get("explains", ())),
+        candidates=tuple(Candidate(kind_of(where, c["kind"]), float(c["confidence"]), c["why"], c.get("tell", ""))
+                         for c in entry.get("candidates", ())),
+        tell_apart=entry.get("tell_apart", ""),
+        fields=dict(entry.get("fields", {})),
+        derive=_parse_derivations(where, entry),
+        tell=entry.get("tell", ""),
+        also=tuple(_compile(where, p) for p in entry.get("also", ())),
+        boost_if=tuple((b["field"], b["cause"], float(b["delta"]), b.get("note", "")) for b in entry.get("boost_if", ())),
+    )
+    _check_templates(where, sig)
+    if sig.candidates and not sig.tell_apart:
+        raise CatalogError(f"{where}: candidates without tell_apart (say how to decide between them)")
+    _check_candidates(where, sig)
+    return sig
+
+
+def _check_templates(where: str, sig: Signature) -> None:
+    """Every field a template or key names is one the patterns, constants or derivations give."""
+    known = set(sig.regex.groupindex).union(*(a.groupindex for a in sig.also)) | set(sig.fields) \
+        | {d.target for d in sig.derive} | CONTEXT_FIELDS
+    texts = [sig.title, sig.remediation, sig.tell_apart, sig.tell] + [c.why for c in sig.candidates] \
+        + [c.tell for c in sig.candidates]
+    unknown = set().union(*(_template_fields(t) for t in texts)) - known
+    if unknown:
+        raise CatalogError(f"{where}: templates name fields the pattern never extracts: {sorted(unknown)}")
+    if set(sig.key) - known:
+        raise CatalogError(f"{where}: key names unknown fields {sorted(set(sig.key) - known)}")
 
 
 # A generic text names at least this many distinct causes (its own and its candidates').

@@ -1,10 +1,9 @@
-"""Read distdoctor's own JSON reports (schema distdoctor.report/1) given to `explain`, and say what they found.
+"""Read distdoctor's own JSON reports (schema distdoctor.report/1) given to `explain`, and say what they found."""
 
-`distdoctor check --format json`, `preflight()`'s report and the runtime guard's hang reports all
-use the one schema; they are read generically: every finding they carry is shown again, with its
-own ID and cause, marked as coming from that report. Several reports in one file (one JSON object
-per rank, or JSON lines) are all read. Anything that is not such a report is read as a log.
-"""
+# `distdoctor check --format json`, `preflight()`'s report and the runtime guard's hang reports all
+# use the one schema; they are read generically: every finding they carry is shown again, with its
+# own ID and cause, marked as coming from that report. Several reports in one file (one JSON object
+# per rank, or JSON lines) are all read. Anything that is not such a report is read as a log.
 
 from __future__ import annotations
 

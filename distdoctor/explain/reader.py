@@ -1,17 +1,16 @@
-"""Read log files (or stdin) as text blocks, in bounded memory, refusing what is not a text log.
+"""Read log files (or stdin) as text blocks, in bounded memory, refusing what is not a text log."""
 
-A log is read in blocks of about BLOCK_SIZE bytes cut at a line end, so memory does not grow with
-the file: a 100 MB log costs one block plus the partial line carried to the next. A single line
-longer than a block is cut (nobody's error message is a megabyte long; a binary blob would be).
-
-What is refused, with a message for the user (LogInputError, which the CLI turns into exit 2):
-a missing path, a directory, a FIFO or device (reading one could block forever: pipe it into
-`-` instead), an unreadable file, binary data (NUL bytes or mostly control characters) and text
-that is not UTF-8 in its first block (a latin-1 or UTF-16 file: converting it is the user's
-call, guessing would quote garbled evidence). After the first block, stray undecodable bytes (a
-progress bar cut mid-character) are replaced and counted. An empty log is not refused: a rank
-that printed nothing is evidence (it hung or was killed before its first line).
-"""
+# A log is read in blocks of about BLOCK_SIZE bytes cut at a line end, so memory does not grow with
+# the file: a 100 MB log costs one block plus the partial line carried to the next. A single line
+# longer than a block is cut (nobody's error message is a megabyte long; a binary blob would be).
+#
+# What is refused, with a message for the user (LogInputError, which the CLI turns into exit 2):
+# a missing path, a directory, a FIFO or device (reading one could block forever: pipe it into
+# `-` instead), an unreadable file, binary data (NUL bytes or mostly control characters) and text
+# that is not UTF-8 in its first block (a latin-1 or UTF-16 file: converting it is the user's
+# call, guessing would quote garbled evidence). After the first block, stray undecodable bytes (a
+# progress bar cut mid-character) are replaced and counted. An empty log is not refused: a rank
+# that printed nothing is evidence (it hung or was killed before its first line).
 
 from __future__ import annotations
 

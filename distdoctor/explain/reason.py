@@ -1,26 +1,25 @@
-"""Weigh the matches of a scan into findings: causes first, consequences folded into them.
+"""Weigh the matches of a scan into findings: causes first, consequences folded into them."""
 
-The rules, in order:
-1. A signature that `explains` another (catalog data) absorbs it: a host name that does not
-   resolve explains the store connect timeout that follows; a rank killed by SIGKILL explains the
-   "Connection reset by peer" its peers see.
-2. Symptoms (a peer vanished, a wait timed out) that no rule absorbed become consequences of the
-   first cause or crash in time, when there is one: the first failure is the cause, what other
-   ranks saw afterwards is its consequence.
-3. What is left is ranked by confidence (a crash that its peers' symptoms corroborate, or that
-   torchrun's summary calls the first observed failure, gains a little), then by time.
-4. A text with several possible causes (a generic text) yields one finding whose cause is the
-   first of its ranked candidates (candidates.py): the other lines of the logs reorder them,
-   and the finding lists them all as alternatives, each with the observation that decides.
-5. Several ranks timing out in NCCL collectives with different op types at one sequence number is
-   a collective mismatch, whatever each line alone suggests.
-6. Ranks lost a peer ("Connection reset by peer") and one rank's own log stops without any error
-   line: that rank died without a word, which a Python exception never does; a signal did it,
-   most often SIGKILL from the out-of-memory killer. It is named, with moderate confidence.
-7. Nothing matched: cause `unknown`, quoting the lines that looked most relevant; or, when some
-   per-rank logs are empty, that those ranks printed nothing (hung or killed before their first line).
-8. distdoctor's own JSON reports among the inputs: their findings are shown again, as they were.
-"""
+# The rules, in order:
+# 1. A signature that `explains` another (catalog data) absorbs it: a host name that does not
+#    resolve explains the store connect timeout that follows; a rank killed by SIGKILL explains the
+#    "Connection reset by peer" its peers see.
+# 2. Symptoms (a peer vanished, a wait timed out) that no rule absorbed become consequences of the
+#    first cause or crash in time, when there is one: the first failure is the cause, what other
+#    ranks saw afterwards is its consequence.
+# 3. What is left is ranked by confidence (a crash that its peers' symptoms corroborate, or that
+#    torchrun's summary calls the first observed failure, gains a little), then by time.
+# 4. A text with several possible causes (a generic text) yields one finding whose cause is the
+#    first of its ranked candidates (candidates.py): the other lines of the logs reorder them,
+#    and the finding lists them all as alternatives, each with the observation that decides.
+# 5. Several ranks timing out in NCCL collectives with different op types at one sequence number is
+#    a collective mismatch, whatever each line alone suggests.
+# 6. Ranks lost a peer ("Connection reset by peer") and one rank's own log stops without any error
+#    line: that rank died without a word, which a Python exception never does; a signal did it,
+#    most often SIGKILL from the out-of-memory killer. It is named, with moderate confidence.
+# 7. Nothing matched: cause `unknown`, quoting the lines that looked most relevant; or, when some
+#    per-rank logs are empty, that those ranks printed nothing (hung or killed before their first line).
+# 8. distdoctor's own JSON reports among the inputs: their findings are shown again, as they were.
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""Make a quoted log line safe to show: control sequences stripped, secrets redacted, in linear time.
+"""Make a quoted log line safe to show: control sequences stripped, secrets redacted, in linear time."""
 
-Logs are input from anywhere. A line quoted as evidence may carry terminal escape sequences (an
-OSC title, a screen clear, an OSC 8 link) and secrets (a Bearer token, HF_TOKEN=..., a URL's
-user:password@). Everything `explain` renders from a log goes through `clean_quote` first.
-Every pattern here is linear: no nested or adjacent unbounded quantifiers that could backtrack,
-and lines are bounded by the caller before they get here.
-"""
+# Logs are input from anywhere. A line quoted as evidence may carry terminal escape sequences (an
+# OSC title, a screen clear, an OSC 8 link) and secrets (a Bearer token, HF_TOKEN=..., a URL's
+# user:password@). Everything `explain` renders from a log goes through `clean_quote` first.
+# Every pattern here is linear: no nested or adjacent unbounded quantifiers that could backtrack,
+# and lines are bounded by the caller before they get here.
 
 from __future__ import annotations
 

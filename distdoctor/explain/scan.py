@@ -1,10 +1,9 @@
-"""Match the catalog against text blocks: tokens first (whole-block str.find), regexes on hits only.
+"""Match the catalog against text blocks: tokens first (whole-block str.find), regexes on hits only."""
 
-Most lines of a training log say nothing about a failure. Instead of testing every line against
-every signature, each catalog token is searched in the whole block with str.find (C speed), and
-only the lines a token lands on are split out and matched against the regexes that token
-announces. Matches become Observations, folded into an Accumulator of bounded size.
-"""
+# Most lines of a training log say nothing about a failure. Instead of testing every line against
+# every signature, each catalog token is searched in the whole block with str.find (C speed), and
+# only the lines a token lands on are split out and matched against the regexes that token
+# announces. Matches become Observations, folded into an Accumulator of bounded size.
 
 from __future__ import annotations
 
