@@ -53,6 +53,8 @@ DERIVATIONS: dict[str, Callable[[str], str]] = {
     "shape": _shape,
     "more_joined": _more_joined,
     "seq_tag": lambda value: f" #{value}",
+    # A hang in the first collectives after init (where blocked P2P shows) rather than mid-training.
+    "first_collectives": lambda value: "yes" if value.isdigit() and len(value) < 4 and int(value) <= 2 else "",
 }
 
 

@@ -161,3 +161,15 @@ def test_a_json_file_that_is_not_a_report_is_read_as_a_log(tmp_path):
     (tmp_path / "x.json").write_text('{"msg": "RuntimeError: Socket Timeout"}\n')
     report = explain_files([str(tmp_path / "x.json")])
     assert report.findings[0].data["signature"] == "bare_socket_timeout"
+
+
+def test_a_hang_right_after_init_over_p2p_names_p2p_blocked():
+    text = ("node-a:1:9 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\n"
+            "[rank0]:[E1218 20:27:21.4 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught collective operation "
+            "timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600081 "
+            "milliseconds before timing out.\n")
+    top = explain_text(text).findings[0]
+    assert top.cause == "p2p_blocked" and top.confidence < 0.8
+    assert "NCCL_P2P_DISABLE=1" in top.data["candidates"][0]["tell"]
+    mid_training = explain_text(text.replace("SeqNum=1,", "SeqNum=48211,")).findings[0]
+    assert mid_training.cause != "p2p_blocked"
