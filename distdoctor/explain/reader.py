@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from distdoctor.explain.sanitize import strip_controls
+
 BLOCK_SIZE = 1 << 20
 STDIN_NAME = "<stdin>"
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_-]?([0-9]{1,7})(?![0-9])", re.I)
@@ -93,6 +95,8 @@ def open_sources(inputs: list[str], stdin: BinaryIO | None = None) -> list[LogSo
             sources.append(LogSource(name=STDIN_NAME, stream=stream))
             continue
         path = Path(item)
+        # The name is shown (evidence, messages): a file name can carry escape sequences too.
+        item = strip_controls(item)
         try:
             info = path.stat()
         except FileNotFoundError:

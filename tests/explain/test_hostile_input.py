@@ -109,3 +109,13 @@ def test_a_fifo_without_a_writer_does_not_block(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "distdoctor", "explain", str(fifo)], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "not a regular file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_file_name_with_escape_sequences_is_shown_clean(tmp_path):
+    odd = tmp_path / "rank1\x1b]0;owned\x07\x1b[2J.log"
+    odd.write_text("RuntimeError: Socket Timeout\n")
+    for fmt in ("json", "rich"):
+        result = runner.invoke(app, ["explain", str(odd), "--format", fmt])
+        assert "\x1b" not in result.stdout and "\x07" not in result.stdout
+    missing = runner.invoke(app, ["explain", str(tmp_path / "nope\x1b[2J.log")])
+    assert missing.exit_code == 2 and "\x1b" not in missing.stderr
