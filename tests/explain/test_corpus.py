@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import tomllib
 
-from tests.explain.corpus_figures import CORPUS, evaluate, figures
-
-try:
-    import tests.explain.corpus_figures  # noqa: F401
-except ImportError:  # pragma: no cover
-    pass
+# pytest puts this directory on sys.path (tests/ is not a package), as for conftest.py.
+from corpus_figures import CORPUS, evaluate, figures
 
 
 def test_every_corpus_log_is_indexed_with_its_source():
