@@ -223,7 +223,7 @@ class Scanner:
                 self._tokens.append(entry)
             else:
                 self._gated.setdefault(word, []).append(entry)
-        self._relevance = list(RELEVANCE_TOKENS.items())
+        self._relevance = list(RELEVANCE_TOKENS.items()) + [(w, 0) for w in GATE_ONLY if w in self._gated]
 
     def scan(self, source: LogSource, source_index: int) -> int:
         """Scan one input; return how many lines in it matched a signature or looked like an error."""
@@ -347,7 +347,10 @@ class Scanner:
             self.acc.hosts_seen.add(context["host"])
 
 
-GATE_WORDS = ("error", "exception", "failed", "timed out", "timeout", "killed", "fatal", "abort")
+GATE_WORDS = ("error", "exception", "failed", "timed out", "timeout", "killed", "fatal", "abort",
+              "exit", "memory", "nccl", "cuda", "connect")
+# Gate words that are not relevance words: their lines are collected for the gated tokens only.
+GATE_ONLY = {"exit": 0, "memory": 0, "nccl": 0, "cuda": 0, "connect": 0}
 
 
 def _find_tokens(block: str, tokens: list, hits: dict[int, list]) -> None:
@@ -371,7 +374,8 @@ def _find_relevance(block: str, lower: str, words: list, relevance: dict[int, in
         i = lfind(word)
         while i != -1:
             start = block.rfind("\n", 0, i) + 1
-            relevance[start] = relevance.get(start, 0) + weight
+            if weight:
+                relevance[start] = relevance.get(start, 0) + weight
             lines.append(start)
             end = find("\n", i)
             i = lfind(word, end) if end != -1 else -1
