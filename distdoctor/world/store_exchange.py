@@ -44,7 +44,6 @@ from distdoctor.world.checkin import (
     integer,
     list_of,
     optional,
-    parse_roster,
     text,
 )
 from distdoctor.world.checkin import decode as protocol_decode

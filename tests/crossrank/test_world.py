@@ -7,7 +7,8 @@ import time
 import pytest
 
 from distdoctor.machine.launchers import detect
-from distdoctor.world.store_exchange import CheckIns, World, WorldError, WorldSpec, decode, encode, fit, parse_roster
+from distdoctor.world.checkin import parse_roster
+from distdoctor.world.store_exchange import CheckIns, World, WorldError, WorldSpec, decode, encode, fit
 
 torch_dist = pytest.importorskip("torch.distributed")
 
