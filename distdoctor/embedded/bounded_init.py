@@ -275,7 +275,7 @@ def check_in(store: Any, target: Target, deadline: float, env: Mapping[str, str]
     attempt = _ATTEMPTS[key] = _ATTEMPTS.get(key, 0) + 1
     prefix = (f"distdoctor/init/{env.get('TORCHELASTIC_RUN_ID', '')}/"
               f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/{attempt}/")
-    protocol = CheckInProtocol(Prefixed(store, prefix))
+    protocol = CheckInProtocol(Prefixed(store, prefix), size=target.world_size)
     me = target.rank
     try:
         _, duplicate = protocol.check_in(me, {"host": socket.gethostname(), "pid": os.getpid(),

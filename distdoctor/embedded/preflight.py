@@ -326,7 +326,7 @@ def _decide(store: Any, prefix: str, rank: int, world: int, started: float,
     """One verdict for all ranks through the check-in protocol: rank 0 decides when all arrived
     (at 85 % of the budget at the latest: it can name the missing); whoever gives up first aborts.
     Returns the verdict and the findings about malformed store entries."""
-    protocol = CheckInProtocol(Prefixed(store, prefix))
+    protocol = CheckInProtocol(Prefixed(store, prefix), size=world)
     budget = deadline - time.monotonic()
     try:
         protocol.check_in(rank, {"pid": os.getpid()}, deadline)

@@ -162,8 +162,10 @@ FINAL = ({"exit": integer(0, 255), "claims": list_of(text(32), MAX_RANK)}, ("exi
 class CheckInProtocol:
     """One process's side of the check-in over ``store`` (thread-safe through ``lock``)."""
 
-    def __init__(self, store: Any, *, lock: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, store: Any, *, size: int = 0, lock: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
+        # The world's size as this process knows it: roster lines of ranks below it are the world's.
+        self.size = size
         self.lock = lock if lock is not None else threading.Lock()
         self.clock = clock
         # key -> why it was refused (a foreign or corrupted writer); the count goes beyond.
@@ -285,7 +287,7 @@ class CheckInProtocol:
         ``<digits>:<digits>`` within the bounds, and lines beyond what one job can write, are noted.
         """
         with self._roster_lock:
-            return self._read_roster(expected)
+            return self._read_roster(max(expected, self.size))
 
     def _read_roster(self, expected: int) -> list[tuple[int, int]]:
         if not self.exists("roster"):

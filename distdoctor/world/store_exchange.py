@@ -448,7 +448,7 @@ class World:
         # Why the store stopped answering this process (rank 0 that hosted it ended), if it did.
         self.lost: str | None = None
         self._lock = threading.Lock()
-        self.protocol = CheckInProtocol(self._store, lock=self._lock, clock=clock)
+        self.protocol = CheckInProtocol(self._store, size=spec.world_size, lock=self._lock, clock=clock)
 
     @property
     def store(self) -> Any:

@@ -12,9 +12,9 @@ from distdoctor.world.checkin import VERDICT, CheckInProtocol, Prefixed, parse_r
 torch_dist = pytest.importorskip("torch.distributed")
 
 
-def protocol(store=None):
+def protocol(store=None, size: int = 2):
     store = store if store is not None else torch_dist.HashStore()
-    return store, CheckInProtocol(Prefixed(store, "t/"))
+    return store, CheckInProtocol(Prefixed(store, "t/"), size=size)
 
 
 def soon(seconds: float = 0.3) -> float:
