@@ -1,0 +1,219 @@
+"""One walk over a module's tree that records what the rules ask about: calls in their context."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from distdoctor.lint.names import import_aliases, last_part, resolve
+
+FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+# A guard: the test of an enclosing `if` (or conditional expression) and whether we are in its body.
+Guard = tuple[ast.expr, bool]
+
+
+@dataclass(frozen=True)
+class CallSite:
+    node: ast.Call
+    qualname: str | None  # canonical name when the callee is imported (torch.distributed.broadcast)
+    name: str | None  # the callee's last identifier (broadcast, set_epoch, my_helper)
+    function: FunctionNode | None  # None at module level
+    cls: ast.ClassDef | None
+    guards: tuple[Guard, ...]
+    parent: ast.AST
+    statement: ast.stmt
+
+    @property
+    def callee(self) -> str | None:
+        """What is called, by its own name: `broadcast` for `bc(...)` after `import broadcast as bc`."""
+        return self.qualname.rsplit(".", 1)[-1] if self.qualname else self.name
+
+    def keyword(self, name: str) -> ast.expr | None:
+        for kw in self.node.keywords:
+            if kw.arg == name:
+                return kw.value
+        return None
+
+    def has_star_kwargs(self) -> bool:
+        return any(kw.arg is None for kw in self.node.keywords)
+
+    def arg(self, index: int, name: str) -> ast.expr | None:
+        """A parameter given by position or keyword."""
+        value = self.keyword(name)
+        if value is not None:
+            return value
+        args = self.node.args
+        if index < len(args) and not any(isinstance(a, ast.Starred) for a in args[: index + 1]):
+            return args[index]
+        return None
+
+
+@dataclass
+class ModuleIndex:
+    path: str
+    tree: ast.Module
+    text: str
+    lines: list[str]
+    aliases: dict[str, str]
+    calls: list[CallSite] = field(default_factory=list)
+    functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = field(default_factory=dict)
+    # (function or None, name) -> line numbers where the name is read.
+    loads: dict[tuple[int, str], list[int]] = field(default_factory=dict)
+    assigns: list[tuple[ast.stmt, FunctionNode | None]] = field(default_factory=list)
+    strings: set[str] = field(default_factory=set)
+    loop_targets: set[str] = field(default_factory=set)
+    function_of: dict[int, FunctionNode | None] = field(default_factory=dict)
+    _by_name: dict[str, list[CallSite]] | None = None
+    _by_function: dict[int, list[CallSite]] | None = None
+    _by_qualname: dict[str, list[CallSite]] | None = None
+
+    def calls_in(self, function: FunctionNode | None) -> list[CallSite]:
+        """Calls whose innermost enclosing function is `function` (None: module level)."""
+        if self._by_function is None:
+            self._by_function = {}
+            for call in self.calls:
+                self._by_function.setdefault(id(call.function), []).append(call)
+        return self._by_function.get(id(function), [])
+
+    def calls_named(self, *names: str) -> list[CallSite]:
+        if self._by_name is None:
+            self._by_name = {}
+            for call in self.calls:
+                if call.name:
+                    self._by_name.setdefault(call.name, []).append(call)
+        out: list[CallSite] = []
+        for name in names:
+            out.extend(self._by_name.get(name, ()))
+        return out
+
+    def calls_to(self, *qualnames: str) -> list[CallSite]:
+        """Calls of these canonical qualified names, whatever local alias the module uses."""
+        if self._by_qualname is None:
+            self._by_qualname = {}
+            for call in self.calls:
+                if call.qualname:
+                    self._by_qualname.setdefault(call.qualname, []).append(call)
+        out: list[CallSite] = []
+        for qualname in qualnames:
+            out.extend(self._by_qualname.get(qualname, ()))
+        return out
+
+    def local_callees(self, call: CallSite) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+        """Functions of this module a call may reach: `f()` (not imported) or `self.f()`."""
+        func = call.node.func
+        if isinstance(func, ast.Name) and func.id not in self.aliases:
+            return self.functions.get(func.id, [])
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls"):
+            return self.functions.get(func.attr, [])
+        return []
+
+    def source_line(self, lineno: int) -> str:
+        return self.lines[lineno - 1].rstrip("\r\n") if 0 < lineno <= len(self.lines) else ""
+
+    def loaded_after(self, function: FunctionNode | None, name: str, lineno: int) -> bool:
+        return any(line >= lineno for line in self.loads.get((id(function), name), ()))
+
+
+def build_index(path: str, tree: ast.Module, text: str) -> ModuleIndex:
+    index = ModuleIndex(path=path, tree=tree, text=text, lines=text.splitlines(), aliases=import_aliases(tree))
+    _Walker(index).walk_body(tree.body, None, None, ())
+    return index
+
+
+class _Walker:
+    """A hand-written recursion (faster than NodeVisitor) that carries the enclosing context."""
+
+    def __init__(self, index: ModuleIndex) -> None:
+        self.index = index
+
+    def walk_body(self, body: list[ast.stmt], function, cls, guards: tuple[Guard, ...]) -> None:
+        for statement in body:
+            self.walk_statement(statement, function, cls, guards)
+
+    def walk_statement(self, node: ast.stmt, function, cls, guards) -> None:
+        index = self.index
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            index.functions.setdefault(node.name, []).append(node)
+            index.function_of[id(node)] = function
+            for expr in [*node.decorator_list, *node.args.defaults, *node.args.kw_defaults]:
+                if expr is not None:
+                    self.walk_expr(expr, node, function, cls, guards, node)
+            self.walk_body(node.body, node, cls, ())
+            return
+        if isinstance(node, ast.ClassDef):
+            for expr in [*node.decorator_list, *node.bases]:
+                self.walk_expr(expr, node, function, cls, guards, node)
+            self.walk_body(node.body, function, node, guards)
+            return
+        if isinstance(node, ast.If):
+            self.walk_expr(node.test, node, function, cls, guards, node)
+            self.walk_body(node.body, function, cls, guards + ((node.test, True),))
+            self.walk_body(node.orelse, function, cls, guards + ((node.test, False),))
+            return
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            index.assigns.append((node, function))
+        if isinstance(node, (ast.For, ast.AsyncFor)):
+            for name in ast.walk(node.target):
+                if isinstance(name, ast.Name):
+                    index.loop_targets.add(name.id)
+        for field_name, value in ast.iter_fields(node):
+            if isinstance(value, list):
+                if value and isinstance(value[0], ast.stmt):
+                    self.walk_body(value, function, cls, guards)
+                else:
+                    for item in value:
+                        self._walk_any(item, node, function, cls, guards)
+            else:
+                self._walk_any(value, node, function, cls, guards)
+
+    def _walk_any(self, value, parent, function, cls, guards) -> None:
+        if isinstance(value, ast.expr):
+            self.walk_expr(value, parent, function, cls, guards, parent)
+        elif isinstance(value, ast.AST):
+            # handlers, withitems, match cases, keywords, comprehensions, arguments
+            if isinstance(value, ast.ExceptHandler):
+                if value.type is not None:
+                    self.walk_expr(value.type, value, function, cls, guards, parent)
+                self.walk_body(value.body, function, cls, guards)
+                return
+            if hasattr(value, "body") and isinstance(value.body, list):
+                self.walk_body(value.body, function, cls, guards)
+            for child in ast.iter_child_nodes(value):
+                if isinstance(child, ast.expr):
+                    self.walk_expr(child, value, function, cls, guards, parent)
+
+    def walk_expr(self, node: ast.expr, parent: ast.AST, function, cls, guards, statement) -> None:
+        index = self.index
+        stack = [(node, parent, guards)]
+        while stack:
+            current, up, current_guards = stack.pop()
+            if isinstance(current, ast.Call):
+                func = current.func
+                index.calls.append(
+                    CallSite(current, resolve(func, index.aliases), last_part(func), function, cls,
+                             current_guards, up, statement)
+                )
+            elif isinstance(current, ast.Name):
+                if isinstance(current.ctx, ast.Load):
+                    index.loads.setdefault((id(function), current.id), []).append(current.lineno)
+                continue
+            elif isinstance(current, ast.Constant):
+                if isinstance(current.value, str) and len(current.value) < 80:
+                    index.strings.add(current.value)
+                continue
+            elif isinstance(current, ast.Lambda):
+                index.function_of[id(current)] = function
+                stack.append((current.body, current, ()))
+                continue
+            elif isinstance(current, ast.IfExp):
+                stack.append((current.test, current, current_guards))
+                stack.append((current.body, current, current_guards + ((current.test, True),)))
+                stack.append((current.orelse, current, current_guards + ((current.test, False),)))
+                continue
+            for child in ast.iter_child_nodes(current):
+                if isinstance(child, ast.expr):
+                    stack.append((child, current, current_guards))
+                elif isinstance(child, ast.AST):
+                    for grandchild in ast.iter_child_nodes(child):
+                        if isinstance(grandchild, ast.expr):
+                            stack.append((grandchild, current, current_guards))

@@ -1,0 +1,70 @@
+"""Checkpoint writes that every rank performs at once."""
+
+from __future__ import annotations
+
+import ast
+
+from distdoctor.lint.index import CallSite, ModuleIndex
+from distdoctor.lint.ranks import is_main_flag, is_rank_condition, is_rank_value, rank_guarded
+from distdoctor.lint.rules.base import Hit, inits_process_group, rule, wraps_model
+from distdoctor.registry import finding_kind
+
+UNGUARDED_SAVE = finding_kind(
+    "lint.W017", cause="rank_config_error",
+    title="torch.save runs on every rank",
+    hint="Write the checkpoint on one rank (if dist.get_rank() == 0:) and let the others wait at a barrier, or use torch.distributed.checkpoint.",
+)
+
+
+@rule(
+    UNGUARDED_SAVE,
+    wrong=("import torch\nimport torch.distributed as dist\n\ndist.init_process_group('nccl')\n"
+           "torch.save(model.state_dict(), 'ckpt.pt')\n"),
+    right=("import torch\nimport torch.distributed as dist\n\ndist.init_process_group('nccl')\n"
+           "if dist.get_rank() == 0:\n    torch.save(model.state_dict(), 'ckpt.pt')\n"),
+)
+def unguarded_save(index: ModuleIndex):
+    if not (inits_process_group(index) or wraps_model(index)):
+        return
+    for call in index.calls_to("torch.save"):
+        if _guarded(index, call, depth=3):
+            continue
+        path = call.arg(1, "f")
+        if path is not None and any(is_rank_value(n) for n in ast.walk(path)):
+            continue  # one file per rank (sharded state): intended
+        yield Hit(call.node, detail="Every rank writes the same file at the same time: the writes race on a shared "
+                                    "file system and the file can end up truncated or mixed.")
+
+
+def _guarded(index: ModuleIndex, call: CallSite, depth: int) -> bool:
+    if rank_guarded(call.guards):
+        return True
+    function = call.function
+    if function is None or isinstance(function, ast.Lambda):
+        return False
+    if _returns_early_off_main(function, call.node.lineno) or _main_only_name(function):
+        return True
+    if depth == 0:
+        return False
+    callers = [c for c in index.calls_named(function.name) if function in index.local_callees(c)]
+    return bool(callers) and all(_guarded(index, c, depth - 1) for c in callers)
+
+
+def _main_only_name(function) -> bool:
+    """save_on_master(), @rank_zero_only, @master_only: the function itself runs on one rank."""
+    name = function.name.lower()
+    if any(word in name for word in ("on_master", "on_main", "main_process", "rank_zero", "rank0", "on_rank_0")):
+        return True
+    return any(is_main_flag(d) or "zero_only" in (ast.unparse(d)) or "master_only" in ast.unparse(d)
+               for d in function.decorator_list)
+
+
+def _returns_early_off_main(function, lineno: int) -> bool:
+    """`if rank != 0: return` (at the top level of the function, before the call)."""
+    for statement in function.body:
+        if statement.lineno >= lineno:
+            return False
+        if isinstance(statement, ast.If) and is_rank_condition(statement.test) and statement.body \
+                and isinstance(statement.body[-1], (ast.Return, ast.Raise, ast.Continue)):
+            return True
+    return False
