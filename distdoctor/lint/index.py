@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from distdoctor.lint.names import import_aliases, last_part, resolve
+from distdoctor.lint.names import add_import, last_part, resolve
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
 # A guard: the test of an enclosing `if` (or conditional expression) and whether we are in its body.
@@ -61,6 +61,8 @@ class ModuleIndex:
     loads: dict[tuple[int, str], list[int]] = field(default_factory=dict)
     assigns: list[tuple[ast.stmt, FunctionNode | None]] = field(default_factory=list)
     strings: set[str] = field(default_factory=set)
+    attributes_read: set[str] = field(default_factory=set)
+    memo: dict = field(default_factory=dict)  # per-module caches of the rules (closures)
     loop_targets: set[str] = field(default_factory=set)
     function_of: dict[int, FunctionNode | None] = field(default_factory=dict)
     _by_name: dict[str, list[CallSite]] | None = None
@@ -115,8 +117,12 @@ class ModuleIndex:
 
 
 def build_index(path: str, tree: ast.Module, text: str) -> ModuleIndex:
-    index = ModuleIndex(path=path, tree=tree, text=text, lines=text.splitlines(), aliases=import_aliases(tree))
-    _Walker(index).walk_body(tree.body, None, None, ())
+    index = ModuleIndex(path=path, tree=tree, text=text, lines=text.splitlines(), aliases={})
+    walker = _Walker(index)
+    walker.walk_body(tree.body, None, None, ())
+    # Names resolve once every import is known (an import below a use still binds it at run time).
+    index.calls = [CallSite(node, resolve(node.func, index.aliases), last_part(node.func), *rest)
+                   for node, *rest in walker.raw_calls]
     return index
 
 
@@ -125,6 +131,7 @@ class _Walker:
 
     def __init__(self, index: ModuleIndex) -> None:
         self.index = index
+        self.raw_calls: list[tuple] = []
 
     def walk_body(self, body: list[ast.stmt], function, cls, guards: tuple[Guard, ...]) -> None:
         for statement in body:
@@ -152,6 +159,8 @@ class _Walker:
             return
         if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             index.assigns.append((node, function))
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.Assign)):
+            add_import(node, index.aliases)
         if isinstance(node, (ast.For, ast.AsyncFor)):
             for name in ast.walk(node.target):
                 if isinstance(name, ast.Name):
@@ -188,15 +197,13 @@ class _Walker:
         while stack:
             current, up, current_guards = stack.pop()
             if isinstance(current, ast.Call):
-                func = current.func
-                index.calls.append(
-                    CallSite(current, resolve(func, index.aliases), last_part(func), function, cls,
-                             current_guards, up, statement)
-                )
+                self.raw_calls.append((current, function, cls, current_guards, up, statement))
             elif isinstance(current, ast.Name):
                 if isinstance(current.ctx, ast.Load):
                     index.loads.setdefault((id(function), current.id), []).append(current.lineno)
                 continue
+            elif isinstance(current, ast.Attribute) and isinstance(current.ctx, ast.Load):
+                index.attributes_read.add(current.attr)
             elif isinstance(current, ast.Constant):
                 if isinstance(current.value, str) and len(current.value) < 80:
                     index.strings.add(current.value)

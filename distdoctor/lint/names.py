@@ -26,27 +26,23 @@ def canonical(qualname: str) -> str:
     return qualname
 
 
-def import_aliases(tree: ast.Module) -> dict[str, str]:
-    """Local name -> qualified name for every import in the module (at any depth)."""
-    aliases: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.asname:
-                    aliases[alias.asname] = alias.name
-                else:
-                    root = alias.name.split(".", 1)[0]
-                    aliases[root] = root
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for alias in node.names:
-                if alias.name != "*":
-                    aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            # `dist = torch.distributed` at any level: an alias like an import.
-            dotted = dotted_name(node.value)
-            if dotted and dotted.split(".", 1)[0] in aliases and "." in dotted:
-                aliases.setdefault(node.targets[0].id, dotted)
-    return aliases
+def add_import(node: ast.stmt, aliases: dict[str, str]) -> None:
+    """Record the local names an import (or a `dist = torch.distributed` alias) binds."""
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.asname:
+                aliases[alias.asname] = alias.name
+            else:
+                root = alias.name.split(".", 1)[0]
+                aliases[root] = root
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        for alias in node.names:
+            if alias.name != "*":
+                aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        dotted = dotted_name(node.value)
+        if dotted and "." in dotted and dotted.split(".", 1)[0] in aliases:
+            aliases.setdefault(node.targets[0].id, dotted)
 
 
 def dotted_name(node: ast.AST) -> str | None:

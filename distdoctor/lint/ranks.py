@@ -9,7 +9,7 @@ from distdoctor.lint.index import FunctionNode, ModuleIndex
 from distdoctor.lint.names import dotted_name, last_part
 
 # Identifiers that hold a rank (rank, local_rank, global_rank, self.gpu_rank, args.rank, ...).
-_RANK_NAME = re.compile(r"(^|_)(rank|rank_id|rank_idx|process_index|local_process_index)$", re.I)
+_RANK_NAME = re.compile(r"(^|_)(rank|rank_id|rank_idx|process_index|local_process_index)$|^(gpu|gpu_id|local_gpu)$", re.I)
 # Identifiers and calls that say "this is the main / rank-zero process".
 _MAIN_NAME = re.compile(
     r"^(is_)?(main|master|primary|rank_?zero|rank0|local_main|local_master|main_process|master_process|"
@@ -40,6 +40,8 @@ def is_rank_value(node: ast.AST) -> bool:
         return False
     if isinstance(node, ast.Subscript):
         return _env_key(node.slice) in _RANK_ENV
+    if isinstance(node, ast.BinOp):
+        return is_rank_value(node.left)  # rank % gpus_per_node
     name = identifier(node)
     return bool(name and _RANK_NAME.search(name))
 

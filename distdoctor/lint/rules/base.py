@@ -16,8 +16,7 @@ COLLECTIVES = frozenset({
     "gather_object", "scatter_object_list", "new_group", "new_subgroups",
 })
 RANK_QUERIES = frozenset({"get_rank", "get_world_size", "get_backend", "get_process_group_ranks"})
-INIT_CALLS = frozenset({"torch.distributed.init_process_group", "torch.distributed.device_mesh.init_device_mesh",
-                        "torch.distributed.init_device_mesh"})
+INIT_CALLS = frozenset({"torch.distributed.init_process_group"})
 DDP_WRAPPERS = frozenset({
     "torch.nn.parallel.DistributedDataParallel", "torch.distributed.fsdp.FullyShardedDataParallel",
     "torch.distributed.fsdp.fully_shard", "torch.distributed._composable.replicate.replicate",
@@ -66,6 +65,11 @@ def inits_process_group(index: ModuleIndex) -> bool:
     return bool(index.calls_to(*INIT_CALLS))
 
 
+def is_multi_rank_script(index: ModuleIndex) -> bool:
+    """The module starts a process group or wraps a model in torch's DDP/FSDP itself."""
+    return inits_process_group(index) or bool(index.calls_to(*DDP_WRAPPERS))
+
+
 def wraps_model(index: ModuleIndex) -> bool:
     """The module wraps a model in DDP/FSDP (or hands it to accelerate/deepspeed/Lightning)."""
     if index.calls_to(*DDP_WRAPPERS):
@@ -75,12 +79,28 @@ def wraps_model(index: ModuleIndex) -> bool:
                for n in names)
 
 
+def assigned_values(index: ModuleIndex, function, name: str) -> list[ast.expr]:
+    """The values assigned to a plain name in one function (or at module level)."""
+    out = []
+    for statement, fn in index.assigns:
+        if fn is not function or getattr(statement, "value", None) is None:
+            continue
+        targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            out.append(statement.value)
+    return out
+
+
 def is_expression_statement(call: CallSite) -> bool:
     return isinstance(call.parent, ast.Expr)
 
 
 def local_closure(index: ModuleIndex, function, depth: int = 3) -> list:
     """The module's functions reachable from `function` by calls (itself included), up to depth."""
+    key = (id(function), depth)
+    cached = index.memo.get(key)
+    if cached is not None:
+        return cached
     seen = {id(function): function}
     frontier = [function]
     for _ in range(depth):
@@ -92,4 +112,5 @@ def local_closure(index: ModuleIndex, function, depth: int = 3) -> list:
                         seen[id(callee)] = callee
                         nxt.append(callee)
         frontier = nxt
-    return list(seen.values())
+    index.memo[key] = out = list(seen.values())
+    return out

@@ -6,7 +6,7 @@ import ast
 
 from distdoctor.lint.index import CallSite, ModuleIndex
 from distdoctor.lint.ranks import is_main_flag, is_rank_condition, is_rank_value, rank_guarded
-from distdoctor.lint.rules.base import Hit, inits_process_group, rule, wraps_model
+from distdoctor.lint.rules.base import Hit, assigned_values, is_multi_rank_script, rule
 from distdoctor.registry import finding_kind
 
 UNGUARDED_SAVE = finding_kind(
@@ -24,13 +24,13 @@ UNGUARDED_SAVE = finding_kind(
            "if dist.get_rank() == 0:\n    torch.save(model.state_dict(), 'ckpt.pt')\n"),
 )
 def unguarded_save(index: ModuleIndex):
-    if not (inits_process_group(index) or wraps_model(index)):
+    if not is_multi_rank_script(index):
         return
     for call in index.calls_to("torch.save"):
         if _guarded(index, call, depth=3):
             continue
         path = call.arg(1, "f")
-        if path is not None and any(is_rank_value(n) for n in ast.walk(path)):
+        if path is not None and _names_a_rank(index, call.function, path, depth=3):
             continue  # one file per rank (sharded state): intended
         yield Hit(call.node, detail="Every rank writes the same file at the same time: the writes race on a shared "
                                     "file system and the file can end up truncated or mixed.")
@@ -67,4 +67,16 @@ def _returns_early_off_main(function, lineno: int) -> bool:
         if isinstance(statement, ast.If) and is_rank_condition(statement.test) and statement.body \
                 and isinstance(statement.body[-1], (ast.Return, ast.Raise, ast.Continue)):
             return True
+    return False
+
+
+def _names_a_rank(index: ModuleIndex, function, node: ast.AST, depth: int) -> bool:
+    """Does the file name contain the rank (directly or through the variables it is built from)?"""
+    for part in ast.walk(node):
+        if isinstance(part, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) and is_rank_value(part):
+            return True
+        if depth and isinstance(part, ast.Name) and isinstance(part.ctx, ast.Load):
+            if any(_names_a_rank(index, function, value, depth - 1)
+                   for value in assigned_values(index, function, part.id)):
+                return True
     return False

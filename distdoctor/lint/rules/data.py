@@ -61,7 +61,7 @@ def sampler_without_set_epoch(index: ModuleIndex):
         shuffle = call.arg(3, "shuffle")
         if isinstance(shuffle, ast.Constant) and not shuffle.value:
             continue
-        if call.has_star_kwargs():
+        if call.has_star_kwargs() or _handed_to_other_code(index, call) or _is_evaluation_data(call):
             continue
         yield Hit(call.node, detail="The sampler shuffles with a seed derived from its epoch, which stays 0: every "
                                     "epoch visits the data in the same order on every rank.")
@@ -85,3 +85,25 @@ def shuffle_without_sampler(index: ModuleIndex):
             continue
         yield Hit(call.node, detail="This script starts a process group, yet the loader has no sampler: every rank "
                                     "iterates the whole dataset, so each epoch does the same work world-size times.")
+
+
+def _handed_to_other_code(index: ModuleIndex, sampler) -> bool:
+    """The sampler is passed to a function other than DataLoader, which may call set_epoch itself."""
+    parent = sampler.parent
+    if not isinstance(parent, ast.Assign) or len(parent.targets) != 1:
+        return False
+    name = ast.unparse(parent.targets[0])
+    for call in index.calls:
+        if call.qualname == _LOADER:
+            continue
+        values = [*call.node.args, *(k.value for k in call.node.keywords)]
+        if any(ast.unparse(v) == name for v in values if isinstance(v, (ast.Name, ast.Attribute))):
+            return True
+    return False
+
+
+def _is_evaluation_data(sampler) -> bool:
+    """Validation/test samplers: their order does not matter, so a fixed one is harmless."""
+    dataset = sampler.arg(0, "dataset")
+    text = ast.unparse(dataset).lower() if dataset is not None else ""
+    return any(word in text for word in ("val", "test", "eval"))

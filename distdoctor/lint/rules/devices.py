@@ -6,7 +6,7 @@ import ast
 
 from distdoctor.lint.index import CallSite, ModuleIndex
 from distdoctor.lint.ranks import global_rank_names, holds_global_rank
-from distdoctor.lint.rules.base import Hit, inits_process_group, rule, wraps_model
+from distdoctor.lint.rules.base import Hit, is_multi_rank_script, rule
 from distdoctor.registry import finding_kind
 
 GLOBAL_RANK_DEVICE = finding_kind(
@@ -75,7 +75,7 @@ def device_from_global_rank(index: ModuleIndex):
            "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n"),
 )
 def hard_coded_device(index: ModuleIndex):
-    if not (inits_process_group(index) or wraps_model(index)):
+    if not is_multi_rank_script(index):
         return
     for call in index.calls:
         if call.guards:

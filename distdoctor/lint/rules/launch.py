@@ -39,12 +39,18 @@ def init_without_timeout(index: ModuleIndex):
 
 @rule(
     LOCAL_RANK_ARGUMENT,
-    wrong="import argparse\n\nparser = argparse.ArgumentParser()\nparser.add_argument('--local_rank', type=int, default=0)\n",
+    wrong=("import argparse\nimport torch\n\nparser = argparse.ArgumentParser()\n"
+           "parser.add_argument('--local_rank', type=int, default=0)\nargs = parser.parse_args()\n"
+           "torch.cuda.set_device(args.local_rank)\n"),
     right="import os\n\nlocal_rank = int(os.environ['LOCAL_RANK'])\n",
 )
 def local_rank_argument(index: ModuleIndex):
+    if "local_rank" not in index.text and "local-rank" not in index.text:
+        return
     if "LOCAL_RANK" in index.strings or any(n.split(".", 1)[0] == "deepspeed" for n in index.aliases.values()):
         return  # reads the variable too, or the deepspeed launcher, which does pass --local_rank
+    if "local_rank" not in index.attributes_read:
+        return  # declared only so that the old launcher's extra argument is accepted, never used
     for call in index.calls_named("add_argument"):
         flags = [a.value for a in call.node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
         if any(flag in ("--local_rank", "--local-rank") for flag in flags):
@@ -68,3 +74,4 @@ def deprecated_launch(index: ModuleIndex):
             yield Hit(node, detail="The script imports the deprecated launcher.")
         elif isinstance(node, ast.Import) and any(a.name == "torch.distributed.launch" for a in node.names):
             yield Hit(node, detail="The script imports the deprecated launcher.")
+

@@ -27,7 +27,9 @@ def used_before_init(index: ModuleIndex):
     initialising = _initialising_functions(index)
     if not initialising and not index.calls_to(*INIT_CALLS):
         return
-    scopes = [(None, index.tree.body)] + [(f, f.body) for fns in index.functions.values() for f in fns]
+    # A decorated function may get its process group from the decorator.
+    scopes = [(None, index.tree.body)] + [(f, f.body) for fns in index.functions.values() for f in fns
+                                          if not f.decorator_list]
     for function, body in scopes:
         yield from _scan_block(index, function, _straight_statements(body), initialising)
 
