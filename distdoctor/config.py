@@ -19,6 +19,8 @@ from distdoctor.registry import STAGES
 ENV_PREFIX = "DISTDOCTOR_"
 BACKENDS = ("nccl", "gloo", "mpi", "ucc", "xccl")
 FORMATS = ("rich", "json", "markdown")
+# Sub-tables of [tool.distdoctor] that belong to one command and are not options of `check`.
+SUBTABLES = frozenset({"lint"})
 
 
 class ConfigError(Exception):
@@ -214,6 +216,8 @@ def load_config(
     path = (pyproject or find_pyproject(cwd or Path.cwd())) if use_pyproject else None
     if path is not None:
         for key, raw in _read_pyproject_table(path).items():
+            if key in SUBTABLES and isinstance(raw, dict):
+                continue  # a command's own table ([tool.distdoctor.lint]), read by that command
             apply(_config_key(key), raw, f"{path} [tool.distdoctor] {key}")
 
     for key, raw in env.items():

@@ -58,6 +58,11 @@ def local_rank_argument(index: ModuleIndex):
                                         "argument keeps its default on every rank.")
 
 
+_RUNNERS = ("system", "run", "Popen", "call", "check_call", "check_output", "getoutput", "getstatusoutput")
+_MESSAGE = ("This command line starts the deprecated launcher, which passes --local-rank on the command line "
+            "and whose defaults differ from torchrun's.")
+
+
 @rule(
     DEPRECATED_LAUNCH,
     wrong="import subprocess, sys\n\nsubprocess.run([sys.executable, '-m', 'torch.distributed.launch', 'train.py'])\n",
@@ -67,11 +72,22 @@ def deprecated_launch(index: ModuleIndex):
     if "torch.distributed.launch" not in index.text:
         return
     for node in ast.walk(index.tree):
-        if isinstance(node, ast.Constant) and node.value == "torch.distributed.launch":
-            yield Hit(node, detail="torch.distributed.launch is deprecated: it passes --local-rank on the command line "
-                                   "and its defaults differ from torchrun's.")
+        if isinstance(node, (ast.List, ast.Tuple)):
+            # A command line as a list: [..., "-m", "torch.distributed.launch", ...]
+            for before, element in zip(node.elts, node.elts[1:]):
+                if _is_text(before, "-m") and _is_text(element, "torch.distributed.launch"):
+                    yield Hit(element, detail=_MESSAGE)
         elif isinstance(node, ast.ImportFrom) and node.module == "torch.distributed.launch":
             yield Hit(node, detail="The script imports the deprecated launcher.")
         elif isinstance(node, ast.Import) and any(a.name == "torch.distributed.launch" for a in node.names):
             yield Hit(node, detail="The script imports the deprecated launcher.")
+    for call in index.calls_named(*_RUNNERS):
+        # A command line as one string: os.system("python -m torch.distributed.launch ...")
+        command = call.node.args[0] if call.node.args else None
+        if isinstance(command, ast.Constant) and isinstance(command.value, str) \
+                and "-m torch.distributed.launch" in command.value:
+            yield Hit(command, detail=_MESSAGE)
 
+
+def _is_text(node: ast.AST, text: str) -> bool:
+    return isinstance(node, ast.Constant) and node.value == text
