@@ -106,23 +106,42 @@ def rank_guarded(guards) -> bool:
 def global_rank_names(index: ModuleIndex) -> dict[int, set[str]]:
     """Per function (id, 0 for module level): dotted names that hold the *global* rank.
 
-    A name qualifies by its provenance: assigned from get_rank() or the RANK variable, named
-    global_rank, or a parameter that a call in this module passes such a value to.
+    A name qualifies by its provenance: assigned from get_rank() or the RANK variable (or from
+    a function of this module that returns such a value), named global_rank, or a parameter
+    that a call in this module passes such a value to.
     """
-    held: dict[int, set[str]] = {}
-    for statement, function in index.assigns:
-        value = getattr(statement, "value", None)
-        if value is None or not _is_global_rank_source(value):
-            continue
-        targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
-        for target in targets:
-            dotted = dotted_name(target)
-            if dotted:
-                held.setdefault(_key(function), set()).add(dotted)
-    for name in ("global_rank",):
-        held.setdefault(0, set()).add(name)
+    held: dict[int, set[str]] = {0: {"global_rank"}}
+    returning: set[str] = set()
+    for _round in range(2):
+        for statement, function in index.assigns:
+            value = getattr(statement, "value", None)
+            if value is None or not (_is_global_rank_source(value) or _calls_one_of(value, returning)):
+                continue
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            for target in targets:
+                dotted = dotted_name(target)
+                if dotted:
+                    held.setdefault(_key(function), set()).add(dotted)
+        if _round or len(held) == 1 and len(held[0]) == 1:
+            break  # nothing holds the global rank: no function can return it
+        returning = _functions_returning_global_rank(index, held)
     _pass_to_parameters(index, held)
     return held
+
+
+def _calls_one_of(value: ast.AST, names: set[str]) -> bool:
+    return isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in names
+
+
+def _functions_returning_global_rank(index: ModuleIndex, held: dict[int, set[str]]) -> set[str]:
+    out = set()
+    for name, functions in index.functions.items():
+        for function in functions:
+            for node in ast.walk(function):
+                if isinstance(node, ast.Return) and node.value is not None \
+                        and holds_global_rank(node.value, function, held):
+                    out.add(name)
+    return out
 
 
 def _key(function: FunctionNode | None) -> int:

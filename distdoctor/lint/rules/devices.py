@@ -30,8 +30,8 @@ def _device_arguments(call: CallSite):
         yield call.node.args[0], f"{call.callee}()"
     if call.name in _MOVES and isinstance(call.node.func, ast.Attribute) and call.node.args:
         yield call.node.args[0], f".{call.name}()"
-    if call.name == "device" and call.qualname == "torch.device" and len(call.node.args) >= 2:
-        yield call.node.args[1], "torch.device()"
+    if call.qualname == "torch.device" and call.node.args:
+        yield call.node.args[-1], "torch.device()"
     for keyword in ("device_ids", "output_device", "map_location", "device"):
         value = call.keyword(keyword)
         if value is None:

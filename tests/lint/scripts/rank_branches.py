@@ -1,0 +1,42 @@
+"""Collectives under rank checks: one-sided ones deadlock; matched and zero-first ones do not."""
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch.distributed import broadcast as bcast
+
+
+def sync_config(config, args):
+    dist.init_process_group("nccl", timeout=__import__("datetime").timedelta(minutes=5))
+    rank = dist.get_rank()
+    if rank == 0:
+        bcast(config, src=0)  # expect: lint.E004
+    if args.local_rank in [-1, 0]:
+        dist.barrier()  # expect: lint.E004
+    if dist.get_rank() == 0:
+        evaluate(config)  # expect: lint.E004
+    if args.rank != -1:
+        dist.barrier()  # same on every rank: no finding
+
+
+def evaluate(metrics):
+    dist.all_reduce(metrics)
+
+
+def gather_to_zero(tensor, world):
+    if dist.get_rank() == 0:
+        out = [torch.zeros_like(tensor) for _ in range(world)]
+        dist.gather(tensor, gather_list=out, dst=0)
+        return out
+    else:
+        dist.gather(tensor, dst=0)
+        return None
+
+
+@contextlib.contextmanager
+def zero_first(local_rank):
+    if local_rank not in (-1, 0):
+        dist.barrier()
+    yield
+    if local_rank == 0:
+        dist.barrier()
