@@ -19,7 +19,7 @@ UNGUARDED_SAVE = finding_kind(
 @rule(
     UNGUARDED_SAVE,
     wrong=("import torch\nimport torch.distributed as dist\n\ndist.init_process_group('nccl')\n"
-           "torch.save(model.state_dict(), 'ckpt.pt')\n"),
+           "torch.save(model.state_dict(), 'ckpt.pt')  # lint.W017\n"),
     right=("import torch\nimport torch.distributed as dist\n\ndist.init_process_group('nccl')\n"
            "if dist.get_rank() == 0:\n    torch.save(model.state_dict(), 'ckpt.pt')\n"),
 )

@@ -24,7 +24,7 @@ TEMPORARY_OUTPUT = finding_kind(
 
 @rule(
     RANK_CONDITIONAL,
-    wrong="import torch.distributed as dist\n\nif dist.get_rank() == 0:\n    dist.broadcast(t, src=0)\n",
+    wrong="import torch.distributed as dist\n\nif dist.get_rank() == 0:\n    dist.broadcast(t, src=0)  # lint.E004\n",
     right="import torch.distributed as dist\n\ndist.broadcast(t, src=0)\n",
 )
 def rank_conditional_collective(index: ModuleIndex):
@@ -110,7 +110,7 @@ _CONVERSIONS = frozenset({"to", "cuda", "cpu", "float", "double", "half", "bfloa
 
 @rule(
     TEMPORARY_OUTPUT,
-    wrong="import torch\nimport torch.distributed as dist\n\ndist.broadcast(torch.tensor(lr), src=0)\n",
+    wrong="import torch\nimport torch.distributed as dist\n\ndist.broadcast(torch.tensor(lr), src=0)  # lint.E005\n",
     right="import torch\nimport torch.distributed as dist\n\nlr_t = torch.tensor(lr)\ndist.broadcast(lr_t, src=0)\n"
           "lr = lr_t.item()\n",
 )

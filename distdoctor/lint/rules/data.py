@@ -30,7 +30,7 @@ SHUFFLE_WITHOUT_SAMPLER = finding_kind(
 
 @rule(
     LITERAL_SAMPLER,
-    wrong="from torch.utils.data import DistributedSampler\n\nsampler = DistributedSampler(dataset, num_replicas=4, rank=0)\n",
+    wrong="from torch.utils.data import DistributedSampler\n\nsampler = DistributedSampler(dataset, num_replicas=4, rank=0)  # lint.E006\n",
     right="from torch.utils.data import DistributedSampler\n\nsampler = DistributedSampler(dataset)\n",
 )
 def literal_sampler_arguments(index: ModuleIndex):
@@ -47,7 +47,7 @@ def literal_sampler_arguments(index: ModuleIndex):
 @rule(
     NO_SET_EPOCH,
     wrong=("from torch.utils.data import DataLoader, DistributedSampler\n\n"
-           "sampler = DistributedSampler(dataset)\nloader = DataLoader(dataset, sampler=sampler)\n"
+           "sampler = DistributedSampler(dataset)  # lint.W007\nloader = DataLoader(dataset, sampler=sampler)\n"
            "for epoch in range(10):\n    for batch in loader:\n        step(batch)\n"),
     right=("from torch.utils.data import DataLoader, DistributedSampler\n\n"
            "sampler = DistributedSampler(dataset)\nloader = DataLoader(dataset, sampler=sampler)\n"
@@ -70,7 +70,7 @@ def sampler_without_set_epoch(index: ModuleIndex):
 @rule(
     SHUFFLE_WITHOUT_SAMPLER,
     wrong=("import torch.distributed as dist\nfrom torch.utils.data import DataLoader\n\n"
-           "dist.init_process_group('nccl')\nloader = DataLoader(dataset, batch_size=32, shuffle=True)\n"),
+           "dist.init_process_group('nccl')\nloader = DataLoader(dataset, batch_size=32, shuffle=True)  # lint.W008\n"),
     right=("import torch.distributed as dist\nfrom torch.utils.data import DataLoader, DistributedSampler\n\n"
            "dist.init_process_group('nccl')\nloader = DataLoader(dataset, batch_size=32, sampler=DistributedSampler(dataset))\n"),
 )

@@ -6,7 +6,7 @@ import ast
 
 from distdoctor.lint.index import CallSite, ModuleIndex
 from distdoctor.lint.ranks import global_rank_names, holds_global_rank
-from distdoctor.lint.rules.base import Hit, is_multi_rank_script, rule
+from distdoctor.lint.rules.base import INIT_CALLS, Hit, is_multi_rank_script, rule
 from distdoctor.registry import finding_kind
 
 GLOBAL_RANK_DEVICE = finding_kind(
@@ -53,7 +53,7 @@ def _formatted_device(node: ast.AST):
 
 @rule(
     GLOBAL_RANK_DEVICE,
-    wrong="import torch\nimport torch.distributed as dist\n\nrank = dist.get_rank()\ntorch.cuda.set_device(rank)\n",
+    wrong="import torch\nimport torch.distributed as dist\n\nrank = dist.get_rank()\ntorch.cuda.set_device(rank)  # lint.W011\n",
     right="import os\nimport torch\n\nlocal_rank = int(os.environ['LOCAL_RANK'])\ntorch.cuda.set_device(local_rank)\n",
 )
 def device_from_global_rank(index: ModuleIndex):
@@ -70,12 +70,12 @@ def device_from_global_rank(index: ModuleIndex):
 
 @rule(
     HARD_CODED_DEVICE,
-    wrong="import torch\nimport torch.distributed as dist\n\ndist.init_process_group('nccl')\ntorch.cuda.set_device(0)\n",
+    wrong="import torch\nimport torch.distributed as dist\n\ndist.init_process_group('nccl')\ntorch.cuda.set_device(0)  # lint.W012\n",
     right=("import os\nimport torch\nimport torch.distributed as dist\n\ndist.init_process_group('nccl')\n"
            "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n"),
 )
 def hard_coded_device(index: ModuleIndex):
-    if not is_multi_rank_script(index):
+    if not is_multi_rank_script(index) or _one_process_world(index):
         return
     for call in index.calls:
         if call.guards:
@@ -97,3 +97,13 @@ def _literal_gpu(node: ast.AST) -> str | None:
         if isinstance(node.value, str) and node.value.startswith("cuda:") and node.value[5:].isdigit():
             return node.value
     return None
+
+
+def _one_process_world(index: ModuleIndex) -> bool:
+    """init_process_group("fake", ...) or with a literal rank: one process, so GPU 0 is its own."""
+    for call in index.calls_to(*INIT_CALLS):
+        backend = call.arg(0, "backend")
+        rank = call.keyword("rank")
+        if (isinstance(backend, ast.Constant) and backend.value == "fake") or isinstance(rank, ast.Constant):
+            return True
+    return False

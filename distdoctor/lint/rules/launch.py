@@ -27,7 +27,7 @@ DEPRECATED_LAUNCH = finding_kind(
 
 @rule(
     NO_TIMEOUT,
-    wrong="import torch.distributed as dist\n\ndist.init_process_group('nccl')\n",
+    wrong="import torch.distributed as dist\n\ndist.init_process_group('nccl')  # lint.I014\n",
     right="import datetime\nimport torch.distributed as dist\n\ndist.init_process_group('nccl', timeout=datetime.timedelta(minutes=10))\n",
 )
 def init_without_timeout(index: ModuleIndex):
@@ -40,7 +40,7 @@ def init_without_timeout(index: ModuleIndex):
 @rule(
     LOCAL_RANK_ARGUMENT,
     wrong=("import argparse\nimport torch\n\nparser = argparse.ArgumentParser()\n"
-           "parser.add_argument('--local_rank', type=int, default=0)\nargs = parser.parse_args()\n"
+           "parser.add_argument('--local_rank', type=int, default=0)  # lint.W015\nargs = parser.parse_args()\n"
            "torch.cuda.set_device(args.local_rank)\n"),
     right="import os\n\nlocal_rank = int(os.environ['LOCAL_RANK'])\n",
 )
@@ -65,7 +65,7 @@ _MESSAGE = ("This command line starts the deprecated launcher, which passes --lo
 
 @rule(
     DEPRECATED_LAUNCH,
-    wrong="import subprocess, sys\n\nsubprocess.run([sys.executable, '-m', 'torch.distributed.launch', 'train.py'])\n",
+    wrong="import subprocess, sys\n\nsubprocess.run([sys.executable, '-m', 'torch.distributed.launch', 'train.py'])  # lint.W018\n",
     right="import subprocess, sys\n\nsubprocess.run([sys.executable, '-m', 'torch.distributed.run', 'train.py'])\n",
 )
 def deprecated_launch(index: ModuleIndex):

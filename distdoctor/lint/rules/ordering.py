@@ -20,7 +20,7 @@ _STRAIGHT_BLOCKS = (ast.With, ast.AsyncWith)
 
 @rule(
     BEFORE_INIT,
-    wrong="import torch.distributed as dist\n\nrank = dist.get_rank()\ndist.init_process_group('nccl')\n",
+    wrong="import torch.distributed as dist\n\nrank = dist.get_rank()  # lint.E013\ndist.init_process_group('nccl')\n",
     right="import torch.distributed as dist\n\ndist.init_process_group('nccl')\nrank = dist.get_rank()\n",
 )
 def used_before_init(index: ModuleIndex):

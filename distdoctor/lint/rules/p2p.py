@@ -34,7 +34,7 @@ def _async_calls(index: ModuleIndex):
 
 @rule(
     REQUEST_DISCARDED,
-    wrong="import torch.distributed as dist\n\ndist.isend(tensor, dst=1)\n",
+    wrong="import torch.distributed as dist\n\ndist.isend(tensor, dst=1)  # lint.E002\n",
     right="import torch.distributed as dist\n\nreq = dist.isend(tensor, dst=1)\nreq.wait()\n",
 )
 def request_discarded(index: ModuleIndex):
@@ -46,7 +46,7 @@ def request_discarded(index: ModuleIndex):
 
 @rule(
     REQUEST_NEVER_WAITED,
-    wrong="import torch.distributed as dist\n\nreq = dist.irecv(tensor, src=0)\nprint(tensor)\n",
+    wrong="import torch.distributed as dist\n\nreq = dist.irecv(tensor, src=0)  # lint.W003\nprint(tensor)\n",
     right="import torch.distributed as dist\n\nreq = dist.irecv(tensor, src=0)\nreq.wait()\nprint(tensor)\n",
 )
 def request_never_waited(index: ModuleIndex):

@@ -20,7 +20,7 @@ _SEEDS = ("torch.manual_seed", "torch.cuda.manual_seed", "torch.cuda.manual_seed
 @rule(
     RANK_SEED,
     wrong=("import torch\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\n"
-           "torch.manual_seed(1234 + dist.get_rank())\nmodel = torch.nn.Linear(10, 10)\n"),
+           "torch.manual_seed(1234 + dist.get_rank())  # lint.W016\nmodel = torch.nn.Linear(10, 10)\n"),
     right=("import torch\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\n"
            "torch.manual_seed(1234)\nmodel = torch.nn.Linear(10, 10)\n"),
 )

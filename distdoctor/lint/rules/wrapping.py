@@ -20,7 +20,7 @@ NEVER_WRAPPED = finding_kind(
 
 @rule(
     DATA_PARALLEL,
-    wrong="import torch.distributed as dist\nimport torch.nn as nn\n\ndist.init_process_group('nccl')\nmodel = nn.DataParallel(model)\n",
+    wrong="import torch.distributed as dist\nimport torch.nn as nn\n\ndist.init_process_group('nccl')\nmodel = nn.DataParallel(model)  # lint.E009\n",
     right=("import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
            "dist.init_process_group('nccl')\nmodel = DDP(model, device_ids=[local_rank])\n"),
 )
@@ -42,7 +42,7 @@ _MANUAL_SYNC = ("all_reduce", "broadcast", "reduce_scatter", "reduce_scatter_ten
 @rule(
     NEVER_WRAPPED,
     wrong=("import torch\nimport torch.distributed as dist\n\ndist.init_process_group('nccl')\n"
-           "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nloss.backward()\noptimizer.step()\n"),
+           "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # lint.W010\nloss.backward()\noptimizer.step()\n"),
     right=("import torch\nimport torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
            "dist.init_process_group('nccl')\nmodel = DDP(model)\n"
            "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nloss.backward()\noptimizer.step()\n"),
