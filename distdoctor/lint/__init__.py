@@ -13,12 +13,12 @@ from __future__ import annotations
 import time
 from typing import BinaryIO, Sequence
 
-from distdoctor.findings import Finding
+from distdoctor.core.findings import Finding
 from distdoctor.lint.files import LintInputError, iter_sources
 from distdoctor.lint.rules import RULES, Rule, rules_by_id
 from distdoctor.lint.settings import LintSettings, LintSettingsError, load_settings
 from distdoctor.lint.source import NOT_PARSED, SourceResult, lint_source
-from distdoctor.report import Report, WorldSummary, build_report
+from distdoctor.core.report import Report, WorldSummary, build_report
 
 __all__ = ["lint_paths", "lint_text", "all_ids", "LintInputError", "LintSettings", "LintSettingsError",
            "load_settings", "RULES"]

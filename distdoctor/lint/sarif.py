@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from distdoctor.findings import Finding, Severity
-from distdoctor.report import Report
+from distdoctor.core.findings import Finding, Severity
+from distdoctor.core.report import Report
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 INFORMATION_URI = "https://github.com/distdoctor/distdoctor/blob/main/docs/lint.md"

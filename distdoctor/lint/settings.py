@@ -8,8 +8,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from distdoctor.config import find_pyproject
-from distdoctor.findings import Severity
+from distdoctor.core.config import find_pyproject
+from distdoctor.core.findings import Severity
 
 KEYS = ("select", "ignore", "exclude", "fail-level")
 

@@ -7,11 +7,11 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from distdoctor.findings import Finding
+from distdoctor.core.findings import Finding
 from distdoctor.lint.index import build_index
 from distdoctor.lint.rules import Rule
 from distdoctor.lint.suppress import is_suppressed
-from distdoctor.registry import finding_kind
+from distdoctor.core.registry import finding_kind
 
 NOT_PARSED = finding_kind(
     "lint.W001", cause="unknown",

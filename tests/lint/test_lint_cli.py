@@ -96,7 +96,7 @@ def test_config_in_pyproject(tmp_path, monkeypatch):
     # The command line wins over the file.
     assert invoke([".", "--ignore", "lint.W003"]).exit_code == 1
     # `check` reads the same pyproject.toml and accepts the lint table.
-    from distdoctor.config import load_config
+    from distdoctor.core.config import load_config
 
     assert load_config(cwd=tmp_path).fail_level.label == "error"
 

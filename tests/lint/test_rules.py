@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from distdoctor.findings import Severity
+from distdoctor.core.findings import Severity
 from distdoctor.lint import lint_paths, lint_text
 from distdoctor.lint.rules import rules_by_id
 

@@ -6,7 +6,7 @@ import ast
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from distdoctor.findings import FindingKind
+from distdoctor.core.findings import FindingKind
 from distdoctor.lint.index import CallSite, ModuleIndex
 
 COLLECTIVES = frozenset({

@@ -7,7 +7,7 @@ import ast
 from distdoctor.lint.index import CallSite, ModuleIndex
 from distdoctor.lint.ranks import is_main_flag, is_rank_condition, is_rank_value, rank_guarded
 from distdoctor.lint.rules.base import Hit, assigned_values, is_multi_rank_script, rule
-from distdoctor.registry import finding_kind
+from distdoctor.core.registry import finding_kind
 
 UNGUARDED_SAVE = finding_kind(
     "lint.W017", cause="rank_config_error",

@@ -8,7 +8,7 @@ from distdoctor.lint.index import CallSite, ModuleIndex
 from distdoctor.lint.names import resolve
 from distdoctor.lint.ranks import is_rank_condition
 from distdoctor.lint.rules.base import COLLECTIVES, Hit, dist_calls, local_closure, rule
-from distdoctor.registry import finding_kind
+from distdoctor.core.registry import finding_kind
 
 RANK_CONDITIONAL = finding_kind(
     "lint.E004", cause="collective_mismatch",

@@ -6,7 +6,7 @@ import ast
 
 from distdoctor.lint.index import ModuleIndex
 from distdoctor.lint.rules.base import Hit, inits_process_group, rule
-from distdoctor.registry import finding_kind
+from distdoctor.core.registry import finding_kind
 
 _SAMPLER = "torch.utils.data.DistributedSampler"
 _LOADER = "torch.utils.data.DataLoader"

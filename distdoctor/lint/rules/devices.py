@@ -7,7 +7,7 @@ import ast
 from distdoctor.lint.index import CallSite, ModuleIndex
 from distdoctor.lint.ranks import global_rank_names, holds_global_rank
 from distdoctor.lint.rules.base import INIT_CALLS, Hit, is_multi_rank_script, rule
-from distdoctor.registry import finding_kind
+from distdoctor.core.registry import finding_kind
 
 GLOBAL_RANK_DEVICE = finding_kind(
     "lint.W011", cause="invalid_device_ordinal",

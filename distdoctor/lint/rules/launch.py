@@ -6,7 +6,7 @@ import ast
 
 from distdoctor.lint.index import ModuleIndex
 from distdoctor.lint.rules.base import Hit, rule
-from distdoctor.registry import finding_kind
+from distdoctor.core.registry import finding_kind
 
 NO_TIMEOUT = finding_kind(
     "lint.I014", cause="timeout_config",

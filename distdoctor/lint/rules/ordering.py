@@ -6,7 +6,7 @@ import ast
 
 from distdoctor.lint.index import CallSite, ModuleIndex
 from distdoctor.lint.rules.base import COLLECTIVES, INIT_CALLS, RANK_QUERIES, Hit, local_closure, rule
-from distdoctor.registry import finding_kind
+from distdoctor.core.registry import finding_kind
 
 BEFORE_INIT = finding_kind(
     "lint.E013", cause="pg_not_initialized",

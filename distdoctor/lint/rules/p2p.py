@@ -6,7 +6,7 @@ import ast
 
 from distdoctor.lint.index import ModuleIndex
 from distdoctor.lint.rules.base import COLLECTIVES, Hit, dist_calls, is_expression_statement, rule
-from distdoctor.registry import finding_kind
+from distdoctor.core.registry import finding_kind
 
 _P2P = ("isend", "irecv", "batch_isend_irecv")
 

@@ -7,7 +7,7 @@ import ast
 from distdoctor.lint.index import ModuleIndex
 from distdoctor.lint.ranks import is_rank_value
 from distdoctor.lint.rules.base import Hit, dist_calls, rule, wraps_model
-from distdoctor.registry import finding_kind
+from distdoctor.core.registry import finding_kind
 
 RANK_SEED = finding_kind(
     "lint.W016", cause="param_divergence",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from distdoctor.lint.index import ModuleIndex
 from distdoctor.lint.rules.base import Hit, dist_calls, inits_process_group, rule, wraps_model
-from distdoctor.registry import finding_kind
+from distdoctor.core.registry import finding_kind
 
 DATA_PARALLEL = finding_kind(
     "lint.E009", cause="duplicate_gpu",

@@ -1,7 +1,7 @@
-"""What `distdoctor check` runs: the local stage alone, the self-test world, or one rank of a world.
+"""The dispatcher: a local run, the self-test world, or one rank of a world — decided here only.
 
-Kept apart from distdoctor.crossrank so that a local-only run (the quick pre-job check) imports
-none of the cross-rank machinery: the store exchange, the watchdog, the collectives.
+A local-only run (the quick pre-job check) imports none of the cross-rank machinery (the store
+exchange, the watchdog, the collectives): distdoctor.world is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ import os
 import time
 from typing import Callable, Mapping, Sequence
 
-from distdoctor.config import Config
-from distdoctor.report import Report
-
-CROSS_RANK_STAGES = ("rendezvous", "collective")
+from distdoctor.core.config import Config
+from distdoctor.core.registry import CROSS_RANK_STAGES, Registry
+from distdoctor.core.report import Report
 
 
 def cross_rank_requested(config: Config) -> bool:
@@ -60,25 +59,63 @@ def check_entry(
     Returns the exit code; as one rank of a world it ends the process itself (os._exit) once the
     report is out, since a process group whose peer hung can block interpreter teardown.
     """
-    from distdoctor.launchers import NONE, detect
+    from distdoctor.machine.launchers import NONE, detect
 
     started = process_started() if started is None else started
     launch = detect(env, argv)
     if not cross_rank_requested(config):
-        from distdoctor.engine import diagnose
+        from distdoctor.machine.host import diagnose_here
 
-        report = diagnose(config, env=env, argv=argv)
+        report = diagnose_here(config, env=env, argv=argv)
         render(report)
         return report.exit_code(config.fail_level)
     if launch.launcher == NONE:
-        from distdoctor.selftest import run_selftest
+        from distdoctor.world.selftest import run_selftest
 
         return run_selftest(config, render, nproc=config.nproc, all_ranks=all_ranks, started=started, argv=list(argv))
-    from distdoctor.crossrank import run_rank
-    from distdoctor.watchdog import flush_std_streams
+    from distdoctor.world.rank_run import run_rank
+    from distdoctor.world.watchdog import flush_std_streams
 
     outcome = run_rank(config, env=env, argv=argv, all_ranks=all_ranks, emit=render, started=started)
     if outcome.world_opened or outcome.world_described:
         flush_std_streams()
         os._exit(outcome.exit_code)
     return outcome.exit_code
+
+
+def diagnose(
+    config: Config,
+    *,
+    env: Mapping[str, str] | None = None,
+    argv: Sequence[str] | None = None,
+    registry: Registry | None = None,
+) -> Report:
+    """A report for an embedded caller (the pytest plugin): this process's local run, or its part
+    as one rank of the world its environment describes when a cross-rank stage is selected."""
+    import sys
+
+    from distdoctor.machine.host import diagnose_here
+    from distdoctor.machine.launchers import detect
+
+    env = dict(os.environ if env is None else env)
+    argv = tuple(sys.argv if argv is None else argv)
+    if cross_rank_requested(config) and detect(env, argv).world_configured:
+        # Imported here: a local run never loads the cross-rank machinery.
+        from distdoctor.world.rank_run import run_rank
+
+        return run_rank(config, env=env, argv=argv, registry=registry, watchdog=False, teardown=True).report
+    return diagnose_here(config, env=env, argv=argv, registry=registry)
+
+
+def load_every_kind(config: Config) -> Registry:
+    """The registry with every finding ID declared: the checks', and those only `explain` (log.*),
+    `lint` (lint.*) and the embedded API (pre.*, init.*, spec.*) emit — for `list`, `show` and the docs."""
+    from distdoctor.core.engine import load_registry
+
+    # Importing these registers their kinds; none of them imports torch at import time.
+    import distdoctor.embedded.bounded_init  # noqa: F401
+    import distdoctor.embedded.setup_checks  # noqa: F401
+    import distdoctor.explain  # noqa: F401
+    import distdoctor.lint  # noqa: F401
+
+    return load_registry(config)
