@@ -13,7 +13,7 @@ _RANK_NAME = re.compile(r"(^|_)(rank|rank_id|rank_idx|process_index|local_proces
 # Identifiers and calls that say "this is the main / rank-zero process".
 _MAIN_NAME = re.compile(
     r"^(is_)?(main|master|primary|rank_?zero|rank0|local_main|local_master|main_process|master_process|"
-    r"local_main_process|main_worker|world_process_zero|local_process_zero|chief|leader)(_process|_rank|_worker|_node)?$",
+    r"local_main_process|main_worker|world_process_zero|local_process_zero|chief|leader|coordinator)(_process|_rank|_worker|_node)?$",
     re.I,
 )
 _RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank", "get_node_rank", "get_group_rank", "get_process_index"}
@@ -190,3 +190,17 @@ def _pass_to_parameters(index: ModuleIndex, held: dict[int, set[str]]) -> None:
                     params = params[1:]
                 if position < len(params):
                     held.setdefault(id(callee), set()).add(params[position])
+
+
+def is_membership_condition(test: ast.AST) -> bool:
+    """`rank in group_ranks`, `lo <= rank < hi`: is this rank a member of some subgroup?"""
+    if isinstance(test, ast.BoolOp):
+        return any(is_membership_condition(v) for v in test.values)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return is_membership_condition(test.operand)
+    if not isinstance(test, ast.Compare) or not is_rank_condition(test):
+        return False
+    if any(isinstance(op, (ast.In, ast.NotIn)) for op in test.ops):
+        return not all(isinstance(c, (ast.List, ast.Tuple, ast.Set)) and all(isinstance(e, ast.Constant) for e in c.elts)
+                       for c in test.comparators)
+    return len(test.ops) == 2  # a range: lo <= rank < hi

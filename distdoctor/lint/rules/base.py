@@ -70,13 +70,18 @@ def is_multi_rank_script(index: ModuleIndex) -> bool:
     return inits_process_group(index) or bool(index.calls_to(*DDP_WRAPPERS))
 
 
+# Libraries whose trainers replicate (or shard) the model themselves.
+_TRAINING_FRAMEWORKS = frozenset({"accelerate", "deepspeed", "lightning", "pytorch_lightning", "colossalai",
+                                  "megatron", "fairscale", "torchtitan"})
+
+
 def wraps_model(index: ModuleIndex) -> bool:
-    """The module wraps a model in DDP/FSDP (or hands it to accelerate/deepspeed/Lightning)."""
+    """The module wraps a model in DDP/FSDP (torch's or a framework's), or hands it to a training framework."""
     if index.calls_to(*DDP_WRAPPERS):
         return True
     names = set(index.aliases.values())
-    return any(n.split(".", 1)[0] in ("accelerate", "deepspeed", "lightning", "pytorch_lightning", "colossalai")
-               for n in names)
+    return any(n.split(".", 1)[0] in _TRAINING_FRAMEWORKS
+               or n.rsplit(".", 1)[-1] in ("DistributedDataParallel", "FullyShardedDataParallel") for n in names)
 
 
 def assigned_values(index: ModuleIndex, function, name: str) -> list[ast.expr]:

@@ -32,6 +32,10 @@ def unguarded_save(index: ModuleIndex):
         path = call.arg(1, "f")
         if path is not None and _names_a_rank(index, call.function, path, depth=3):
             continue  # one file per rank (sharded state): intended
+        if path is not None and _in_memory(index, call.function, path):
+            continue  # torch.save into a BytesIO: no file
+        if path is not None and _in_temporary_directory(index, call.function, path, depth=3):
+            continue  # each process has its own temporary directory
         yield Hit(call.node, detail="Every rank writes the same file at the same time: the writes race on a shared "
                                     "file system and the file can end up truncated or mixed.")
 
@@ -77,6 +81,31 @@ def _names_a_rank(index: ModuleIndex, function, node: ast.AST, depth: int) -> bo
             return True
         if depth and isinstance(part, ast.Name) and isinstance(part.ctx, ast.Load):
             if any(_names_a_rank(index, function, value, depth - 1)
+                   for value in assigned_values(index, function, part.id)):
+                return True
+    return False
+
+
+def _in_memory(index: ModuleIndex, function, path: ast.AST) -> bool:
+    if isinstance(path, ast.Call):
+        return (getattr(path.func, "attr", None) or getattr(path.func, "id", None)) == "BytesIO"
+    if isinstance(path, ast.Name):
+        return any(_in_memory(index, function, value) for value in assigned_values(index, function, path.id))
+    return False
+
+
+_TEMPORARY = ("tmp_path", "tmpdir", "tmp_path_factory", "mkdtemp", "TemporaryDirectory", "NamedTemporaryFile",
+              "mkstemp", "gettempdir")
+
+
+def _in_temporary_directory(index: ModuleIndex, function, path: ast.AST, depth: int) -> bool:
+    """A path under a per-process temporary directory (pytest's tmp_path, tempfile)."""
+    for part in ast.walk(path):
+        name = getattr(part, "id", None) or getattr(part, "attr", None)
+        if name in _TEMPORARY:
+            return True
+        if depth and isinstance(part, ast.Name) and isinstance(part.ctx, ast.Load):
+            if any(_in_temporary_directory(index, function, value, depth - 1)
                    for value in assigned_values(index, function, part.id)):
                 return True
     return False

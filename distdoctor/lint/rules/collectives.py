@@ -6,7 +6,7 @@ import ast
 
 from distdoctor.lint.index import CallSite, ModuleIndex
 from distdoctor.lint.names import resolve
-from distdoctor.lint.ranks import is_rank_condition
+from distdoctor.lint.ranks import is_membership_condition, is_rank_condition, rank_guarded
 from distdoctor.lint.rules.base import COLLECTIVES, Hit, dist_calls, local_closure, rule
 from distdoctor.core.registry import finding_kind
 
@@ -32,12 +32,15 @@ def rank_conditional_collective(index: ModuleIndex):
     # (id of an if-test, side) -> collective name -> first call there
     sides: dict[tuple[int, bool], dict[str, CallSite]] = {}
     scope_of: dict[int, object] = {}
+    calls_by_name: dict[str, list[CallSite]] = {}
     for call in index.calls:
         names = _collectives_of(call, index, reach)
-        if not names:
-            continue
+        for name in names:
+            calls_by_name.setdefault(name, []).append(call)
         for test, in_body in call.guards:
-            if not is_rank_condition(test):
+            if not names or not is_rank_condition(test):
+                continue
+            if _subgroup_member_call(call, test):
                 continue
             scope_of[id(test)] = call.function or call.cls
             for name in names:
@@ -45,12 +48,28 @@ def rank_conditional_collective(index: ModuleIndex):
     for (test_id, side), found in sides.items():
         other = sides.get((test_id, not side), {})
         for name, call in found.items():
-            if name in other or _matched_elsewhere(sides, scope_of, test_id, name):
+            if name in other or _matched_elsewhere(sides, scope_of, test_id, name) \
+                    or _called_outside_branch(calls_by_name[name], call, test_id, side):
                 continue
             via = "" if call.callee == name else f" (through `{call.name}()`, which calls it)"
             yield Hit(call.node, title=f"`{name}` runs only on the ranks that take this branch",
                       detail=f"`{name}`{via} is inside a rank-dependent `if` and the other branch does not call "
                              "it: the ranks that skip it never join, and the ones that call it wait forever.")
+
+
+def _subgroup_member_call(call: CallSite, test) -> bool:
+    """`if rank in group_ranks: all_reduce(t, group=g)`: only the members of g take part, as they should."""
+    group = call.keyword("group")
+    return group is not None and not (isinstance(group, ast.Constant) and group.value is None) \
+        and is_membership_condition(test)
+
+
+def _called_outside_branch(calls: list[CallSite], call: CallSite, test_id: int, side: bool) -> bool:
+    """The same collective elsewhere in the function, off this branch: the other ranks' call (elif chains,
+    `if rank not in members: barrier(); return` ... `barrier()`)."""
+    return any(other.function is call.function and other is not call
+               and not any(id(t) == test_id and s == side for t, s in other.guards)
+               for other in calls)
 
 
 def _collectives_of(call: CallSite, index: ModuleIndex, reach: dict[int, set[str]]) -> set[str]:
@@ -97,6 +116,7 @@ _OUTPUT_ARG: dict[str, tuple[int, str, bool]] = {
     "all_gather_object": (0, "object_list", True), "recv": (0, "tensor", True), "irecv": (0, "tensor", True),
     "scatter": (0, "tensor", True), "gather": (1, "gather_list", True), "gather_object": (1, "object_gather_list", True),
 }
+_SENT_FROM_SOURCE = frozenset({"broadcast", "broadcast_object_list"})
 _FACTORIES = frozenset({
     "tensor", "zeros", "ones", "empty", "full", "zeros_like", "ones_like", "empty_like", "full_like", "rand",
     "randn", "randint", "arange", "linspace", "cat", "concat", "stack", "Tensor", "FloatTensor", "LongTensor",
@@ -122,6 +142,8 @@ def temporary_output(index: ModuleIndex):
             continue
         if not output_only and not _carries_data(arg, index):
             continue  # e.g. all_reduce(torch.zeros(1)) used as a barrier
+        if call.callee in _SENT_FROM_SOURCE and rank_guarded(call.guards):
+            continue  # the source rank's side of a broadcast: what it sends may be a temporary
         text = ast.get_source_segment(index.text, arg) or "the argument"
         yield Hit(call.node, detail=f"`{call.callee}` writes its result into `{text}`, a new object that no name "
                                     "refers to: the value each rank receives is lost.")

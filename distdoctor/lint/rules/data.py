@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from distdoctor.lint.index import ModuleIndex
-from distdoctor.lint.rules.base import Hit, inits_process_group, rule
+from distdoctor.lint.rules.base import DDP_WRAPPERS, Hit, inits_process_group, rule
 from distdoctor.core.registry import finding_kind
 
 _SAMPLER = "torch.utils.data.DistributedSampler"
@@ -30,10 +30,14 @@ SHUFFLE_WITHOUT_SAMPLER = finding_kind(
 
 @rule(
     LITERAL_SAMPLER,
-    wrong="from torch.utils.data import DistributedSampler\n\nsampler = DistributedSampler(dataset, num_replicas=4, rank=0)  # lint.E006\n",
-    right="from torch.utils.data import DistributedSampler\n\nsampler = DistributedSampler(dataset)\n",
+    wrong=("import torch.distributed as dist\nfrom torch.utils.data import DistributedSampler\n\n"
+           "dist.init_process_group('nccl')\nsampler = DistributedSampler(dataset, num_replicas=4, rank=0)  # lint.E006\n"),
+    right=("import torch.distributed as dist\nfrom torch.utils.data import DistributedSampler\n\n"
+           "dist.init_process_group('nccl')\nsampler = DistributedSampler(dataset)\n"),
 )
 def literal_sampler_arguments(index: ModuleIndex):
+    if not _uses_torch_distributed(index):
+        return  # e.g. a unit test of the sampler that plays each rank in turn
     for call in index.calls_to(_SAMPLER):
         literal = [name for position, name in ((1, "num_replicas"), (2, "rank"))
                    if isinstance(call.arg(position, name), ast.Constant)
@@ -69,14 +73,18 @@ def sampler_without_set_epoch(index: ModuleIndex):
 
 @rule(
     SHUFFLE_WITHOUT_SAMPLER,
-    wrong=("import torch.distributed as dist\nfrom torch.utils.data import DataLoader\n\n"
-           "dist.init_process_group('nccl')\nloader = DataLoader(dataset, batch_size=32, shuffle=True)  # lint.W008\n"),
-    right=("import torch.distributed as dist\nfrom torch.utils.data import DataLoader, DistributedSampler\n\n"
-           "dist.init_process_group('nccl')\nloader = DataLoader(dataset, batch_size=32, sampler=DistributedSampler(dataset))\n"),
+    wrong=("import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+           "from torch.utils.data import DataLoader\n\n"
+           "dist.init_process_group('nccl')\nmodel = DDP(model)\n"
+           "loader = DataLoader(dataset, batch_size=32, shuffle=True)  # lint.W008\n"),
+    right=("import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+           "from torch.utils.data import DataLoader, DistributedSampler\n\n"
+           "dist.init_process_group('nccl')\nmodel = DDP(model)\n"
+           "loader = DataLoader(dataset, batch_size=32, sampler=DistributedSampler(dataset))\n"),
 )
 def shuffle_without_sampler(index: ModuleIndex):
-    if not inits_process_group(index):
-        return
+    if not inits_process_group(index) or not index.calls_to(*DDP_WRAPPERS):
+        return  # without data parallelism (tensor/pipeline parallel) every rank should read the same data
     for call in index.calls_to(_LOADER):
         shuffle = call.arg(2, "shuffle")
         if not (isinstance(shuffle, ast.Constant) and shuffle.value is True):
@@ -107,3 +115,8 @@ def _is_evaluation_data(sampler) -> bool:
     dataset = sampler.arg(0, "dataset")
     text = ast.unparse(dataset).lower() if dataset is not None else ""
     return any(word in text for word in ("val", "test", "eval"))
+
+
+def _uses_torch_distributed(index: ModuleIndex) -> bool:
+    return any(c.qualname and c.qualname.startswith("torch.distributed.") for c in index.calls) \
+        or "RANK" in index.strings or "WORLD_SIZE" in index.strings

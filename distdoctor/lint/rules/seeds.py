@@ -20,13 +20,17 @@ _SEEDS = ("torch.manual_seed", "torch.cuda.manual_seed", "torch.cuda.manual_seed
 @rule(
     RANK_SEED,
     wrong=("import torch\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\n"
-           "torch.manual_seed(1234 + dist.get_rank())  # lint.W016\nmodel = torch.nn.Linear(10, 10)\n"),
+           "torch.manual_seed(1234 + dist.get_rank())  # lint.W016\nmodel = torch.nn.Linear(10, 10)\n"
+           "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nmodel(x).sum().backward()\nopt.step()\n"),
     right=("import torch\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\n"
-           "torch.manual_seed(1234)\nmodel = torch.nn.Linear(10, 10)\n"),
+           "torch.manual_seed(1234)\nmodel = torch.nn.Linear(10, 10)\n"
+           "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nmodel(x).sum().backward()\nopt.step()\n"),
 )
 def rank_dependent_seed(index: ModuleIndex):
     if wraps_model(index) or dist_calls(index, ("broadcast", "broadcast_object_list", "all_reduce")):
         return  # DDP/FSDP broadcast rank 0's parameters; a manual broadcast does the same
+    if not (index.calls_named("backward") and index.calls_named("step")):
+        return  # nothing is trained here: a per-rank seed only makes per-rank data
     for call in index.calls_to(*_SEEDS):
         if call.node.args and _mentions_rank(call.node.args[0]):
             yield Hit(call.node, detail=f"`{ast.unparse(call.node.args[0])}` differs per rank, so every rank "

@@ -16,7 +16,7 @@ def sync_config(config, args):
     if dist.get_rank() == 0:
         evaluate(config)  # expect: lint.E004
     if args.rank != -1:
-        dist.barrier()  # same on every rank: no finding
+        dist.reduce(config, dst=0)  # same on every rank: no finding
 
 
 def evaluate(metrics):
@@ -31,6 +31,32 @@ def gather_to_zero(tensor, world):
     else:
         dist.gather(tensor, dst=0)
         return None
+
+
+def elif_chain(t, role, members):
+    if role == "leader":
+        dist.broadcast(t, src=0)
+    elif dist.get_rank() in members:
+        dist.broadcast(t, src=0)
+
+
+def subgroup_only(t, group, group_ranks):
+    if dist.get_rank() in group_ranks:
+        dist.all_reduce(t, group=group)
+
+
+def early_exit(t, members):
+    if dist.get_rank() not in members:
+        dist.barrier()
+        return
+    dist.all_reduce(t)
+    dist.barrier()
+
+
+def new_group_on_some_ranks(rank):
+    if rank == 0:
+        return dist.new_group([0, 1])  # expect: lint.E004
+    return None
 
 
 @contextlib.contextmanager

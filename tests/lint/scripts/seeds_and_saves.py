@@ -14,6 +14,9 @@ def main(make_model, path):
     rank = dist.get_rank()
     torch.manual_seed(42 + rank)  # expect: lint.W016
     model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # expect: lint.W010
+    model(torch.ones(1)).sum().backward()
+    optimizer.step()
     torch.save(model.state_dict(), path)  # expect: lint.W017
     if rank == 0:
         save(model, path)

@@ -16,4 +16,9 @@ def share(lr, loss, world, cfg):
     dist.broadcast(lr_t, src=0)
     objects = [cfg]
     dist.broadcast_object_list(objects, src=0)
+    if dist.get_rank() == 0:
+        dist.broadcast_object_list([cfg], src=0)  # the source's side: sending a temporary is fine
+    else:
+        received = [None]
+        dist.broadcast_object_list(received, src=0)
     return lr_t.item(), objects[0]
