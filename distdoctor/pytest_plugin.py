@@ -202,10 +202,21 @@ def _lint_summary(terminalreporter: Any, config: pytest.Config) -> None:
                           f"fail level {settings.fail_level.label}", red=True)
     for finding in worst:
         data = finding.data or {}
-        terminalreporter.line(f"  {data.get('path')}:{data.get('line')}:{data.get('col')}: {finding.id} "
+        path = _relative(str(data.get("path", "")), config)
+        terminalreporter.line(f"  {path}:{data.get('line')}:{data.get('col')}: {finding.id} "
                               f"[{finding.cause}] {finding.title}")
         if finding.remediation:
             terminalreporter.line(f"      fix: {finding.remediation}")
+
+
+def _relative(path: str, config: pytest.Config) -> str:
+    """A finding's path relative to the rootdir, as pytest shows test paths."""
+    from pathlib import Path
+
+    try:
+        return Path(path).relative_to(config.rootpath).as_posix()
+    except ValueError:
+        return path
 
 
 @pytest.fixture(scope="session")
