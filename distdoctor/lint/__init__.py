@@ -10,6 +10,7 @@ finding kinds (area ``lint``). Nothing here prints.
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import BinaryIO, Sequence
 
@@ -39,16 +40,24 @@ def lint_paths(paths: Sequence[str], settings: LintSettings | None = None, *, st
     findings: list[Finding] = []
     suppressed: list[Finding] = []
     files = lines = analysed = 0
-    for source in iter_sources(paths, exclude=settings.exclude, stdin=stdin, stdin_name=stdin_name):
-        files += 1
-        if source.text is None:
-            result = SourceResult(findings=[_unreadable(source.name, source.error or "")])
-        else:
-            result = lint_source(source.text, source.name, rules)
-        lines += result.lines
-        analysed += result.analysed
-        findings += [f for f in result.findings if settings.wants(f.id)]
-        suppressed += [f for f in result.suppressed if settings.wants(f.id)]
+    # Syntax trees hold no reference cycles (refcounting frees them), yet their millions of small
+    # objects keep triggering the cycle collector: pausing it makes linting markedly faster.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for source in iter_sources(paths, exclude=settings.exclude, stdin=stdin, stdin_name=stdin_name):
+            files += 1
+            if source.text is None:
+                result = SourceResult(findings=[_unreadable(source.name, source.error or "")])
+            else:
+                result = lint_source(source.text, source.name, rules)
+            lines += result.lines
+            analysed += result.analysed
+            findings += [f for f in result.findings if settings.wants(f.id)]
+            suppressed += [f for f in result.suppressed if settings.wants(f.id)]
+    finally:
+        if collecting:
+            gc.enable()
     elapsed = time.monotonic() - started
     return _report(findings, suppressed, rules, {"files": files, "lines": lines, "analysed": analysed}, elapsed)
 

@@ -193,34 +193,58 @@ class _Walker:
 
     def walk_expr(self, node: ast.expr, parent: ast.AST, function, cls, guards, statement) -> None:
         index = self.index
+        loads, strings, attributes = index.loads, index.strings, index.attributes_read
+        raw_calls = self.raw_calls
+        load_key = id(function)
         stack = [(node, parent, guards)]
+        pop, push = stack.pop, stack.append
         while stack:
-            current, up, current_guards = stack.pop()
-            if isinstance(current, ast.Call):
-                self.raw_calls.append((current, function, cls, current_guards, up, statement))
-            elif isinstance(current, ast.Name):
-                if isinstance(current.ctx, ast.Load):
-                    index.loads.setdefault((id(function), current.id), []).append(current.lineno)
-                continue
-            elif isinstance(current, ast.Attribute) and isinstance(current.ctx, ast.Load):
-                index.attributes_read.add(current.attr)
-            elif isinstance(current, ast.Constant):
-                if isinstance(current.value, str) and len(current.value) < 80:
-                    index.strings.add(current.value)
-                continue
-            elif isinstance(current, ast.Lambda):
+            current, up, current_guards = pop()
+            kind = type(current)
+            # The common node types are taken apart by hand: ast.iter_child_nodes costs more than
+            # the rest of the walk.
+            if kind is ast.Name:
+                if type(current.ctx) is ast.Load:
+                    loads.setdefault((load_key, current.id), []).append(current.lineno)
+            elif kind is ast.Constant:
+                if type(current.value) is str and len(current.value) < 80:
+                    strings.add(current.value)
+            elif kind is ast.Attribute:
+                if type(current.ctx) is ast.Load:
+                    attributes.add(current.attr)
+                push((current.value, current, current_guards))
+            elif kind is ast.Call:
+                raw_calls.append((current, function, cls, current_guards, up, statement))
+                push((current.func, current, current_guards))
+                for arg in current.args:
+                    push((arg, current, current_guards))
+                for keyword in current.keywords:
+                    push((keyword.value, current, current_guards))
+            elif kind is ast.BinOp:
+                push((current.left, current, current_guards))
+                push((current.right, current, current_guards))
+            elif kind is ast.Subscript:
+                push((current.value, current, current_guards))
+                push((current.slice, current, current_guards))
+            elif kind is ast.Tuple or kind is ast.List or kind is ast.Set:
+                for element in current.elts:
+                    push((element, current, current_guards))
+            elif kind is ast.Compare:
+                push((current.left, current, current_guards))
+                for comparator in current.comparators:
+                    push((comparator, current, current_guards))
+            elif kind is ast.Lambda:
                 index.function_of[id(current)] = function
-                stack.append((current.body, current, ()))
-                continue
-            elif isinstance(current, ast.IfExp):
-                stack.append((current.test, current, current_guards))
-                stack.append((current.body, current, current_guards + ((current.test, True),)))
-                stack.append((current.orelse, current, current_guards + ((current.test, False),)))
-                continue
-            for child in ast.iter_child_nodes(current):
-                if isinstance(child, ast.expr):
-                    stack.append((child, current, current_guards))
-                elif isinstance(child, ast.AST):
-                    for grandchild in ast.iter_child_nodes(child):
-                        if isinstance(grandchild, ast.expr):
-                            stack.append((grandchild, current, current_guards))
+                push((current.body, current, ()))
+            elif kind is ast.IfExp:
+                push((current.test, current, current_guards))
+                push((current.body, current, current_guards + ((current.test, True),)))
+                push((current.orelse, current, current_guards + ((current.test, False),)))
+            else:
+                for child in ast.iter_child_nodes(current):
+                    if isinstance(child, ast.expr):
+                        push((child, current, current_guards))
+                    elif isinstance(child, ast.AST):
+                        for grandchild in ast.iter_child_nodes(child):
+                            if isinstance(grandchild, ast.expr):
+                                push((grandchild, current, current_guards))
