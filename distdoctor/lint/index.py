@@ -64,7 +64,6 @@ class ModuleIndex:
     attributes_read: set[str] = field(default_factory=set)
     memo: dict = field(default_factory=dict)  # per-module caches of the rules (closures)
     loop_targets: set[str] = field(default_factory=set)
-    function_of: dict[int, FunctionNode | None] = field(default_factory=dict)
     _by_name: dict[str, list[CallSite]] | None = None
     _by_function: dict[int, list[CallSite]] | None = None
     _by_qualname: dict[str, list[CallSite]] | None = None
@@ -141,7 +140,6 @@ class _Walker:
         index = self.index
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             index.functions.setdefault(node.name, []).append(node)
-            index.function_of[id(node)] = function
             for expr in [*node.decorator_list, *node.args.defaults, *node.args.kw_defaults]:
                 if expr is not None:
                     self.walk_expr(expr, node, function, cls, guards, node)
@@ -234,7 +232,6 @@ class _Walker:
                 for comparator in current.comparators:
                     push((comparator, current, current_guards))
             elif kind is ast.Lambda:
-                index.function_of[id(current)] = function
                 push((current.body, current, ()))
             elif kind is ast.IfExp:
                 push((current.test, current, current_guards))

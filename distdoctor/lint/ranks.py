@@ -30,7 +30,7 @@ def identifier(node: ast.AST) -> str | None:
 def is_rank_value(node: ast.AST) -> bool:
     """An expression that is a rank: a rank-named variable, get_rank(), os.environ["RANK"]."""
     if isinstance(node, ast.Call):
-        if isinstance(node.func, (ast.Name, ast.Attribute)) and identifier(node.func) in ("int",) and node.args:
+        if identifier(node.func) == "int" and node.args:
             return is_rank_value(node.args[0])
         name = identifier(node.func)
         if name in _RANK_CALLS:

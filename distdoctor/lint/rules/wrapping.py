@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+
 from distdoctor.lint.index import ModuleIndex
 from distdoctor.lint.rules.base import Hit, dist_calls, inits_process_group, rule, wraps_model
 from distdoctor.core.registry import finding_kind
@@ -62,7 +64,5 @@ def model_never_wrapped(index: ModuleIndex):
                                     "in DDP/FSDP and no gradient is all-reduced: each rank trains its own copy.")
 
 
-def _is_parameters_call(node) -> bool:
-    import ast
-
+def _is_parameters_call(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "parameters"
