@@ -40,8 +40,8 @@ def is_rank_value(node: ast.AST) -> bool:
         return False
     if isinstance(node, ast.Subscript):
         return _env_key(node.slice) in _RANK_ENV
-    if isinstance(node, ast.BinOp):
-        return is_rank_value(node.left)  # rank % gpus_per_node
+    while isinstance(node, ast.BinOp):
+        node = node.left  # rank % gpus_per_node
     name = identifier(node)
     return bool(name and _RANK_NAME.search(name))
 

@@ -36,21 +36,26 @@ def lint_source(text: str, path: str, rules: Iterable[Rule]) -> SourceResult:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # SyntaxWarning for invalid escapes is not ours to report
             tree = ast.parse(text, filename=path)
-    except (SyntaxError, ValueError) as exc:
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         result.findings.append(not_parsed(path, exc, text))
         return result
     if not any(word in text for word in RELEVANT_WORDS):
         return result
     result.analysed = True
-    index = build_index(path, tree, text)
-    for rule in rules:
-        for hit in rule.find(index):
-            finding = make_finding(rule, hit, index)
-            last = getattr(hit.node, "end_lineno", None) or hit.node.lineno
-            if is_suppressed(index.lines, rule.id, hit.node.lineno, last):
-                result.suppressed.append(finding)
-            else:
-                result.findings.append(finding)
+    try:
+        index = build_index(path, tree, text)
+        for rule in rules:
+            for hit in rule.find(index):
+                finding = make_finding(rule, hit, index)
+                last = getattr(hit.node, "end_lineno", None) or hit.node.lineno
+                if is_suppressed(index.lines, rule.id, hit.node.lineno, last):
+                    result.suppressed.append(finding)
+                else:
+                    result.findings.append(finding)
+    except RecursionError as exc:
+        # Expressions nested thousands deep (generated code) exceed the analysis' recursion.
+        result.findings = [not_parsed(path, exc, text, analysis=True)]
+        result.suppressed = []
     return result
 
 
@@ -73,13 +78,16 @@ def char_column(line: str, byte_offset: int) -> int:
     return len(line.encode("utf-8")[:byte_offset].decode("utf-8", errors="replace")) + 1
 
 
-def not_parsed(path: str, exc: Exception, text: str) -> Finding:
+def not_parsed(path: str, exc: BaseException, text: str, *, analysis: bool = False) -> Finding:
     line = getattr(exc, "lineno", None) or 1
     offset = getattr(exc, "offset", None) or 1
     lines = text.splitlines()
     source = lines[line - 1] if 0 < line <= len(lines) else ""
     message = getattr(exc, "msg", None) or str(exc)
+    if isinstance(exc, RecursionError):
+        message = "an expression is nested too deeply to " + ("analyse" if analysis else "parse")
     return NOT_PARSED(
+        None if not analysis else "The file is nested too deeply to lint",
         detail=f"{path}:{line}:{offset}: {type(exc).__name__}: {message}",
         data={"path": path, "line": line, "col": offset, "end_line": line, "source": source, "rule": "parse"},
         check="lint",

@@ -137,3 +137,9 @@ def test_suppression_comment_silences_one_rule_on_its_line():
     assert [(f.id, f.data["line"]) for f in report.findings] == [("lint.W003", 3)]
     assert sorted((f.id, f.data["line"]) for f in report.silenced) == [
         ("lint.E002", 4), ("lint.E002", 5), ("lint.W003", 2)]
+
+
+def test_absurdly_nested_code_is_a_finding_not_a_crash():
+    source = "import torch.distributed as dist\nx = dist.get_rank()" + " + 1" * 50000 + "\n"
+    (finding,) = lint_text(source).findings
+    assert finding.id == "lint.W001" and "nested too deeply" in finding.detail

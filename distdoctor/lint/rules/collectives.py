@@ -174,12 +174,16 @@ def call_is_torch_factory(node: ast.Call, index: ModuleIndex) -> bool:
 
 def _carries_data(node: ast.AST, index: ModuleIndex) -> bool:
     """Does the temporary hold a value from the program (a variable), not only constants?"""
-    if isinstance(node, ast.Call):
-        parts = list(node.args)
-        func = node.func
-        if isinstance(func, ast.Attribute) and not call_is_torch_factory(node, index):
-            parts.append(func.value)  # the receiver of x.clone()
-        return any(_carries_data(p, index) for p in parts)
-    if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)):
-        return True
-    return any(_carries_data(child, index) for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr))
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, (ast.Name, ast.Attribute, ast.Subscript)):
+            return True
+        if isinstance(current, ast.Call):
+            stack.extend(current.args)  # keywords (device=, dtype=) are not the value
+            func = current.func
+            if isinstance(func, ast.Attribute) and not call_is_torch_factory(current, index):
+                stack.append(func.value)  # the receiver of x.clone()
+            continue
+        stack.extend(child for child in ast.iter_child_nodes(current) if isinstance(child, ast.expr))
+    return False
