@@ -147,17 +147,18 @@ def test_absurdly_nested_code_is_a_finding_not_a_crash():
 
 @pytest.mark.parametrize("rule_id, source", [
     ("lint.E009", "from torch.distributed import init_process_group as ipg\nfrom torch.nn import DataParallel as DP\n"
-                  "ipg('nccl')\nm = DP(m)\n"),
-    ("lint.E002", "from torch.distributed import isend as send_async\nsend_async(t, 1)\n"),
+                  "ipg('nccl')\nm = DP(m)  # <-\n"),
+    ("lint.E002", "from torch.distributed import isend as send_async\nsend_async(t, 1)  # <-\n"),
     ("lint.E006", "import torch.utils.data as tud\nimport torch.distributed as dist\ndist.init_process_group('gloo')\n"
-                  "s = tud.DistributedSampler(d, num_replicas=2, rank=1)\n"),
-    ("lint.E013", "from torch import distributed as D\nr = D.get_world_size()\nD.init_process_group('gloo')\n"),
+                  "s = tud.DistributedSampler(d, num_replicas=2, rank=1)  # <-\n"),
+    ("lint.E013", "from torch import distributed as D\nr = D.get_world_size()  # <-\nD.init_process_group('gloo')\n"),
     ("lint.W011", "import os, torch\nimport torch.distributed as dist\nr = int(os.environ['RANK'])\n"
-                  "x = torch.zeros(1, device=f'cuda:{r}')\n"),
+                  "x = torch.zeros(1, device=f'cuda:{r}')  # <-\n"),
     ("lint.W017", "import torch as T\nfrom torch.nn.parallel import DistributedDataParallel\nm = DistributedDataParallel(m)\n"
-                  "T.save(m.state_dict(), 'a.pt')\n"),
-    ("lint.E005", "from torch.distributed import all_reduce as ar\nimport torch\nar(x.clone())\n"),
+                  "T.save(m.state_dict(), 'a.pt')  # <-\n"),
+    ("lint.E005", "from torch.distributed import all_reduce as ar\nimport torch\nar(x.clone())  # <-\n"),
 ], ids=lambda v: v if isinstance(v, str) and v.startswith("lint.") else "")
 def test_other_rules_through_aliases(rule_id, source):
     findings = [f for f in lint_text(source).findings if f.id == rule_id]
-    assert [f.data["line"] for f in findings] == [len(source.splitlines())]
+    marked = [n for n, line in enumerate(source.splitlines(), 1) if line.endswith("# <-")]
+    assert [f.data["line"] for f in findings] == marked
