@@ -11,7 +11,6 @@ from distdoctor.core.findings import Finding, Severity
 from distdoctor.core.report import Report
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
-INFORMATION_URI = "https://github.com/distdoctor/distdoctor/blob/main/docs/lint.md"
 _LEVEL = {Severity.CRITICAL: "error", Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
 
 
@@ -27,7 +26,7 @@ def render_sarif(report: Report, kinds: list[Any], *, version: str, root: Path |
         "version": "2.1.0",
         "runs": [{
             "tool": {"driver": {"name": "distdoctor", "semanticVersion": version, "version": version,
-                                "informationUri": INFORMATION_URI, "rules": rules}},
+                                "rules": rules}},
             "originalUriBaseIds": {"SRCROOT": {"uri": root.as_uri() + "/"}},
             "columnKind": "unicodeCodePoints",
             "results": results,
