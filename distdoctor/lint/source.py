@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -28,10 +29,14 @@ class SourceResult:
     suppressed: list[Finding] = field(default_factory=list)
     lines: int = 0
     analysed: bool = False
+    # Seconds spent per step: "parse", "index" and each rule's ID.
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 def lint_source(text: str, path: str, rules: Iterable[Rule]) -> SourceResult:
     result = SourceResult(lines=text.count("\n") + (0 if text.endswith("\n") or not text else 1))
+    clock = time.perf_counter
+    started = clock()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # SyntaxWarning for invalid escapes is not ours to report
@@ -39,12 +44,17 @@ def lint_source(text: str, path: str, rules: Iterable[Rule]) -> SourceResult:
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         result.findings.append(not_parsed(path, exc, text))
         return result
+    finally:
+        result.timings["parse"] = clock() - started
     if not any(word in text for word in RELEVANT_WORDS):
         return result
     result.analysed = True
     try:
+        started = clock()
         index = build_index(path, tree, text)
+        result.timings["index"] = clock() - started
         for rule in rules:
+            started = clock()
             for hit in rule.find(index):
                 finding = make_finding(rule, hit, index)
                 last = getattr(hit.node, "end_lineno", None) or hit.node.lineno
@@ -52,6 +62,7 @@ def lint_source(text: str, path: str, rules: Iterable[Rule]) -> SourceResult:
                     result.suppressed.append(finding)
                 else:
                     result.findings.append(finding)
+            result.timings[rule.id] = clock() - started
     except RecursionError as exc:
         # Expressions nested thousands deep (generated code) exceed the analysis' recursion.
         result.findings = [not_parsed(path, exc, text, analysis=True)]
