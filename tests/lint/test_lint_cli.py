@@ -1,4 +1,8 @@
-"""`distdoctor lint` on the command line: formats, SARIF validity, selection, config, stdin, exit codes."""
+"""`distdoctor lint` on the command line: formats, SARIF validity, selection, config, stdin, exit codes.
+
+sarif-schema-2.1.0.json beside this file is the OASIS SARIF 2.1.0 JSON schema (its `$id` is the
+canonical location in oasis-tcs/sarif-spec), in its errata revision, unmodified.
+"""
 
 from __future__ import annotations
 
