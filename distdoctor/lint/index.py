@@ -60,6 +60,7 @@ class ModuleIndex:
     # (function or None, name) -> line numbers where the name is read.
     loads: dict[tuple[int, str], list[int]] = field(default_factory=dict)
     assigns: list[tuple[ast.stmt, FunctionNode | None]] = field(default_factory=list)
+    returns: list[tuple[ast.Return, FunctionNode | None]] = field(default_factory=list)
     strings: set[str] = field(default_factory=set)
     attributes_read: set[str] = field(default_factory=set)
     memo: dict = field(default_factory=dict)  # per-module caches of the rules (closures)
@@ -102,11 +103,11 @@ class ModuleIndex:
     def local_callees(self, call: CallSite) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
         """Functions of this module a call may reach: `f()` (not imported) or `self.f()`."""
         func = call.node.func
-        if isinstance(func, ast.Name) and func.id not in self.aliases:
-            return self.functions.get(func.id, [])
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls"):
-            return self.functions.get(func.attr, [])
-        return []
+        if type(func) is ast.Name:
+            return self.functions.get(func.id, ()) if func.id not in self.aliases else ()
+        if type(func) is ast.Attribute and type(func.value) is ast.Name and func.value.id in ("self", "cls"):
+            return self.functions.get(func.attr, ())
+        return ()
 
     def source_line(self, lineno: int) -> str:
         return self.lines[lineno - 1].rstrip("\r\n") if 0 < lineno <= len(self.lines) else ""
@@ -138,6 +139,21 @@ class _Walker:
 
     def walk_statement(self, node: ast.stmt, function, cls, guards) -> None:
         index = self.index
+        kind = type(node)
+        # The most common statements first, taken apart by hand (as in walk_expr).
+        if kind is ast.Expr or kind is ast.Return:
+            if kind is ast.Return:
+                index.returns.append((node, function))
+            if node.value is not None:
+                self.walk_expr(node.value, node, function, cls, guards, node)
+            return
+        if kind is ast.Assign:
+            index.assigns.append((node, function))
+            add_import(node, index.aliases)
+            for target in node.targets:
+                self.walk_expr(target, node, function, cls, guards, node)
+            self.walk_expr(node.value, node, function, cls, guards, node)
+            return
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             index.functions.setdefault(node.name, []).append(node)
             for expr in [*node.decorator_list, *node.args.defaults, *node.args.kw_defaults]:

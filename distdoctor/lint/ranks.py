@@ -134,14 +134,9 @@ def _calls_one_of(value: ast.AST, names: set[str]) -> bool:
 
 
 def _functions_returning_global_rank(index: ModuleIndex, held: dict[int, set[str]]) -> set[str]:
-    out = set()
-    for name, functions in index.functions.items():
-        for function in functions:
-            for node in ast.walk(function):
-                if isinstance(node, ast.Return) and node.value is not None \
-                        and holds_global_rank(node.value, function, held):
-                    out.add(name)
-    return out
+    return {function.name for node, function in index.returns
+            if function is not None and not isinstance(function, ast.Lambda) and node.value is not None
+            and holds_global_rank(node.value, function, held)}
 
 
 def _key(function: FunctionNode | None) -> int:

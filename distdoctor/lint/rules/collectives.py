@@ -28,6 +28,8 @@ TEMPORARY_OUTPUT = finding_kind(
     right="import torch.distributed as dist\n\ndist.broadcast(t, src=0)\n",
 )
 def rank_conditional_collective(index: ModuleIndex):
+    if not dist_calls(index, COLLECTIVES):
+        return  # no collective anywhere in the module
     reach = _collectives_reached(index)
     # (id of an if-test, side) -> collective name -> first call there
     sides: dict[tuple[int, bool], dict[str, CallSite]] = {}

@@ -21,18 +21,26 @@ HARD_CODED_DEVICE = finding_kind(
 )
 
 _SET_DEVICE = ("set_device", "set_device_index")
+# A global rank comes from get_rank()/get_global_rank(), a RANK-like variable, or a global_rank name.
+_GLOBAL_RANK_WORDS = ("get_rank", "get_global_rank", "global_rank", "RANK", "SLURM_PROCID")
 _MOVES = ("to", "cuda")
+
+
+_DEVICE_KEYWORDS = ("device_ids", "output_device", "map_location", "device")
+_DEVICE_CALLEES = frozenset({*_SET_DEVICE, *_MOVES, "device"})
 
 
 def _device_arguments(call: CallSite):
     """(argument, how) for every place a call takes a device index."""
+    if not call.node.keywords and call.callee not in _DEVICE_CALLEES:
+        return  # most calls: nothing to look at
     if call.callee in _SET_DEVICE and call.node.args:
         yield call.node.args[0], f"{call.callee}()"
     if call.name in _MOVES and isinstance(call.node.func, ast.Attribute) and call.node.args:
         yield call.node.args[0], f".{call.name}()"
     if call.qualname == "torch.device" and call.node.args:
         yield call.node.args[-1], "torch.device()"
-    for keyword in ("device_ids", "output_device", "map_location", "device"):
+    for keyword in _DEVICE_KEYWORDS:
         value = call.keyword(keyword)
         if value is None:
             continue
@@ -57,6 +65,8 @@ def _formatted_device(node: ast.AST):
     right="import os\nimport torch\n\nlocal_rank = int(os.environ['LOCAL_RANK'])\ntorch.cuda.set_device(local_rank)\n",
 )
 def device_from_global_rank(index: ModuleIndex):
+    if not any(word in index.text for word in _GLOBAL_RANK_WORDS):
+        return  # nothing in the module can hold the global rank
     held = global_rank_names(index)
     for call in index.calls:
         for arg, how in _device_arguments(call):
