@@ -60,6 +60,16 @@ class RunState:
         return [f for f in self.findings if f.severity >= Severity.CRITICAL]
 
 
+def runs_in_child(check: Check) -> bool:
+    """Local-stage checks that are not distdoctor's own run in a forked child (a thread cannot
+    stop a check that holds the interpreter lock or ends the process). Cross-rank site checks
+    stay in this process: they use the live process groups, which a child cannot share."""
+    import os
+
+    return check.stage == "local" and check.source != "builtin" and not check.source.startswith("builtin ") \
+        and hasattr(os, "fork")
+
+
 def _consume(value: Any) -> list[Finding]:
     if value is None:
         return []
@@ -111,12 +121,19 @@ class Runner:
                 box["error"] = exc
 
         start = self.clock()
-        thread = threading.Thread(target=target, name=f"distdoctor-check-{check.name}", daemon=True)
-        thread.start()
-        thread.join(limit)
+        if runs_in_child(check):
+            from distdoctor.core.check_child import run_in_child
+
+            alive = run_in_child(check, ctx, limit, box, _consume)
+        else:
+            thread = threading.Thread(target=target, name=f"distdoctor-check-{check.name}", daemon=True)
+            thread.start()
+            thread.join(limit)
+            alive = thread.is_alive()
+            if alive:
+                self.abandoned.append(thread)
         duration = self.clock() - start
-        if thread.is_alive():
-            self.abandoned.append(thread)
+        if alive:
             run_deadline_hit = self.remaining() <= 0
             reason = "the run's deadline passed" if run_deadline_hit else f"still running after {limit:g}s"
             finding = CHECK_TIMED_OUT(
@@ -132,7 +149,7 @@ class Runner:
             exc = box["error"]
             import traceback
 
-            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4))
+            tb = box.get("traceback") or "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4))
             finding = CHECK_CRASHED(
                 f"Check {check.name} raised {type(exc).__name__}: {exc}",
                 detail=tb.strip(),
