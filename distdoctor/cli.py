@@ -146,6 +146,10 @@ def check(
         fail_usage("--nproc starts a self-test world on this node; under a launcher every process is already one rank")
     render = functools.partial(render_report, fmt=config.format, output=output, verbose=verbose, quiet=quiet)
     try:
+        if config.tags:  # a mistyped --tag selects nothing: a usage error, before any world starts
+            from distdoctor.core.engine import load_registry, select_checks
+
+            select_checks(config, load_registry(config))
         code = check_entry(config, render, env=env, argv=sys.argv, all_ranks=all_ranks, started=started)
     except RegistryError as exc:
         fail_usage(str(exc))
