@@ -66,7 +66,7 @@ def check_entry(
     if not cross_rank_requested(config):
         from distdoctor.machine.host import diagnose_here
 
-        report = diagnose_here(config, env=env, argv=argv, started=started)
+        report = diagnose_here(config, env=env, argv=argv)
         render(report)
         return report.exit_code(config.fail_level)
     if launch.launcher == NONE:

@@ -56,7 +56,9 @@ def _positive_float(value: Any) -> float:
         raise ValueError(f"expected a number of seconds, got {_short(value)}")
     try:
         number = float(value)
-    except (TypeError, ValueError, OverflowError):
+    except OverflowError:  # an integer too large for a float: far beyond the bound
+        number = float("inf")
+    except (TypeError, ValueError):
         raise ValueError(f"expected a number of seconds, got {_short(value)}") from None
     if not (number > 0):
         raise ValueError(f"expected a positive number of seconds, got {_short(value)}")
