@@ -54,6 +54,12 @@ _UPPER, _LOWER, _DIGITS = re.compile(r"[A-Z]"), re.compile(r"[a-z]"), re.compile
 _HIGH_ENTROPY_MIN_LEN = 32
 _HIGH_ENTROPY_BITS = 4.0
 _NAME_PARTS = re.compile(r"[_\-.]+")
+# Names inside text (key=value, --flag value, a dict key in a finding's data) are judged more
+# strictly than environment variable names: "key=", "signature", "session" are common there.
+_STRONG_PARTS = {"TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE", "APIKEY",
+                 "CREDENTIAL", "CREDENTIALS", "AUTHORIZATION", "COOKIE"}
+_STRONG_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "APIKEY", "API_KEY", "API-KEY", "ACCESS_KEY",
+                    "PRIVATE_KEY", "PRIVATE-KEY")
 # Words after which the next word is a credential ("Authorization: Bearer abc").
 _AUTH_SCHEMES = {"bearer", "basic"}
 
@@ -65,6 +71,14 @@ def is_secret_name(name: str) -> bool:
         return False
     parts = set(_NAME_PARTS.split(upper))
     return bool(parts & _SECRET_PARTS) or upper.endswith(_SECRET_SUFFIXES)
+
+
+@lru_cache(maxsize=4096)
+def is_secret_label(name: str) -> bool:
+    """A name met inside text or data that marks its value as a credential (stricter than
+    :func:`is_secret_name`): password, token, secret, api-key, credentials, authorization."""
+    upper = name.upper()
+    return bool(set(_NAME_PARTS.split(upper)) & _STRONG_PARTS) or upper.endswith(_STRONG_SUFFIXES)
 
 
 def _flag_name(word: str) -> str | None:
@@ -123,7 +137,7 @@ def _redact_pairs(word: str, found: list[str]) -> str:
     pieces = _PAIR_SEPARATORS.split(word)
     for i, piece in enumerate(pieces):
         key, eq, value = piece.partition("=")
-        if eq and value and value != REDACTED and is_secret_name(_key_of(key) or "x"):
+        if eq and value and value != REDACTED and is_secret_label(_key_of(key) or "x"):
             found.append(value)
             pieces[i] = f"{key}={REDACTED}"
     return "".join(pieces)
@@ -162,7 +176,7 @@ def _redact_word(word: str, found: list[str]) -> str:
 def _after_credential_name(previous: str) -> bool:
     """Is the word after ``previous`` a credential ('--password X', 'Bearer X')?"""
     flag = _flag_name(previous)
-    if flag and is_secret_name(flag):
+    if flag and is_secret_label(flag):
         return True
     return previous.lower() in _AUTH_SCHEMES
 
@@ -248,7 +262,7 @@ def scrub(obj: Any, secrets: list[str] | tuple[str, ...] = (), *, _depth: int = 
         out: dict[str, Any] = {}
         for key, value in obj.items():
             key = key if isinstance(key, str) else str(_jsonable_scalar(key))
-            if isinstance(value, str) and is_secret_name(key) and value:
+            if isinstance(value, str) and is_secret_label(key) and value:
                 out[key] = REDACTED
             else:
                 out[key] = scrub(value, secrets, _depth=_depth + 1)
@@ -258,7 +272,7 @@ def scrub(obj: Any, secrets: list[str] | tuple[str, ...] = (), *, _depth: int = 
         cleaned = [scrub(v, secrets, _depth=_depth + 1) for v in items]
         for i in range(1, len(items)):
             flag = _flag_name(items[i - 1]) if isinstance(items[i - 1], str) else None
-            if flag and is_secret_name(flag) and isinstance(items[i], str) and not items[i].startswith("-"):
+            if flag and is_secret_label(flag) and isinstance(items[i], str) and not items[i].startswith("-"):
                 cleaned[i] = REDACTED
         return cleaned if not isinstance(obj, tuple) else tuple(cleaned)
     return _jsonable_scalar(obj)
