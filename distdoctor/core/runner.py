@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from distdoctor.core.context import CheckContext
+from distdoctor.core.muted_output import muted_thread
 from distdoctor.core.kinds import CHECK_CRASHED, CHECK_TIMED_OUT, RUN_DEADLINE
 from distdoctor.core.findings import Finding, Severity
 from distdoctor.core.registry import STAGES, Check, Registry, SkipCheck
@@ -112,9 +114,12 @@ class Runner:
             return CheckResult(check.name, check.stage, TIMEOUT, reason="the run's deadline had passed")
         box: dict[str, Any] = {}
 
+        quiet = muted_thread if check.source != "builtin" and not check.source.startswith("builtin ") else nullcontext
+
         def target() -> None:
             try:
-                box["findings"] = _consume(check.func(ctx))
+                with quiet():  # a plugin's print() must not land inside the report
+                    box["findings"] = _consume(check.func(ctx))
             except SkipCheck as skip:
                 box["skip"] = skip.reason
             except BaseException as exc:  # isolation: a broken check never ends the run
