@@ -231,6 +231,15 @@ from distdoctor import check
 def rendezvous_port(ctx):
     return []
 """
+PLUGIN_LATE_LARGE = """
+import time
+from distdoctor import check, finding_kind
+K = finding_kind("site.W902", cause="unknown", title="large", hint="h")
+@check(stage="local", tags=("adv",), emits=(K,))
+def late_and_large(ctx):
+    time.sleep(1)
+    yield K("large " + "A" * 1_000_000, detail="x:y@" * 250_000, data={"blob": "a=b&" * 250_000})
+"""
 DEEP = "[tool.distdoctor]\ntimeout = " + "[" * 5000 + "]" * 5000 + "\n"
 LOCAL = ["check", "--stage", "local"]
 
@@ -254,6 +263,9 @@ CLI_CASES = [
     Case("--tag netwrok", [*LOCAL, "--tag", "netwrok"], codes=(2,), expect=("did you mean network",)),
     Case("plugin prints and odd data", [*LOCAL, "--tag", "adv", "--checks-dir", "plugins", "--format", "json"],
          files={"plugins/chatty.py": PLUGIN_PRINTS}, json=True, expect=("site.W901",)),
+    Case("plugin's late and large finding, report before exit",
+         [*LOCAL, "--tag", "adv", "--timeout", "8", "--checks-dir", "plugins", "--format", "json"],
+         files={"plugins/large.py": PLUGIN_LATE_LARGE}, deadline=8, json=True, expect=("site.W902",)),
     Case("plugin os._exit at import", [*LOCAL, "--checks-dir", "plugins", "--format", "json", "--timeout", "20"],
          files={"plugins/leaves.py": PLUGIN_EXIT_AT_IMPORT}, json=True, expect=("ended the process at import",)),
     Case("plugin os._exit in a check", [*LOCAL, "--tag", "adv", "--checks-dir", "plugins", "--format", "json"],
