@@ -43,13 +43,22 @@ os._exit(0)
 """
 
 
-def vet_files(files: Sequence[Path], timeout: float) -> dict[Path, str]:
+def vet_files(files: Sequence[Path], timeout: float, budget: float | None = None) -> dict[Path, str]:
     """file -> why it must not be imported here (absent when it imported in the child, or raised:
-    an exception is reported by the normal in-process load with its message)."""
+    an exception is reported by the normal in-process load with its message).
+
+    ``timeout`` bounds each file; ``budget`` (default: twice ``timeout``) bounds the whole
+    directory, so many blocking files cannot add up: the files not vetted by then are not loaded.
+    """
     problems: dict[Path, str] = {}
     pending = list(files)
+    end = time.monotonic() + (2 * timeout if budget is None else budget)
     while pending:
-        problem = _vet_batch(pending, timeout)
+        if time.monotonic() >= end:
+            for file in pending:
+                problems[file] = "not vetted before the loading deadline (earlier files blocked); not loaded"
+            return problems
+        problem = _vet_batch(pending, timeout, end)
         if problem is None:
             return problems
         index, why = problem
@@ -66,7 +75,7 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _vet_batch(files: Sequence[Path], timeout: float) -> tuple[int, str] | None:
+def _vet_batch(files: Sequence[Path], timeout: float, end: float) -> tuple[int, str] | None:
     """Import ``files`` in one child: (index, problem) of the first bad one, or None."""
     child = subprocess.Popen(
         [sys.executable, "-c", _CHILD, *map(str, files)],
@@ -76,7 +85,7 @@ def _vet_batch(files: Sequence[Path], timeout: float) -> tuple[int, str] | None:
     assert child.stdout is not None
     current = -1
     # The interpreter's own start is not the file's fault: the first file gets a little more.
-    deadline = time.monotonic() + timeout + min(2.0, timeout)
+    deadline = min(time.monotonic() + timeout + min(2.0, timeout), end + min(2.0, timeout))
     buffer = b""
     try:
         while True:
@@ -101,7 +110,7 @@ def _vet_batch(files: Sequence[Path], timeout: float) -> tuple[int, str] | None:
                     return None
                 if message[0] == "start":
                     current = message[1]
-                    deadline = time.monotonic() + timeout
+                    deadline = min(time.monotonic() + timeout, end)
     finally:
         _end(child)
 

@@ -109,3 +109,14 @@ def test_a_site_file_cannot_shadow_a_builtin_check(tmp_path):
         assert problem and "already registered by builtin network" in problem[0].detail
     finally:
         REGISTRY.load_problems[:] = before  # later in-process runs must not report this file
+
+
+def test_many_blocking_files_do_not_add_up(tmp_path):
+    for name in ("a.py", "b.py", "c.py", "d.py"):
+        (tmp_path / name).write_text("import time\ntime.sleep(3600)\n")
+    started = time.monotonic()
+    problems = vet_files(sorted(tmp_path.glob("*.py")), timeout=1.0)
+    # the directory's budget is twice the per-file deadline (+ the child's start allowance),
+    # and a fresh child's own start is paid again after each killed one
+    assert time.monotonic() - started < 2 * 1.0 + 1.0 + 8.0
+    assert len(problems) == 4 and any("loading deadline" in why for why in problems.values())
