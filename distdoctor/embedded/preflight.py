@@ -411,7 +411,12 @@ def _local_checks(deadline: float, started: float, timeout: float) -> tuple[list
         config = load_config(cli={"stages": ("local",), "timeout": budget, "check_timeout": min(2.0, budget)})
     except Exception:
         config = Config(stages=("local",), timeout=budget, check_timeout=min(2.0, budget))
-    report = diagnose_here(config, skip_tags=PREFLIGHT_SKIPPED_TAGS)
+    from distdoctor.core.registry import RegistryError
+
+    try:
+        report = diagnose_here(config, skip_tags=PREFLIGHT_SKIPPED_TAGS)
+    except RegistryError:  # DISTDOCTOR_TAGS selecting no local check: nothing to add here
+        return [], []
     return list(report.findings), report.checks
 
 
