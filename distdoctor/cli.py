@@ -99,10 +99,10 @@ def check(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also list every check with its status and time.", rich_help_panel=OUTPUT_PANEL)] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors and the summary line.", rich_help_panel=OUTPUT_PANEL)] = False,
     all_ranks: Annotated[bool, typer.Option("--all-ranks", help="Every rank prints its own report too (by default only rank 0 reports, for the whole world).", rich_help_panel=OUTPUT_PANEL)] = False,
-    rank: Annotated[Optional[int], typer.Option("--rank", help="This process's rank, as RANK would set it (for worlds started by hand).", rich_help_panel=WORLD_PANEL)] = None,
-    world_size: Annotated[Optional[int], typer.Option("--world-size", help="The number of ranks, as WORLD_SIZE would set it.", rich_help_panel=WORLD_PANEL)] = None,
+    rank: Annotated[Optional[int], typer.Option("--rank", min=0, max=2**31 - 2, help="This process's rank, as RANK would set it (for worlds started by hand).", rich_help_panel=WORLD_PANEL)] = None,
+    world_size: Annotated[Optional[int], typer.Option("--world-size", min=1, max=2**31 - 1, help="The number of ranks, as WORLD_SIZE would set it.", rich_help_panel=WORLD_PANEL)] = None,
     master_addr: Annotated[Optional[str], typer.Option("--master-addr", help="Rank 0's host, as MASTER_ADDR would set it.", rich_help_panel=WORLD_PANEL)] = None,
-    master_port: Annotated[Optional[int], typer.Option("--master-port", help="The rendezvous port on rank 0's host, as MASTER_PORT would set it.", rich_help_panel=WORLD_PANEL)] = None,
+    master_port: Annotated[Optional[int], typer.Option("--master-port", min=1, max=65535, help="The rendezvous port on rank 0's host, as MASTER_PORT would set it.", rich_help_panel=WORLD_PANEL)] = None,
     # The deprecated torch.distributed.launch appends --local-rank=N (--local_rank before 2.0);
     # accepted so that the launch checks, which read argv, can report that launcher.
     local_rank: Annotated[Optional[str], typer.Option("--local-rank", "--local_rank", hidden=True)] = None,
@@ -146,6 +146,10 @@ def check(
         fail_usage("--nproc starts a self-test world on this node; under a launcher every process is already one rank")
     render = functools.partial(render_report, fmt=config.format, output=output, verbose=verbose, quiet=quiet)
     try:
+        if config.tags:  # a mistyped --tag selects nothing: a usage error, before any world starts
+            from distdoctor.core.engine import load_registry, select_checks
+
+            select_checks(config, load_registry(config))
         code = check_entry(config, render, env=env, argv=sys.argv, all_ranks=all_ranks, started=started)
     except RegistryError as exc:
         fail_usage(str(exc))
