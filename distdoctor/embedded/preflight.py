@@ -40,6 +40,7 @@ from distdoctor.checks._support.tensor_specs import SpecTable, TensorSpec, value
 from distdoctor.core.config import Config, load_config
 from distdoctor.core.findings import Finding, Severity
 from distdoctor.core.kinds import RUN_DEADLINE
+from distdoctor.core.registry import RegistryError
 from distdoctor.core.render import make_console, render_rich
 from distdoctor.core.report import Report, WorldSummary, build_report
 from distdoctor.embedded import bounded_init as gi
@@ -90,13 +91,20 @@ def preflight(
     local_checks: bool = True,
     max_samples: int | None = None,
     rtol: float | None = None,
+    wrap: str | None = None,
 ) -> Report:
     """Compare the model (and ``tensors``) across ranks and check the DDP set-up.
 
     Returns the Report when nothing reaches ``fail_level``; otherwise raises PreflightError on
     every rank. ``timeout`` (seconds) bounds the whole call. ``silence`` takes finding IDs or
     patterns ("spec.E004", "pre.*"). ``max_samples``/``rtol`` tune the value fingerprint
-    (see distdoctor.checks._support.tensor_specs).
+    (see distdoctor.checks._support.tensor_specs). ``wrap`` says what happens to a model that
+    is not yet wrapped in DDP/FSDP: ``"later"`` (preflight runs before the wrap: differing values
+    are expected, spec.I007) or ``"never"`` (no wrapper on purpose); left out, a plain module in
+    a world of N > 1 gets warning pre.W011.
+
+    Findings below ``fail_level`` at warning or above are logged at WARNING on rank 0 (logger
+    ``distdoctor``), so they reach stderr without any logging set-up.
     """
     # torch is imported here, not at the top: `import distdoctor` must stay cheap for the CLI.
     import torch
@@ -107,8 +115,8 @@ def preflight(
     fail = Severity.parse(fail_level)
     max_samples = ts.DEFAULT_MAX_SAMPLES if max_samples is None else max_samples
     rtol = ts.DEFAULT_RTOL if rtol is None else rtol
-    rank, world = _validate_inputs(torch, dist, model, tensors, group, started)
-    facts = _local_facts(torch, dist, model, dataloader, tensors, group, rank, world, max_samples)
+    rank, world = _validate_inputs(torch, dist, model, tensors, group, wrap, started)
+    facts = _local_facts(torch, dist, model, dataloader, tensors, group, rank, world, max_samples, wrap)
     checks: list[dict[str, Any]] = []
     extra = _check_in(dist, group, rank, world, started, deadline, checks, silence)
     facts.findings += extra
@@ -119,7 +127,7 @@ def preflight(
     exchange = _Exchange(torch, dist, group, rank, world, _collective_device(torch, facts.backend), deadline)
     per_rank, counts, ref_table = exchange.run(facts.table, facts.versions, facts.findings, facts.batches, rtol)
     report = _same_report(facts, per_rank, counts, ref_table, checks, world, started, silence, rtol,
-                          model is not None, dataloader is not None)
+                          model, wrap, dataloader is not None)
     if report.exit_code(fail) != 0:
         raise PreflightError(report)
     if rank == 0:
@@ -127,15 +135,18 @@ def preflight(
         logger.info("distdoctor preflight: %s on %d ranks, %d tensors compared, %d finding(s) below the fail level%s (%.2f s)",
                     report.status, world, len(facts.table), len(below),
                     f" ({', '.join(sorted(set(below)))})" if below else "", report.duration_s)
+        _log_warnings(report)
     return report
 
 
 def _validate_inputs(torch: Any, dist: Any, model: Any, tensors: Mapping[str, Any] | None, group: Any,
-                     started: float) -> tuple[int, int]:
+                     wrap: str | None, started: float) -> tuple[int, int]:
     """This rank and the world size; PreflightError without a group, TypeError on wrong arguments."""
     if not (dist.is_available() and dist.is_initialized()):
         report = build_report([pc.NOT_INITIALIZED(check=pc.CHECK)], duration_s=time.monotonic() - started)
         raise PreflightError(report)
+    if wrap not in (None, pc.WRAP_LATER, pc.WRAP_NEVER):
+        raise ValueError(f"preflight(wrap=...) expects None, {pc.WRAP_LATER!r} or {pc.WRAP_NEVER!r}, got {wrap!r}")
     if model is not None and not hasattr(model, "named_parameters"):
         raise TypeError(f"preflight(model=...) expects a torch.nn.Module, got {type(model).__name__}")
     bad = [k for k, v in (tensors or {}).items() if not isinstance(v, torch.Tensor)]
@@ -159,7 +170,7 @@ class _Facts:
 
 
 def _local_facts(torch: Any, dist: Any, model: Any, dataloader: Any, tensors: Mapping[str, Any] | None, group: Any,
-                 rank: int, world: int, max_samples: int) -> _Facts:
+                 rank: int, world: int, max_samples: int, wrap: str | None) -> _Facts:
     backend = str(dist.get_backend(group))
     local_rank = _int_env("LOCAL_RANK")
     cuda_index = _expected_cuda_index(torch, local_rank)
@@ -169,6 +180,7 @@ def _local_facts(torch: Any, dist: Any, model: Any, dataloader: Any, tensors: Ma
         table = pc.model_spec_table(model, max_samples)
         local += pc.model_findings(model, rank=rank, world_size=world, local_rank=local_rank, backend=backend,
                                    expected_cuda_index=cuda_index)
+        local += pc.wrap_findings(model, rank=rank, world_size=world, wrap=wrap)
     if tensors:
         named = [(f"tensors[{k!r}]", v) for k, v in tensors.items()]
         table = ts.SpecTable(table.specs + ts.spec_table(named, max_samples=max_samples).specs)
@@ -198,7 +210,7 @@ def _check_in(dist: Any, group: Any, rank: int, world: int, started: float, dead
 
 def _same_report(facts: _Facts, per_rank: Mapping[int, Mapping[str, Any]], counts: Mapping[int, int | None],
                  ref_table: Any, checks: list[dict[str, Any]], world: int, started: float, silence: Any,
-                 rtol: float, model_given: bool, loader_given: bool) -> Report:
+                 rtol: float, model: Any, wrap: str | None, loader_given: bool) -> Report:
     """The same report on every rank, from the same exchanged data."""
     findings: list[Finding] = []
     tables = {0: ref_table}
@@ -207,11 +219,21 @@ def _same_report(facts: _Facts, per_rank: Mapping[int, Mapping[str, Any]], count
         if item.get("delta"):
             tables[r] = _apply_delta(ref_table, item["delta"])
     # With one table this only says which tensors could not be compared (sharded, meta).
-    findings += ts.compare_tables(tables, rtol=rtol, label="parameter" if model_given else "tensor", check=pc.CHECK)
+    compared = ts.compare_tables(tables, rtol=rtol, label="parameter" if model is not None else "tensor",
+                                 check=pc.CHECK)
+    findings += ts.values_findings_for_wrap(compared, pc.wrappers_of(model), wrap) if model is not None else compared
     findings += pc.batch_count_findings(counts) if loader_given else []
     checks.append({"name": "preflight.exchange", "stage": "collective", "status": "fail" if findings else "pass",
                    "duration_s": round(time.monotonic() - started, 4)})
     return _report(findings, checks, world, list(range(world)), started, silence)
+
+
+def _log_warnings(report: Report) -> None:
+    """Warnings below the fail level must still reach the user: logged at WARNING, which Python's
+    last-resort handler prints to stderr when the script configured no logging."""
+    for finding in report.findings:
+        if finding.severity >= Severity.WARNING:
+            logger.warning("distdoctor preflight: %s %s\n  fix: %s", finding.id, finding.title, finding.remediation)
 
 
 class _Exchange:
@@ -416,7 +438,10 @@ def _local_checks(deadline: float, started: float, timeout: float) -> tuple[list
         config = load_config(cli={"stages": ("local",), "timeout": budget, "check_timeout": min(2.0, budget)})
     except Exception:
         config = Config(stages=("local",), timeout=budget, check_timeout=min(2.0, budget))
-    report = diagnose_here(config, skip_tags=PREFLIGHT_SKIPPED_TAGS)
+    try:
+        report = diagnose_here(config, skip_tags=PREFLIGHT_SKIPPED_TAGS)
+    except RegistryError:  # DISTDOCTOR_TAGS selecting no local check: nothing to add here
+        return [], []
     return list(report.findings), report.checks
 
 
