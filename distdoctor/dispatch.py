@@ -76,11 +76,20 @@ def check_entry(
     from distdoctor.world.rank_run import run_rank
     from distdoctor.world.watchdog import flush_std_streams
 
-    outcome = run_rank(config, env=env, argv=argv, all_ranks=all_ranks, emit=render, started=started)
+    outcome = run_rank(config, env=env, argv=argv, all_ranks=all_ranks, emit=render, started=started,
+                       note=_note_to_stderr)
     if outcome.world_opened or outcome.world_described:
         flush_std_streams()
         os._exit(outcome.exit_code)
     return outcome.exit_code
+
+
+def _note_to_stderr(line: str) -> None:
+    # A rank other than 0 points at rank 0's report in one line, on stderr: stdout carries
+    # exactly one report (rank 0's), also in --format json.
+    import sys
+
+    sys.stderr.write(line + "\n")
 
 
 def diagnose(

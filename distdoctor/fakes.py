@@ -48,6 +48,8 @@ class FakeProbes(Probes):
         }
     )
     cpus: int | Unknown = 8
+    # distdoctor.machine.cpus.CpuBudget; None: an unbound process with `cpus` CPUs and no quota.
+    cpu_set: Any = None
     memory: int | Unknown = 64 * 2**30
     limits: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     disks: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
@@ -140,6 +142,13 @@ class FakeProbes(Probes):
 
     def cpu_count(self) -> int | Unknown:
         return self.cpus
+
+    def cpu_budget(self) -> Any:
+        from distdoctor.machine.cpus import CpuBudget
+
+        if self.cpu_set is not None or isinstance(self.cpus, Unknown):
+            return self.cpu_set if self.cpu_set is not None else self.cpus
+        return CpuBudget(affinity=self.cpus, shared=self.cpus)
 
     def memory_total(self) -> int | Unknown:
         return self.memory

@@ -76,6 +76,63 @@ def how_launcher_sets(var: str, launch: LaunchInfo) -> str:
     )
 
 
+WORLD_DERIVED = finding_kind(
+    "launch.I011",
+    cause="env_missing",
+    title="The world was derived from the launcher's own variables",
+    hint="A plain torch script needs RANK / WORLD_SIZE / MASTER_* exported; Lightning and accelerate derive them",
+)
+ENDPOINT_NOT_DERIVED = finding_kind(
+    "launch.C012",
+    cause="env_missing",
+    title="The rendezvous endpoint of a multi-node world cannot be derived",
+    hint="Export MASTER_ADDR (rank 0's host) and MASTER_PORT on every node",
+)
+
+_EXPORT_FROM = {
+    SLURM: ("RANK=$SLURM_PROCID", "WORLD_SIZE=$SLURM_NTASKS", "LOCAL_RANK=$SLURM_LOCALID"),
+    OPENMPI: ("RANK=$OMPI_COMM_WORLD_RANK", "WORLD_SIZE=$OMPI_COMM_WORLD_SIZE", "LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK"),
+    MPICH: ("RANK=$PMI_RANK", "WORLD_SIZE=$PMI_SIZE", "LOCAL_RANK=$MPI_LOCALRANKID"),
+}
+
+
+@check(stage="local", tags=("launch", "env"), emits=(WORLD_DERIVED, ENDPOINT_NOT_DERIVED))
+def derived_world(ctx: CheckContext):
+    """Rank, world size, local rank and endpoint derived from srun / mpirun / PMI / jsrun / PyTorchJob variables."""
+    launch = ctx.launch
+    if not launch.derived and not launch.endpoint_problem:
+        return
+    derived = dict(launch.derived)
+    lines = [f"{var} <- {source}" for var, source in launch.derived]
+    if launch.endpoint_problem:
+        yield ENDPOINT_NOT_DERIVED(
+            f"{launch.title} started a multi-node world, but which host runs rank 0 is unknown",
+            detail=f"{launch.endpoint_problem}. Every rank must connect to the store on rank 0's host; "
+            "without MASTER_ADDR the world cannot form." + (f" Derived so far: {'; '.join(lines)}." if lines else ""),
+            remediation=how_launcher_sets("MASTER_ADDR", launch) + "; and the same MASTER_PORT on every node "
+            "(e.g. MASTER_PORT=29500)",
+            data={"launcher": launch.launcher, "derived": derived, "problem": launch.endpoint_problem},
+        )
+        return
+    exports = _EXPORT_FROM.get(launch.launcher, ())
+    where = f"{launch.master_addr}:{launch.master_port.value}"
+    local = f"local rank {launch.local_rank.value}" + (
+        f" of {launch.local_world_size.value}" if launch.local_world_size.value is not None else "")
+    yield WORLD_DERIVED(
+        f"World from {launch.title}: rank {launch.rank.value} of {launch.world_size.value}, {local}, endpoint {where}",
+        detail="Derived because the process has no torch variables of its own: " + "; ".join(lines) + ". "
+        "distdoctor formed its world from these values. A training script that calls "
+        "init_process_group() with the default env:// does not derive them: it needs them exported.",
+        remediation="In a plain torch script, export them before python starts"
+        + (f" ({', '.join(exports)}, MASTER_ADDR={launch.master_addr}, MASTER_PORT={launch.master_port.value})" if exports else "")
+        + ", or use a framework that derives them the same way (Lightning, accelerate)",
+        data={"launcher": launch.launcher, "derived": derived, "rank": launch.rank.value,
+              "world_size": launch.world_size.value, "local_rank": launch.local_rank.value,
+              "local_world_size": launch.local_world_size.value, "master_addr": launch.master_addr,
+              "master_port": launch.master_port.value},
+    )
+
+
 @check(stage="local", tags=("launch", "env"), emits=(ENV_MISSING, ENV_INVALID))
 def rendezvous_env(ctx: CheckContext):
     """RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: present and usable."""
@@ -95,6 +152,8 @@ def rendezvous_env(ctx: CheckContext):
     }
     for var in required:
         present = launch.master_addr is not None if var == "MASTER_ADDR" else int_vars[var].present
+        if var == "MASTER_ADDR" and launch.endpoint_problem:
+            continue  # launch.C012 names what to export for a multi-node world
         if not present:
             yield ENV_MISSING(
                 f"{var} is not set (started by {launch.title})",

@@ -98,10 +98,8 @@ def device_mapping(ctx: CheckContext) -> dict[str, Any] | None:
 
 def node_rank(ctx: CheckContext) -> int | None:
     launch = ctx.launch
-    if launch.node_rank is not None and launch.node_rank.value is not None:
-        return launch.node_rank.value
-    raw = ctx.env.get("NODE_RANK", "").strip()
-    return int(raw) if raw.isdigit() else None
+    # machine.launchers reads GROUP_RANK / SLURM_NODEID / NODE_RANK, bounded: never a ValueError.
+    return launch.node_rank.value if launch.node_rank is not None else None
 
 
 def checkin_payload(ctx: CheckContext, runner: Runner) -> dict[str, Any]:
@@ -188,6 +186,7 @@ class RankRun:
         exit: Callable[[int], None] = os._exit,
         watchdog: bool = True,
         teardown: bool = False,
+        note: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -212,6 +211,8 @@ class RankRun:
         # Embedded runs (diagnose() from the API or the pytest plugin) leave no process group
         # behind; the CLI ends the process right after the report instead.
         self.teardown = teardown
+        # Where a rank other than 0 writes its one line instead of a report (see _render).
+        self.note = note
         self.world: World | None = None
         self.progress = _Progress()
         self.rank = self.ctx.rank if self.ctx.rank is not None else 0
@@ -243,6 +244,12 @@ class RankRun:
             if self._reported_code is not None:
                 return False
             self._reported_code = report.exit_code(self.config.fail_level) if code is None else code
+        if self.rank != 0 and not self.all_ranks and self.ctx.rank is not None:
+            # One report per world, rank 0's: this rank says in one line why it has none of its own.
+            if self.note is not None:
+                self.note(pointer_line(self.rank, self.ctx.world_size, self._host_text(), report))
+                flush_std_streams()
+            return False
         if self.emit is None:
             return False
         self.emit(report)
@@ -701,6 +708,18 @@ class RankRun:
             self.progress.stage = "collective" if stage == "gather" else stage
             while True:
                 time.sleep(3600)
+
+
+def pointer_line(rank: int, size: int | None, host: str, report: Report) -> str:
+    """The one line a rank other than 0 prints: what stopped it, and where the report is."""
+    of = f" of {size}" if size is not None else ""
+    worst = max(report.findings, key=lambda f: f.severity, default=None)
+    if worst is None or worst.severity < Severity.WARNING:
+        why = "its run ended without a word from rank 0" if report.incomplete else "finished"
+    else:
+        why = f"{worst.id}: {worst.title}"
+    return (f"distdoctor: rank {rank}{of} on {host}: {why}. Rank 0 prints the world's report; "
+            "--all-ranks prints this rank's own.")
 
 
 def run_rank(config: Config, **kwargs: Any) -> RankOutcome:
