@@ -89,6 +89,8 @@ ENDPOINT_NOT_DERIVED = finding_kind(
     hint="Export MASTER_ADDR (rank 0's host) and MASTER_PORT on every node",
 )
 
+# Variables whose value differs from rank to rank (the report shows the source's name only).
+_PER_RANK = ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 _EXPORT_FROM = {
     SLURM: ("RANK=$SLURM_PROCID", "WORLD_SIZE=$SLURM_NTASKS", "LOCAL_RANK=$SLURM_LOCALID"),
     OPENMPI: ("RANK=$OMPI_COMM_WORLD_RANK", "WORLD_SIZE=$OMPI_COMM_WORLD_SIZE", "LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK"),
@@ -103,7 +105,9 @@ def derived_world(ctx: CheckContext):
     if not launch.derived and not launch.endpoint_problem:
         return
     derived = dict(launch.derived)
-    lines = [f"{var} <- {source}" for var, source in launch.derived]
+    # Title, detail and fix are the same on every rank, so rank 0's report shows one finding
+    # for the whole world; each rank's own values are in its data.
+    lines = [f"{var} <- {source.split('=', 1)[0] if var in _PER_RANK else source}" for var, source in launch.derived]
     if launch.endpoint_problem:
         yield ENDPOINT_NOT_DERIVED(
             f"{launch.title} started a multi-node world, but which host runs rank 0 is unknown",
@@ -116,11 +120,9 @@ def derived_world(ctx: CheckContext):
         return
     exports = _EXPORT_FROM.get(launch.launcher, ())
     where = f"{launch.master_addr}:{launch.master_port.value}"
-    local = f"local rank {launch.local_rank.value}" + (
-        f" of {launch.local_world_size.value}" if launch.local_world_size.value is not None else "")
     yield WORLD_DERIVED(
-        f"World from {launch.title}: rank {launch.rank.value} of {launch.world_size.value}, {local}, endpoint {where}",
-        detail="Derived because the process has no torch variables of its own: " + "; ".join(lines) + ". "
+        f"World of {launch.world_size.value} ranks from {launch.title}'s variables, endpoint {where}",
+        detail="Derived because the processes have no torch variables of their own: " + "; ".join(lines) + ". "
         "distdoctor formed its world from these values. A training script that calls "
         "init_process_group() with the default env:// does not derive them: it needs them exported.",
         remediation="In a plain torch script, export them before python starts"
