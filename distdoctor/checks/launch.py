@@ -317,9 +317,12 @@ def scheduler_consistency(ctx: CheckContext):
                 f"torchrun runs inside {scheduler} with {where}: every task starts its own torchrun",
                 detail=(
                     f"The scheduler started {where}, and each of them ran torchrun, which starts "
-                    f"--nproc-per-node workers of its own. The node gets (tasks x nproc) workers that "
-                    "fight over MASTER_PORT and GPUs, claim the same ranks, and the rendezvous "
-                    "fails or waits for a world size that never forms."
+                    "--nproc-per-node workers of its own: the node gets (tasks x nproc) workers. "
+                    "Single-node torchruns (torch 2.x, no --rdzv-endpoint) each pick a free port and "
+                    "form separate worlds that never meet: every world has its own rank 0, trains "
+                    "its own copy of the job on the same GPUs, and their checkpoints and logs "
+                    "overwrite each other. With a shared --rdzv-endpoint they join one rendezvous "
+                    "instead, which waits for (or rejects) the extra agents."
                 ),
                 remediation=fix,
                 data={"scheduler": scheduler, "tasks_per_node": per_node, "nodes": nodes, "tasks": tasks},

@@ -244,7 +244,7 @@ class RankRun:
             if self._reported_code is not None:
                 return False
             self._reported_code = report.exit_code(self.config.fail_level) if code is None else code
-        if self.rank != 0 and not self.all_ranks and self.ctx.rank is not None:
+        if self._defers_report():
             # One report per world, rank 0's: this rank says in one line why it has none of its own.
             if self.note is not None:
                 self.note(pointer_line(self.rank, self.ctx.world_size, self._host_text(), report))
@@ -255,6 +255,17 @@ class RankRun:
         self.emit(report)
         flush_std_streams()
         return True
+
+    def _defers_report(self) -> bool:
+        """Whether another process prints the report this rank's results belong to."""
+        if self.all_ranks or self.ctx.rank is None:
+            return False
+        if self.rank != 0:
+            return True
+        # torchrun inside a multi-task srun/mpirun step (launch.E004): each task's torchrun forms
+        # a world of its own; the world of the scheduler's task 0 prints the one report.
+        scheduler_rank = self.ctx.launch.scheduler_rank
+        return self.ctx.launch.launcher == "torchrun" and scheduler_rank is not None and bool(scheduler_rank.value)
 
     def _finish_alone(self, extra: Iterable[Finding] = ()) -> RankOutcome:
         """This rank could not hand its results to rank 0: it reports for itself."""

@@ -49,3 +49,41 @@ def test_zero_config_srun_forms_one_world_with_one_report(slurm_cluster, ntasks)
     assert derived["data"]["master_port"] == 15000 + int(derived["data"]["derived"]["MASTER_PORT"].rsplit("=", 1)[1][-4:])
     collective = [c for c in report["checks"] if c["stage"] == "collective" and c["status"] == "pass"]
     assert collective and all(sorted(c["ranks"]) == list(range(ntasks)) for c in collective)
+
+
+def only_task(skip: int, command: list[str]) -> list[str]:
+    """A step in which task `skip` never starts distdoctor (it exits at once; the others exec it)."""
+    quoted = " ".join(f"'{c}'" for c in command)
+    return ["bash", "-c", f'if [ "$SLURM_PROCID" = {skip} ]; then exit 0; fi; exec {quoted}']
+
+
+def test_srun_task_that_never_starts_is_named_in_one_report(slurm_cluster):
+    deadline = 15
+    result = srun(slurm_cluster, "-n", "2", *only_task(1, check("--timeout", str(deadline))), timeout=deadline + 60)
+    report = one_report(result)
+    assert result.returncode != 0
+    assert report["world"]["size"] == 2 and report["world"]["ranks_missing"] == [1], report["world"]
+    assert any(f["severity"] in ("error", "critical") and 1 in f["ranks"] for f in report["findings"])
+
+
+def test_srun_rank_0_that_never_starts_leaves_one_line_from_the_others(slurm_cluster):
+    deadline = 12
+    result = srun(slurm_cluster, "-n", "2", *only_task(0, check("--timeout", str(deadline))), timeout=deadline + 60)
+    assert result.returncode != 0
+    assert result.stdout.strip() == "", "a rank other than 0 printed a report"
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("distdoctor: rank 1 of 2")]
+    assert len(lines) == 1, result.stderr[-2000:]
+    assert "Rank 0 prints the world's report" in lines[0]
+
+
+def test_torchrun_inside_a_multi_task_srun_gives_one_report_naming_the_misuse(slurm_cluster):
+    # torch 2.13: each task's single-node torchrun picks its own free port, so two worlds of two
+    # form side by side; only the world of SLURM task 0 reports.
+    result = srun(slurm_cluster, "-n", "2", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                  *check()[1:])
+    report = one_report(result)
+    assert result.returncode == 1
+    assert report["world"]["size"] == 2 and report["world"]["launcher"] == "torchrun"
+    assert "launch.E004" in [f["id"] for f in report["findings"]]
+    pointers = [ln for ln in result.stderr.splitlines() if ln.startswith("distdoctor: rank 0 of 2") and "launch.E004" in ln]
+    assert len(pointers) == 1, result.stderr[-3000:]
