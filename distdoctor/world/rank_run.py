@@ -23,6 +23,7 @@ report: somebody must.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -336,6 +337,14 @@ class RankRun:
                 **exc.data}
         common = {"detail": str(exc), "ranks": (spec.rank,), "hosts": self._host(), "data": data}
         probe = exc.data.get("probe")
+        if spec.rank != 0 and exc.reason not in ("port_taken", "host_failed", "master_not_here"):
+            # A process on this host holds the port and is not rank 0's store: say what rank 0
+            # says (net.E013 naming the holder), not "unreachable" or "firewall".
+            from distdoctor.checks.network import port_held_finding
+
+            held = port_held_finding(self.ctx, spec.master_addr, spec.master_port)
+            if held is not None:
+                return dataclasses.replace(held, ranks=(spec.rank,), hosts=self._host())
         if exc.reason == "port_taken":
             return STORE_PORT_TAKEN(f"Rank 0 could not host the store: port {spec.master_port} is taken", **common)
         if exc.reason == "host_failed":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 
@@ -87,3 +89,29 @@ def test_torchrun_inside_a_multi_task_srun_gives_one_report_naming_the_misuse(sl
     assert "launch.E004" in [f["id"] for f in report["findings"]]
     pointers = [ln for ln in result.stderr.splitlines() if ln.startswith("distdoctor: rank 0 of 2") and "launch.E004" in ln]
     assert len(pointers) == 1, result.stderr[-3000:]
+
+
+def test_a_port_held_by_a_process_that_never_accepts_is_named_alike_by_every_rank(slurm_cluster):
+    holder = socket.socket()
+    holder.bind(("0.0.0.0", 0))
+    holder.listen(0)  # never accepts: connects queue up, then time out
+    port = holder.getsockname()[1]
+    try:
+        result = srun(slurm_cluster, "-n", "2", *check("--all-ranks"), MASTER_PORT=str(port))
+        decoder, text, reports = json.JSONDecoder(), result.stdout.strip(), []
+        while text:
+            report, end = decoder.raw_decode(text)
+            reports.append(report)
+            text = text[end:].strip()
+        assert len(reports) == 2, result.stderr[-3000:]
+        for report in reports:
+            held = [f for f in report["findings"] if f["id"] == "net.E013"]
+            assert held and f"PID {os.getpid()}" in held[0]["title"], report["findings"]
+            assert not any(f["cause"] in ("firewall", "master_unreachable") for f in report["findings"])
+        # Without --all-ranks, rank 1's one line says the same.
+        result = srun(slurm_cluster, "-n", "2", *check(), MASTER_PORT=str(port))
+        one_report(result)
+        (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("distdoctor: rank 1 of 2")]
+        assert "net.E013" in line, line
+    finally:
+        holder.close()
