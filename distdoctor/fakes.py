@@ -186,8 +186,15 @@ def fake_context(
     config: Config | None = None,
     argv: Sequence[str] = ("distdoctor",),
     world: Any = None,
+    launch_line: Sequence[str] = (),
 ) -> CheckContext:
     env = dict(env or {})
     # DISTDOCTOR_* variables in the fake env configure the run, as they do for real.
     config = config or load_config({}, env=env, use_pyproject=False)
-    return build_context(config, env=env, argv=list(argv), probes=probes or FakeProbes(), world=world)
+    launch = None
+    if launch_line:  # `distdoctor check -- <launch line>`: the world the line will form
+        from distdoctor.machine.launch_line import parse_launch_line
+        from distdoctor.machine.launchers import planned_launch
+
+        launch = planned_launch(parse_launch_line(list(launch_line)), env)
+    return build_context(config, env=env, argv=list(argv), probes=probes or FakeProbes(), world=world, launch=launch)

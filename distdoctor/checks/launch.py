@@ -135,12 +135,54 @@ def derived_world(ctx: CheckContext):
     )
 
 
+LAUNCH_LINE = finding_kind(
+    "launch.I013",
+    cause="env_missing",
+    title="The launch line was checked before it runs",
+    hint="The findings beside it are what the launcher would hang or fail on",
+)
+
+
+def _plan_text(launch: LaunchInfo) -> str:
+    plan = launch.planned
+    size, local = launch.world_size.value, launch.local_world_size.value
+    parts = [f"a world of {size if size is not None else '?'} ranks, {local if local is not None else '?'} on this node"]
+    if launch.master_addr and launch.master_port.value:
+        torchrun = plan if plan.launcher == TORCHRUN else plan.inner
+        backend = f" ({torchrun.rdzv_backend} rendezvous)" if torchrun else ""
+        parts.append(f"rendezvous at {launch.master_addr}:{launch.master_port.value}{backend}")
+    elif launch.master_addr:
+        parts.append(f"rendezvous on {launch.master_addr}, port chosen at launch")
+    return ", ".join(parts)
+
+
+@check(stage="local", tags=("launch",), emits=(LAUNCH_LINE,))
+def launch_line(ctx: CheckContext):
+    """`distdoctor check -- <launch line>`: the world the line will form, checked before it runs."""
+    launch = ctx.launch
+    if launch.planned is None:
+        return
+    yield LAUNCH_LINE(
+        f"{launch.planned.command} will start {_plan_text(launch)}",
+        detail=f"Read from the launch line `{launch.planned.line}`. RANK, WORLD_SIZE and LOCAL_RANK are "
+        "set by the launcher for each worker, so they are not checked here; the endpoint, the port, "
+        "the interfaces, GPUs and CPUs for this many local ranks are.",
+        remediation="Fix the findings beside this one before starting the launcher; once the job "
+        "runs, `distdoctor check` under the same launcher checks the world itself",
+        data={"line": launch.planned.line, "world_size": launch.world_size.value,
+              "local_world_size": launch.local_world_size.value, "master_addr": launch.master_addr,
+              "master_port": launch.master_port.value},
+    )
+
+
 @check(stage="local", tags=("launch", "env"), emits=(ENV_MISSING, ENV_INVALID))
 def rendezvous_env(ctx: CheckContext):
     """RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: present and usable."""
     launch = ctx.launch
-    if launch.launcher == NONE:
-        return  # a plain process: nothing claims a world (the self-test world supplies one)
+    if launch.launcher == NONE or launch.planned is not None:
+        # A plain process: nothing claims a world (the self-test world supplies one). A launch
+        # line checked before it runs: the launcher has not set these yet.
+        return
 
     required = ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
     if launch.launcher not in (MANUAL, DEPRECATED_LAUNCH):

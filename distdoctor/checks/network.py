@@ -124,6 +124,8 @@ def interfaces(ctx: CheckContext) -> dict[str, Interface] | Unknown:
 def endpoint(ctx: CheckContext) -> tuple[str | None, int | None, str]:
     launch = ctx.launch
     host = launch.master_addr.strip() if launch.master_addr else None
+    if launch.planned is not None:
+        return host or None, launch.master_port.value, "the launch line's endpoint"
     return rendezvous_endpoint(ctx.config, host or None, launch.master_port.value)
 
 
@@ -471,8 +473,9 @@ def _port_taken(ctx: CheckContext, port: int, holder: str, pids: list[int], erro
     )
 
 
-def _port_free_for_store(ctx: CheckContext, host: str, port: int):
-    """This process (as rank 0) will create the store: the port must be free."""
+def _port_free_for_store(ctx: CheckContext, host: str, port: int, store_ok: bool = False):
+    """This process (as rank 0) will create the store: the port must be free (``store_ok``: or
+    held by a c10d store, which torchrun's c10d rendezvous joins as a client)."""
     free = ctx.probes.can_bind(port)
     if isinstance(free, Unknown) or free[0]:
         return
@@ -491,6 +494,8 @@ def _port_free_for_store(ctx: CheckContext, host: str, port: int):
         yield _foreign_finding(ctx, host, port, identity, holder, pids)
         return
     is_store = isinstance(identity, foreign.PortIdentity) and identity.kind == foreign.C10D_STORE
+    if is_store and store_ok:
+        return
     yield _port_taken(ctx, port, holder, pids, error, is_store)
 
 
@@ -621,6 +626,18 @@ def rendezvous_port(ctx: CheckContext):
         return  # net.C001 / net.I002 already say so
     master_here = on_master_host(ctx, host)
     expect_store = agent_store_expected(ctx)
+    plan = ctx.launch.planned
+    if plan is not None:
+        # Before the launcher runs: on the endpoint's host its agent (or rank 0) will bind the
+        # port; elsewhere refused only means nobody started yet, while a timeout, no route or
+        # a foreign service is what the launcher would hang on.
+        torchrun = plan if plan.launcher == TORCHRUN else plan.inner
+        c10d = torchrun is not None and torchrun.rdzv_backend == "c10d"
+        if master_here:
+            yield from _port_free_for_store(ctx, host, port, store_ok=c10d)
+        else:
+            yield from _port_reachable(ctx, host, port, source, expect_store=False)
+        return
     if not expect_store and master_here and ctx.rank in (0, None):
         yield from _port_free_for_store(ctx, host, port)
     elif not expect_store and master_here:

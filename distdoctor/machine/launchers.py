@@ -6,11 +6,13 @@ dict. The checks in distdoctor.checks.launch turn the problems found here into f
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from distdoctor.machine.env_values import MAX_INT_TEXT, MAX_WORLD, IntVar, read_int  # noqa: F401 (re-exported)
 from distdoctor.machine.hostlist import HostlistError, expand_task_counts
+from distdoctor.machine.launch_line import PlannedLaunch
 from distdoctor.machine.launch_world import derive_world
 
 # The variables torch's env:// rendezvous reads.
@@ -76,6 +78,9 @@ class LaunchInfo:
     endpoint_problem: str | None = None
     # accelerate launch's mode (accelerate_mode), when ACCELERATE_* variables are set.
     accelerate: str | None = None
+    # A launch line checked before it runs (machine.launch_line.PlannedLaunch): the launcher has
+    # not set RANK / WORLD_SIZE yet, and its endpoint is checked as the launcher will use it.
+    planned: PlannedLaunch | None = None
 
     @property
     def title(self) -> str:
@@ -322,3 +327,54 @@ def accelerate_mode(env: Mapping[str, str]) -> str | None:
     if env.get("ACCELERATE_USE_CPU", "").lower() == "true":
         return "mpi" if "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env else "cpu"
     return "default"
+
+
+def _planned_ints(plan: PlannedLaunch, gpu_count: int | None) -> tuple[int | None, int | None]:
+    """(world size, ranks on this node) the line will start."""
+    torchrun = plan if plan.launcher == TORCHRUN else plan.inner
+    if torchrun is not None:
+        nproc = torchrun.nproc_per_node
+        if nproc in ("gpu", "auto") and gpu_count:
+            nproc = gpu_count
+        elif nproc in ("cpu", "auto"):
+            nproc = os.cpu_count() or 1
+        if not isinstance(nproc, int):
+            return None, None
+        nodes = plan.nnodes if plan is not torchrun else torchrun.nnodes
+        return nodes * nproc, nproc
+    return plan.tasks, plan.tasks_per_node
+
+
+def planned_launch(plan: PlannedLaunch, env: Mapping[str, str], gpu_count: int | None = None) -> LaunchInfo:
+    """The launcher and world a launch line will give this node's processes, before it runs."""
+    size, local = _planned_ints(plan, gpu_count)
+    torchrun = plan if plan.launcher == TORCHRUN else plan.inner
+    launcher = TORCHRUN if torchrun is not None else plan.launcher
+    master_addr, master_port = (torchrun.master_addr, torchrun.master_port) if torchrun else (None, None)
+    if torchrun is None and plan.launcher == SLURM and "SLURM_JOB_NODELIST" in env:
+        from distdoctor.machine.launch_world import first_slurm_host
+
+        master_addr = first_slurm_host(env)[0]
+    elif torchrun is None and plan.nnodes == 1:
+        master_addr = "127.0.0.1"
+
+    def planned_int(name: str, value: int | None) -> IntVar:
+        return IntVar(name, None) if value is None else IntVar(name, str(value), value)
+
+    scheduler = plan if plan.launcher != TORCHRUN else None
+    return LaunchInfo(
+        launcher=launcher,
+        rank=IntVar("RANK", None),
+        world_size=planned_int("WORLD_SIZE", size),
+        local_rank=IntVar("LOCAL_RANK", None),
+        local_world_size=planned_int("LOCAL_WORLD_SIZE", local),
+        master_port=planned_int("MASTER_PORT", master_port or None),
+        master_addr=master_addr,
+        node_rank=planned_int("--node-rank", torchrun.node_rank) if torchrun else None,
+        scheduler_size=planned_int("tasks", scheduler.tasks) if scheduler else None,
+        scheduler_local_size=planned_int("tasks per node", scheduler.tasks_per_node) if scheduler else None,
+        scheduler_nodes=planned_int("nodes", plan.nnodes),
+        evidence=(f"the launch line: {plan.line}",),
+        also_present=(plan.launcher,) if launcher != plan.launcher else (),
+        planned=plan,
+    )
