@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from distdoctor.core.context import CheckContext
 from distdoctor.machine.launchers import (
+    ACCELERATE_SINGLE,
     DEPRECATED_LAUNCH,
     KUBEFLOW,
     MANUAL,
@@ -125,13 +126,45 @@ def derived_world(ctx: CheckContext):
         detail="Derived because the processes have no torch variables of their own: " + "; ".join(lines) + ". "
         "distdoctor formed its world from these values. A training script that calls "
         "init_process_group() with the default env:// does not derive them: it needs them exported.",
-        remediation="In a plain torch script, export them before python starts"
+        remediation=("accelerate derives them the same way (its scripts need no exports); a plain torch script "
+                     if launch.accelerate else "In a plain torch script, ")
+        + "export them before python starts"
         + (f" ({', '.join(exports)}, MASTER_ADDR={launch.master_addr}, MASTER_PORT={launch.master_port.value})" if exports else "")
-        + ", or use a framework that derives them the same way (Lightning, accelerate)",
+        + ("" if launch.accelerate else ", or use a framework that derives them the same way (Lightning, accelerate)"),
         data={"launcher": launch.launcher, "derived": derived, "rank": launch.rank.value,
               "world_size": launch.world_size.value, "local_rank": launch.local_rank.value,
               "local_world_size": launch.local_world_size.value, "master_addr": launch.master_addr,
               "master_port": launch.master_port.value},
+    )
+
+
+ACCELERATE_ONE_PROCESS = finding_kind(
+    "launch.E014",
+    cause="launcher_misuse",
+    title="accelerate launch started one process, not a multi-process world",
+    hint="Use --multi_gpu (torchrun underneath, also on CPU-only nodes) or --cpu --mpirun_hostfile",
+)
+
+
+@check(stage="local", tags=("launch", "accelerate"), emits=(ACCELERATE_ONE_PROCESS,))
+def accelerate_single_process(ctx: CheckContext):
+    """accelerate launch --num_processes N (N > 1) in its simple mode: --cpu without --mpirun_hostfile, or no --multi_gpu."""
+    if ctx.launch.launcher != ACCELERATE_SINGLE:
+        return
+    cpu = ctx.launch.accelerate == "cpu"
+    mode = "--cpu mode runs the script once, in one process, unless --mpirun_hostfile is given" if cpu else (
+        "simple mode (no --multi_gpu, --cpu --mpirun_hostfile, --use_deepspeed or --use_fsdp) runs the script once, in one process")
+    where = f"{ctx.env.get('MASTER_ADDR')}:{ctx.env.get('MASTER_PORT')}"
+    yield ACCELERATE_ONE_PROCESS(
+        "accelerate launch " + ("--cpu " if cpu else "") + "started a single process, although --num_processes asked for more",
+        detail=f"accelerate's {mode}; it still sets MASTER_ADDR:MASTER_PORT ({where}) because --num_processes > 1, "
+        "but no RANK or WORLD_SIZE. The script trains alone (accelerate's state: one process, no distributed "
+        "backend): N times slower than intended, and nothing is synchronised.",
+        remediation="For N processes on this node: accelerate launch --multi_gpu --num_processes N script.py "
+        "(accelerate starts them with torchrun, with gloo on CPU-only nodes)"
+        + ("; or accelerate launch --cpu --mpirun_hostfile HOSTFILE --num_processes N script.py (HOSTFILE: "
+           "'localhost slots=N'; needs Open MPI or Intel MPI)" if cpu else ""),
+        data={"mode": ctx.launch.accelerate, "master_addr": ctx.env.get("MASTER_ADDR"), "master_port": ctx.env.get("MASTER_PORT")},
     )
 
 
@@ -179,7 +212,7 @@ def launch_line(ctx: CheckContext):
 def rendezvous_env(ctx: CheckContext):
     """RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: present and usable."""
     launch = ctx.launch
-    if launch.launcher == NONE or launch.planned is not None:
+    if launch.launcher in (NONE, ACCELERATE_SINGLE) or launch.planned is not None:
         # A plain process: nothing claims a world (the self-test world supplies one). A launch
         # line checked before it runs: the launcher has not set these yet.
         return

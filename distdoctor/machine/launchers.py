@@ -29,6 +29,10 @@ LSF = "lsf"
 MP_SPAWN = "mp_spawn"
 # Set in each rank of distdoctor's own self-test world (started with torch.multiprocessing).
 SELF_TEST_VAR = "DISTDOCTOR_MP_SPAWN"
+# `accelerate launch --num_processes N` (N > 1) in its simple mode (--cpu without
+# --mpirun_hostfile, or no --multi_gpu): ONE process, started with MASTER_ADDR/MASTER_PORT (set
+# because N > 1) but no RANK or WORLD_SIZE.
+ACCELERATE_SINGLE = "accelerate_single"
 MANUAL = "manual"  # RANK/WORLD_SIZE set by hand (or by a script), no launcher known
 NONE = "none"  # a plain process: no distributed variables at all
 
@@ -42,6 +46,7 @@ LAUNCHER_TITLES = {
     KUBEFLOW: "a Kubeflow PyTorchJob",
     LSF: "LSF (jsrun)",
     MP_SPAWN: "torch.multiprocessing.spawn",
+    ACCELERATE_SINGLE: "accelerate launch (one process)",
     MANUAL: "variables set by hand",
     NONE: "a plain process (no launcher)",
 }
@@ -285,6 +290,11 @@ def detect(env: Mapping[str, str], argv: Sequence[str] = ()) -> LaunchInfo:
         seen.evidence += [k for k in RENDEZVOUS_VARS if k in env]
     else:
         launcher = NONE
+    accelerate = accelerate_mode(env)
+    if accelerate:
+        seen.evidence.append(f"ACCELERATE_* variables (accelerate launch, {accelerate} mode)")
+    if launcher == MANUAL and accelerate in ("cpu", "default") and "RANK" not in env and "WORLD_SIZE" not in env:
+        launcher = ACCELERATE_SINGLE
     torch_vars = _torch_view(env)
     derived = derive_world(launcher, env, seen, torch_vars)
     node_rank = seen.node_rank if seen.node_rank is not None else (torch_vars["NODE_RANK"] if "NODE_RANK" in env else None)
@@ -307,7 +317,7 @@ def detect(env: Mapping[str, str], argv: Sequence[str] = ()) -> LaunchInfo:
         also_present=tuple(seen.found[1:]),
         derived=derived.sources,
         endpoint_problem=derived.endpoint_problem,
-        accelerate=accelerate_mode(env),
+        accelerate=accelerate,
     )
 
 
