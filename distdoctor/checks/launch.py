@@ -239,6 +239,8 @@ def rendezvous_env(ctx: CheckContext):
                 remediation=how_launcher_sets(var, launch),
                 data={"variable": var, "launcher": launch.launcher},
             )
+    if launch.node_rank is not None and launch.node_rank.name == "NODE_RANK":
+        int_vars["NODE_RANK"] = launch.node_rank
     for var, parsed in int_vars.items():
         if parsed.problem:
             yield ENV_INVALID(
