@@ -114,8 +114,8 @@ def derived_world(ctx: CheckContext):
             f"{launch.title} started a multi-node world, but which host runs rank 0 is unknown",
             detail=f"{launch.endpoint_problem}. Every rank must connect to the store on rank 0's host; "
             "without MASTER_ADDR the world cannot form." + (f" Derived so far: {'; '.join(lines)}." if lines else ""),
-            remediation=how_launcher_sets("MASTER_ADDR", launch) + "; and the same MASTER_PORT on every node "
-            "(e.g. MASTER_PORT=29500)",
+            remediation=how_launcher_sets("MASTER_ADDR", launch).replace("<first host>", "<rank 0's host>")
+            + " (MASTER_PORT is derived from the job ID unless you set it too)",
             data={"launcher": launch.launcher, "derived": derived, "problem": launch.endpoint_problem},
         )
         return

@@ -104,7 +104,7 @@ def _derive_address(launcher: str, env: Mapping[str, str], ints: Mapping[str, An
         why_not = why + "; "
     if _single_node(ints, seen):
         return LOOPBACK, "loopback: every rank runs on this node"
-    return None, why_not + f"{launcher} does not say which host runs rank 0"
+    return None, why_not + f"the {launcher} variables do not say which host runs rank 0"
 
 
 def _kubeflow_ints(env: Mapping[str, str], torch_vars: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:

@@ -53,6 +53,7 @@ SCENARIOS = [
     ("launch.E004", launch.scheduler_consistency, {**SLURM, **TORCHRUN, **MASTER, "SLURM_NTASKS": "8", "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "4"}, {}),
     ("launch.I011", launch.derived_world, {**SLURM, "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "node-a"}, {}),
     ("launch.I013", launch.launch_line, {}, {"launch_line": ["torchrun", "--nnodes", "2", "--rdzv-endpoint", "node-a:29400", "x.py"]}),
+    ("launch.E014", launch.accelerate_single_process, {"ACCELERATE_USE_CPU": "True", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, {}),
     ("launch.C012", launch.derived_world, {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, {}),
     ("launch.E004", launch.scheduler_consistency, {**SLURM, **TORCHRUN, **MASTER, "SLURM_NTASKS": "4", "SLURM_NNODES": "2"}, {}),
     ("launch.E005", launch.scheduler_consistency, {**SLURM, **MASTER, "SLURM_NTASKS": "3"}, {}),

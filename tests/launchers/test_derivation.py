@@ -89,7 +89,7 @@ def test_open_mpi_single_and_multi_node():
            "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_ess_base_jobid": "349241345"}
     assert world(env) == ("openmpi", 1, 2, 1, 2, "127.0.0.1", 15000 + 1345)
     multi = detect({**env, "OMPI_COMM_WORLD_SIZE": "4"})
-    assert multi.master_addr is None and "does not say which host runs rank 0" in multi.endpoint_problem
+    assert multi.master_addr is None and "do not say which host runs rank 0" in multi.endpoint_problem
     (finding,) = launch_checks.derived_world(fake_context({**env, "OMPI_COMM_WORLD_SIZE": "4"}))
     assert finding.id == "launch.C012" and "MASTER_ADDR" in finding.remediation
 
