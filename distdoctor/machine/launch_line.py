@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Mapping, Sequence
 
 TORCHRUN_NAMES = ("torchrun",)
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
@@ -14,24 +14,24 @@ C10D_DEFAULT_PORT = 29400  # torchrun's c10d rendezvous port when --rdzv-endpoin
 STATIC_DEFAULT_PORT = 29500  # --master-port's default
 NPROC_KEYWORDS = ("gpu", "cpu", "auto", "xpu")
 
-# torchrun options that take a value (both spellings: --nproc-per-node and --nproc_per_node).
-_TORCHRUN_VALUED = {
+# Options that take values, by how many (others are flags). Both spellings of torchrun's
+# options are accepted: --nproc-per-node and --nproc_per_node.
+_TORCHRUN_VALUED = dict.fromkeys((
     "nnodes", "nproc-per-node", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf", "max-restarts",
     "monitor-interval", "start-method", "role", "node-rank", "master-addr", "master-port", "local-addr",
     "log-dir", "redirects", "tee", "local-ranks-filter", "logs-specs", "event-log-handler", "numa-binding",
-    "signals-to-handle", "rdzv_backend", "r", "t",
+    "signals-to-handle", "r", "t",
+), 1)
+_SRUN_VALUED = dict.fromkeys((
+    "n", "ntasks", "N", "nodes", "ntasks-per-node", "c", "cpus-per-task", "p", "partition", "J", "job-name",
+    "t", "time", "mem", "gres", "gpus", "gpus-per-node", "export", "mpi", "cpu-bind", "distribution", "m", "w",
+    "nodelist", "x", "exclude", "A", "account", "o", "e", "output", "error", "chdir", "D", "K", "kill-on-bad-exit",
+), 1)
+_MPIRUN_VALUED = {
+    **dict.fromkeys(("np", "n", "c", "npernode", "N", "map-by", "H", "host", "hostfile", "machinefile", "f",
+                     "bind-to", "x", "wdir", "rank-by", "output-filename"), 1),
+    **dict.fromkeys(("mca", "gmca", "genv", "env"), 2),
 }
-_SRUN_VALUED = {"n": "ntasks", "ntasks": "ntasks", "N": "nodes", "nodes": "nodes", "ntasks-per-node": "ntasks-per-node",
-                "c": None, "cpus-per-task": None, "p": None, "partition": None, "J": None, "job-name": None,
-                "t": None, "time": None, "mem": None, "gres": None, "gpus": None, "gpus-per-node": None,
-                "export": None, "mpi": None, "cpu-bind": None, "distribution": None, "m": None, "w": None,
-                "nodelist": None, "x": None, "exclude": None, "A": None, "account": None, "o": None, "e": None,
-                "output": None, "error": None, "chdir": None, "D": None, "kill-on-bad-exit": None, "K": None}
-_MPIRUN_VALUED = {"np": "np", "n": "np", "c": "np", "npernode": "npernode", "N": "npernode", "map-by": "map-by",
-                  "H": "hosts", "host": "hosts", "hostfile": "hostfile", "machinefile": "hostfile",
-                  "bind-to": None, "x": None, "mca": 2, "gmca": 2, "wdir": None, "rank-by": None,
-                  "output-filename": None, "tag-output": 0, "oversubscribe": 0, "allow-run-as-root": 0,
-                  "report-bindings": 0, "display-map": 0, "f": "hostfile", "genv": 2, "env": 2}
 
 
 class LaunchLineError(ValueError):
@@ -68,29 +68,30 @@ def _int(option: str, value: str, minimum: int = 0, maximum: int = 1 << 20) -> i
     return int(text)
 
 
-def _options(argv: Sequence[str], valued: set[str] | dict) -> tuple[dict[str, list[str]], list[str]]:
-    """(option -> values, the rest from the first positional on). Accepts --opt=v, --opt v, -o v."""
+def _canonical(name: str, valued: Mapping[str, int]) -> str:
+    return name if name in valued else name.replace("_", "-")
+
+
+def _options(argv: Sequence[str], valued: Mapping[str, int]) -> tuple[dict[str, list[str]], list[str]]:
+    """(option -> its values, the command from the first positional on). Accepts --opt=v,
+    --opt v and -o v; an option not in ``valued`` is read as a flag."""
     found: dict[str, list[str]] = {}
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if not arg.startswith("-") or arg in ("-", "--"):
-            return found, list(argv[i + (1 if arg == "--" else 0):])
+        if arg == "--":
+            return found, list(argv[i + 1:])
+        if not arg.startswith("-") or arg == "-":
+            return found, list(argv[i:])
         name, eq, value = arg.lstrip("-").partition("=")
-        key = name.replace("_", "-") if name not in valued else name
-        takes = valued.get(key, valued.get(name)) if isinstance(valued, dict) else (1 if key in valued or name in valued else 0)
-        count = 0 if takes == 0 else (takes if isinstance(takes, int) and takes > 1 else 1)
-        if key not in valued and name not in valued:
-            count = 0  # an unknown option is read as a flag
-        if eq:
-            found.setdefault(key, []).append(value)
-        elif count:
-            if i + count >= len(argv):
+        name = _canonical(name, valued)
+        takes = valued.get(name, 0)
+        if not eq and takes:
+            if i + takes >= len(argv):
                 raise LaunchLineError(f"{arg} needs a value")
-            found.setdefault(key, []).append(" ".join(argv[i + 1:i + 1 + count]))
-            i += count
-        else:
-            found.setdefault(key, []).append("")
+            value = " ".join(argv[i + 1:i + 1 + takes])
+            i += takes
+        found.setdefault(name, []).append(value)
         i += 1
     return found, []
 
@@ -137,7 +138,7 @@ def parse_torchrun(argv: Sequence[str], line: str) -> PlannedLaunch:
         standalone="standalone" in found,
     )
     endpoint = _last(found, "rdzv-endpoint")
-    backend = _last(found, "rdzv-backend", "rdzv_backend")
+    backend = _last(found, "rdzv-backend")
     if planned.standalone:
         return replace(planned, rdzv_backend="c10d", master_addr="localhost", master_port=0)
     if endpoint:

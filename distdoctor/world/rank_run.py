@@ -738,8 +738,8 @@ def pointer_line(rank: int, size: int | None, host: str, report: Report) -> str:
         why = "its run ended without a word from rank 0" if report.incomplete else "finished"
     else:
         why = f"{worst.id}: {worst.title}"
-    return (f"distdoctor: rank {rank}{of} on {host}: {why}. Rank 0 prints the world's report; "
-            "--all-ranks prints this rank's own.")
+    return (f"distdoctor: rank {rank}{of} on {host}: {why}. Only rank 0 prints a report "
+            "(--all-ranks: every rank).")
 
 
 def run_rank(config: Config, **kwargs: Any) -> RankOutcome:
