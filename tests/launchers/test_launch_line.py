@@ -142,3 +142,16 @@ def test_torchrun_nested_in_a_multi_task_srun_line():
     _, report, _ = check_line("srun", "-n", "2", "torchrun", "--nproc-per-node", "2", "train.py")
     assert "launch.E004" in ids(report)
     no_rank_noise(report)
+
+
+def test_more_local_ranks_than_gpus_in_the_line_is_named():
+    # GPUs are mocked (this machine has none); the line and the check are real.
+    from distdoctor.checks import device
+    from distdoctor.fakes import FakeProbes, fake_context, fake_gpus
+
+    line = ["torchrun", "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-endpoint", "node-a:29400", "train.py"]
+    ctx = fake_context({}, probes=FakeProbes(gpu_list=fake_gpus(4)), launch_line=line)
+    found = {f.id: f for f in device.local_rank_fits_gpus(ctx)}
+    assert "device.E005" in found and "8 ranks on this node but 4" in found["device.E005"].title
+    ok = fake_context({}, probes=FakeProbes(gpu_list=fake_gpus(8)), launch_line=line)
+    assert list(device.local_rank_fits_gpus(ok)) == []
