@@ -274,9 +274,11 @@ def _torch_view(env: Mapping[str, str]) -> dict[str, IntVar]:
     }
 
 
-def detect(env: Mapping[str, str], argv: Sequence[str] = ()) -> LaunchInfo:
+def detect(env: Mapping[str, str], argv: Sequence[str] = (), derive: bool = True) -> LaunchInfo:
     """Name the launcher from the environment (and argv, for the deprecated launcher), and the
-    world it describes: torch's own variables, else the values derived from the launcher's."""
+    world it describes: torch's own variables, else (``derive``) the values derived from the
+    launcher's. Without ``derive`` the world is exactly what torch's env:// would read: for a
+    training script about to call init_process_group, which derives nothing."""
     seen = _Seen()
     _detect_torch_launchers(env, argv, seen)
     _detect_slurm(env, seen)
@@ -296,7 +298,7 @@ def detect(env: Mapping[str, str], argv: Sequence[str] = ()) -> LaunchInfo:
     if launcher == MANUAL and accelerate in ("cpu", "default") and "RANK" not in env and "WORLD_SIZE" not in env:
         launcher = ACCELERATE_SINGLE
     torch_vars = _torch_view(env)
-    derived = derive_world(launcher, env, seen, torch_vars)
+    derived = derive_world(launcher, env, seen, torch_vars) if derive else derive_world(NONE, env, seen, torch_vars)
     node_rank = seen.node_rank if seen.node_rank is not None else (torch_vars["NODE_RANK"] if "NODE_RANK" in env else None)
     return LaunchInfo(
         launcher=launcher,

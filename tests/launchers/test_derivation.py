@@ -190,3 +190,16 @@ def test_real_cpu_budget_reads_this_process():
 
     budget = cpu_budget()
     assert budget.affinity == len(os.sched_getaffinity(0)) and budget.shared >= budget.affinity
+
+
+def test_embedded_init_checks_what_torch_env_will_read():
+    # distdoctor.init_process_group() under srun without exports: torch's env:// derives nothing,
+    # so its local checks still name the missing variables (the CLI forms its world instead).
+    info = detect(SLURM_STEP, derive=False)
+    assert info.rank.present is False and info.derived == ()
+    ctx = fake_context(SLURM_STEP)
+    from distdoctor.machine.host import build_context
+
+    plain = build_context(ctx.config, env=SLURM_STEP, argv=("train.py",), probes=FakeProbes(), launch=info)
+    missing = {f.data["variable"] for f in launch_checks.rendezvous_env(plain) if f.id == "launch.C001"}
+    assert {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"} <= missing
