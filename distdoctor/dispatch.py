@@ -64,7 +64,7 @@ def check_entry(
 
     started = process_started() if started is None else started
     if launch_line:
-        return check_launch_line(config, render, env=env, argv=argv, launch_line=launch_line)
+        return check_launch_line(config, render, env=env, argv=argv, launch_line=launch_line, started=started)
     launch = detect(env, argv)
     if not cross_rank_requested(config):
         from distdoctor.machine.host import diagnose_here
@@ -94,6 +94,7 @@ def check_launch_line(
     env: Mapping[str, str],
     argv: Sequence[str],
     launch_line: Sequence[str],
+    started: float | None = None,
 ) -> int:
     """`distdoctor check -- torchrun ...`: this node's local checks against the world the line
     will form, before the launcher runs. Raises LaunchLineError for a line it cannot read."""
@@ -113,7 +114,7 @@ def check_launch_line(
         # torchrun sets OMP_NUM_THREADS=1 for its workers when it starts several and it is unset.
         planned_env.setdefault("OMP_NUM_THREADS", "1")
     local_only = dataclasses.replace(config, stages=("local",))
-    report = diagnose_here(local_only, env=planned_env, argv=argv, probes=probes, launch=launch)
+    report = diagnose_here(local_only, env=planned_env, argv=argv, probes=probes, launch=launch, started=started)
     render(report)
     return report.exit_code(config.fail_level)
 
@@ -152,7 +153,8 @@ def diagnose(
 
 def load_every_kind(config: Config) -> Registry:
     """The registry with every finding ID declared: the checks', and those only `explain` (log.*),
-    the embedded API (pre.*, init.*, spec.*) and `bench` (bench.*) emit — for `list`, `show` and the docs."""
+    the embedded API (pre.*, init.*, spec.*), `bench` (bench.*) and `lint` (lint.*) emit — for `list`,
+    `show` and the docs."""
     from distdoctor.core.engine import load_registry
 
     # Importing these registers their kinds; none of them imports torch at import time.
@@ -160,5 +162,6 @@ def load_every_kind(config: Config) -> Registry:
     import distdoctor.embedded.bounded_init  # noqa: F401
     import distdoctor.embedded.setup_checks  # noqa: F401
     import distdoctor.explain  # noqa: F401
+    import distdoctor.lint  # noqa: F401
 
     return load_registry(config)

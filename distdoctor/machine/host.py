@@ -44,8 +44,9 @@ def diagnose_here(
     registry: Registry | None = None,
     skip_tags: Sequence[str] = (),
     launch: LaunchInfo | None = None,
+    started: float | None = None,
 ) -> Report:
     """The selected stages run on this process alone (never as a rank of a world); ``launch``
     stands for what the environment says (a launch line checked before it runs)."""
     ctx = build_context(config, env=env, argv=argv, probes=probes, launch=launch)
-    return diagnose(config, ctx, registry=registry, skip_tags=skip_tags)
+    return diagnose(config, ctx, registry=registry, skip_tags=skip_tags, started=started)
