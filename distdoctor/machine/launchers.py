@@ -204,9 +204,10 @@ def slurm_step(env: Mapping[str, str]) -> bool:
 def _detect_slurm(env: Mapping[str, str], seen: _Seen) -> None:
     if not (("SLURM_PROCID" in env and "SLURM_JOB_ID" in env) or slurm_step(env)):
         return
-    if not slurm_step(env) and "RANK" not in env:
-        # A batch script or salloc shell: one process on the first node. It is no rank of a
-        # world (srun starts the ranks), so `distdoctor check` runs its self-test here.
+    if not slurm_step(env):
+        # A batch script or salloc shell: one process on the first node, whose SLURM_PROCID and
+        # SLURM_NTASKS describe the allocation, not processes that exist (srun starts the ranks).
+        # `distdoctor check` runs its self-test here, and ranks started by hand are not SLURM's.
         seen.evidence.append("SLURM_JOB_ID without SLURM_STEP_ID (a batch script or salloc shell, not an srun step)")
         return
     seen.found.append(SLURM)

@@ -203,3 +203,11 @@ def test_embedded_init_checks_what_torch_env_will_read():
     plain = build_context(ctx.config, env=SLURM_STEP, argv=("train.py",), probes=FakeProbes(), launch=info)
     missing = {f.data["variable"] for f in launch_checks.rendezvous_env(plain) if f.id == "launch.C001"}
     assert {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"} <= missing
+
+
+def test_processes_started_by_hand_in_a_batch_script_are_not_slurm_tasks():
+    env = {"SLURM_JOB_ID": "9", "SLURM_PROCID": "0", "SLURM_NTASKS": "4", "RANK": "1", "WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    info = detect(env)
+    assert info.launcher == "manual" and info.scheduler_size is None
+    assert not [f for f in launch_checks.scheduler_consistency(fake_context(env))]

@@ -115,3 +115,15 @@ def test_a_port_held_by_a_process_that_never_accepts_is_named_alike_by_every_ran
         assert "net.E013" in line, line
     finally:
         holder.close()
+
+
+def test_in_a_batch_script_without_srun_the_self_test_runs(slurm_cluster, tmp_path):
+    # SLURM_PROCID=0 and SLURM_NTASKS=2 describe the allocation, not processes: no world of 2 to wait for.
+    out = tmp_path / "batch.json"
+    tmp_path.chmod(0o777)
+    command = " ".join([sys.executable, "-m", "distdoctor", "check", "--format", "json", "--timeout", str(TIMEOUT_S)])
+    result = subprocess.run(["sbatch", "--wait", "-n", "2", "-o", str(out), "--wrap", command],
+                            env=slurm_cluster.env(**child_env()), capture_output=True, text=True, timeout=TIMEOUT_S + 90)
+    report = json.loads(out.read_text())
+    assert result.returncode == 0, out.read_text()[-3000:] + result.stderr
+    assert report["world"]["launcher"] == "mp_spawn" and report["status"] == "ok", report["findings"]
