@@ -33,7 +33,6 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from distdoctor.core.config import Config
 from distdoctor.core.context import CheckContext
 from distdoctor.machine.host import build_context
-from distdoctor.machine.launchers import MP_SPAWN
 from distdoctor.core.kinds import RUN_DEADLINE
 from distdoctor.core.engine import load_registry, report_from_runner
 from distdoctor.core.findings import Finding, Severity
@@ -275,11 +274,6 @@ class RankRun:
         """This rank could not hand its results to rank 0: it reports for itself."""
         report = self._own_report(extra)
         code = report.exit_code(self.config.fail_level)
-        if self.ctx.launch.launcher == MP_SPAWN and self.rank != 0 and not self.all_ranks:
-            # In the self-test world rank 0 (or, failing it, the supervisor) prints the one report.
-            with self._report_lock:
-                self._reported_code = code
-            return RankOutcome(report, code, False, self.world is not None, self._described)
         return RankOutcome(report, code, self._render(report, code), self.world is not None, self._described)
 
     # -- the flow ------------------------------------------------------------------------
