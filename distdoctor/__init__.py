@@ -14,8 +14,10 @@ __version__ = "0.1.0"
 
 __all__ = ["Finding", "FindingKind", "Severity", "SkipCheck", "check", "finding_kind", "__version__"]
 
-# The embedded API (preflight, init_process_group, PreflightError) imports torch; load it lazily.
-_LAZY = {"preflight": "distdoctor.api", "init_process_group": "distdoctor.api", "PreflightError": "distdoctor.api"}
+# The embedded API (preflight, init_process_group, PreflightError, guard, GuardError) imports
+# torch; load it lazily.
+_LAZY = {"preflight": "distdoctor.api", "init_process_group": "distdoctor.api", "PreflightError": "distdoctor.api",
+         "guard": "distdoctor.embedded.guard", "GuardError": "distdoctor.embedded.guard"}
 
 
 def __getattr__(name: str) -> Any:

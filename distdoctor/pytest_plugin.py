@@ -6,7 +6,9 @@
   ``--distdoctor-fail-level``.
 - ``distdoctor_report``: a session-scoped fixture with the Report (the checks run on first use).
 - ``@pytest.mark.distributed(world_size=2, backend="gloo", timeout=60)``: the test body runs in
-  ``world_size`` fresh processes with an initialized process group (distdoctor.testing).
+  ``world_size`` fresh processes with an initialized process group (distdoctor.testing) and the
+  runtime guard on (every collective verified; a hang named at a third of the timeout);
+  ``guard=False`` turns it off, a dict passes distdoctor.guard's arguments.
 
 Loading the plugin costs nothing measurable: this module imports neither torch nor rich nor
 the check registry; they are imported when an option, the fixture or the marker is used.
@@ -55,8 +57,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(world_size=2, backend='gloo', timeout=60): run the test in world_size processes, each a rank "
-        "of an initialized torch.distributed process group (distdoctor)",
+        f"{MARKER}(world_size=2, backend='gloo', timeout=60, guard=True): run the test in world_size processes, each "
+        "a rank of an initialized torch.distributed process group, with distdoctor's runtime guard on (distdoctor)",
     )
 
 
@@ -162,10 +164,24 @@ def distdoctor_report(request: pytest.FixtureRequest) -> Any:
 
 
 def _marker_settings(mark: pytest.Mark) -> dict[str, Any]:
-    def _distributed(world_size: int = 2, backend: str = "gloo", timeout: float = 60.0, grace: float = 3.0) -> dict[str, Any]:
-        return {"world_size": int(world_size), "backend": str(backend), "timeout": float(timeout), "grace": float(grace)}
+    def _distributed(world_size: int = 2, backend: str = "gloo", timeout: float = 60.0, grace: float = 3.0,
+                     guard: Any = True) -> dict[str, Any]:
+        return {"world_size": int(world_size), "backend": str(backend), "timeout": float(timeout), "grace": float(grace),
+                "guard": _guard_settings(guard, float(timeout))}
 
     return _distributed(*mark.args, **mark.kwargs)
+
+
+def _guard_settings(guard: Any, timeout: float) -> dict[str, Any] | None:
+    """The runtime guard in the test body: every call verified, a hang named well before the timeout."""
+    if guard is False or guard is None:
+        return None
+    settings: dict[str, Any] = {"verify": "all", "hang_timeout": min(120.0, max(2.0, timeout / 3))}
+    if isinstance(guard, dict):
+        settings.update(guard)
+    elif guard is not True:
+        raise TypeError(f"guard= takes True, False or a dict of distdoctor.guard's arguments, got {guard!r}")
+    return settings
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -140,8 +140,12 @@ def run_distributed(
     module_file: str | None = None,
     env: dict[str, str] | None = None,
     grace: float = 3.0,
+    guard: dict[str, Any] | None = None,
 ) -> DistributedResult:
-    """Run ``target`` ("module:qualname" or an importable function) on ``world_size`` ranks."""
+    """Run ``target`` ("module:qualname" or an importable function) on ``world_size`` ranks.
+
+    ``guard``: distdoctor.guard's arguments, to run the function with the runtime guard on.
+    """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     module, qualname, file = _locate(target, module_file)
@@ -163,7 +167,7 @@ def run_distributed(
                 "rank": rank, "world_size": world_size, "backend": backend, "host": "127.0.0.1",
                 "port": port, "listen_fd": listener.fileno() if rank == 0 else None,
                 "timeout": float(timeout), "deadline_epoch": time.time() + float(timeout),
-                "result": str(workdir / f"result-{rank}.json"), "args": str(payload),
+                "result": str(workdir / f"result-{rank}.json"), "args": str(payload), "guard": guard,
             }
             spec_path = workdir / f"spec-{rank}.json"
             spec_path.write_text(json.dumps(spec))
@@ -314,6 +318,11 @@ def _child(spec_path: str) -> int:
         fn = _find_function(spec["module"], spec["qualname"], spec.get("file"))
         args, kwargs = pickle.loads(Path(spec["args"]).read_bytes())
         store = _init_group(spec)
+        _report_guard_hangs(write)
+        if spec.get("guard"):
+            from distdoctor.embedded.guard import guard
+
+            guard(**spec["guard"])
         fn(*args, **kwargs)
         write(STATUS_PASSED)
     except BaseException as exc:  # noqa: BLE001 - every outcome must be reported to the parent
@@ -328,6 +337,13 @@ def _child(spec_path: str) -> int:
     sys.stderr.flush()
     # No destroy_process_group/atexit: a peer that failed could make teardown block.
     os._exit(0)
+
+
+def _report_guard_hangs(write: Callable[..., None]) -> None:
+    """When the runtime guard ends this rank after a hang, the rank fails with the guard's report."""
+    from distdoctor.embedded.guard import on_hang_exit, render_text
+
+    on_hang_exit(lambda report: write(STATUS_FAILED, message="GuardError: " + render_text(report, "the guard diagnosed a hang:")))
 
 
 def _find_function(module_name: str, qualname: str, file: str | None) -> Callable[..., Any]:
