@@ -343,7 +343,12 @@ def _report_guard_hangs(write: Callable[..., None]) -> None:
     """When the runtime guard ends this rank after a hang, the rank fails with the guard's report."""
     from distdoctor.embedded.guard import on_hang_exit, render_text
 
-    on_hang_exit(lambda report: write(STATUS_FAILED, message="GuardError: " + render_text(report, "the guard diagnosed a hang:")))
+    def failed(report: Any) -> None:
+        first = report.findings[0] if report.findings else None
+        headline = f"{first.id} [{first.cause}] {first.title}" if first else "a hang"
+        write(STATUS_FAILED, message=f"GuardError: {headline}\n" + render_text(report, "the guard diagnosed a hang:"))
+
+    on_hang_exit(failed)
 
 
 def _find_function(module_name: str, qualname: str, file: str | None) -> Callable[..., Any]:
