@@ -3,7 +3,7 @@
 One real TCPStore (in this process, on loopback); the simulated ranks are threads, each with its
 own client connection (32 at most, each serving a share of the ranks), doing exactly what a rank
 does: claim its rank, post its check-in (a realistic ~4 KB payload with local findings and 30
-check results), later post its collective results. Rank 0 is a distdoctor.world.World with its
+check results), later post its collective results. Rank 0 is a distdoctor.world.store_exchange.World with its
 own connection, running the real wait_for_checkins / wait_done / results and the real
 consolidation (merge_findings, merge_check_entries). Its store requests are counted.
 
@@ -74,10 +74,10 @@ def sample_payload(rank: int) -> dict[str, Any]:
 def simulate(size: int) -> dict[str, Any]:
     from torch.distributed import TCPStore
 
-    from distdoctor.crossrank import merge_check_entries
-    from distdoctor.findings import Finding
-    from distdoctor.report import merge_findings
-    from distdoctor.world import World, WorldSpec
+    from distdoctor.world.rank_run import merge_check_entries
+    from distdoctor.core.findings import Finding
+    from distdoctor.core.report import merge_findings
+    from distdoctor.world.store_exchange import World, WorldSpec
 
     server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
 

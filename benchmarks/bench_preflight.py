@@ -76,8 +76,8 @@ def child_sweep(sizes: list[int], repeats: int) -> None:
     import torch.distributed as dist
 
     import distdoctor
-    from distdoctor.preflight_checks import model_spec_table
-    from distdoctor.tensorspec import DEFAULT_MAX_SAMPLES
+    from distdoctor.embedded.setup_checks import model_spec_table
+    from distdoctor.checks._support.tensor_specs import DEFAULT_MAX_SAMPLES
 
     dist.init_process_group("gloo")
     rows = []

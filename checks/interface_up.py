@@ -8,8 +8,7 @@ Cluster admins set the interface in DISTDOCTOR_SITE_IFACE (e.g. ib0, bond0), or 
 
 from __future__ import annotations
 
-from distdoctor import check, finding_kind
-from distdoctor.probes import Unknown
+from distdoctor import Unknown, check, finding_kind
 
 SETTINGS = {"required_interface": "ib0"}
 

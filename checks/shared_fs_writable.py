@@ -10,8 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from distdoctor import check, finding_kind
-from distdoctor.probes import Unknown, call_with_deadline
+from distdoctor import Unknown, call_with_deadline, check, finding_kind
 
 DEFAULT_PATH = "/shared"
 WRITE_TIMEOUT_S = 3.0

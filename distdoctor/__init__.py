@@ -7,17 +7,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from distdoctor.findings import Finding, FindingKind, Severity
-from distdoctor.registry import SkipCheck, check, finding_kind
+from distdoctor.core.findings import Finding, FindingKind, Severity
+from distdoctor.core.registry import SkipCheck, check, finding_kind
 
 __version__ = "0.1.0"
 
 __all__ = ["Finding", "FindingKind", "Severity", "SkipCheck", "check", "finding_kind", "__version__"]
 
-# The embedded API (preflight, init_process_group, PreflightError, guard, GuardError) imports
-# torch; load it lazily.
-_LAZY = {"preflight": "distdoctor.api", "init_process_group": "distdoctor.api", "PreflightError": "distdoctor.api",
-         "guard": "distdoctor.embedded.guard", "GuardError": "distdoctor.embedded.guard"}
+# Loaded on first use: the embedded API (preflight, init_process_group, PreflightError, guard,
+# GuardError) imports torch, and the probes' helpers for check authors are not needed by
+# `import distdoctor`.
+_LAZY = {
+    "preflight": "distdoctor.embedded.preflight",
+    "init_process_group": "distdoctor.embedded.preflight",
+    "PreflightError": "distdoctor.embedded.preflight",
+    "guard": "distdoctor.embedded.guard",
+    "GuardError": "distdoctor.embedded.guard",
+    "Unknown": "distdoctor.machine.probes",
+    "call_with_deadline": "distdoctor.machine.probes",
+}
 
 
 def __getattr__(name: str) -> Any:

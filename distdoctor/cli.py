@@ -10,8 +10,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from distdoctor import __version__
-from distdoctor.config import OPTIONS, ConfigError, load_config
-from distdoctor.report import EXIT_USAGE
+from distdoctor.core.config import OPTIONS, ConfigError, load_config
+from distdoctor.core.report import EXIT_USAGE
 
 app = typer.Typer(
     name="distdoctor",
@@ -69,7 +69,7 @@ def emit(text: str | None, output: Path | None) -> None:
 
 
 def render_report(report: Any, fmt: str, output: Path | None, *, verbose: bool, quiet: bool) -> None:
-    from distdoctor.render import render
+    from distdoctor.core.render import render
 
     if fmt == "rich" and output is not None:
         import io
@@ -134,9 +134,9 @@ def check(
     import functools
     import os
 
-    from distdoctor.entry import check_entry, process_started
-    from distdoctor.launchers import NONE, detect
-    from distdoctor.registry import RegistryError
+    from distdoctor.dispatch import check_entry, process_started
+    from distdoctor.machine.launchers import NONE, detect
+    from distdoctor.core.registry import RegistryError
 
     started = process_started()
     # Given by hand, the world options act exactly like the variables they stand for.
@@ -158,14 +158,14 @@ def list_checks(
     fmt: Annotated[str, typer.Option("--format", "-f", help="rich or json.")] = "rich",
 ) -> None:
     """List every check and every finding ID with its cause and title."""
-    from distdoctor.config import Config
-    from distdoctor.engine import load_registry
-    from distdoctor.registry import RegistryError
+    from distdoctor.core.config import Config
+    from distdoctor.dispatch import load_every_kind
+    from distdoctor.core.registry import RegistryError
 
     if fmt not in ("rich", "json"):
         fail_usage(f"--format: expected rich or json, got {fmt!r}")
     try:
-        registry = load_registry(Config(checks_dirs=tuple(str(p) for p in checks_dir or ())), every_kind=True)
+        registry = load_every_kind(Config(checks_dirs=tuple(str(p) for p in checks_dir or ())))
     except RegistryError as exc:
         fail_usage(str(exc))
     checks = [c.describe() for c in registry.checks.values()]
@@ -176,7 +176,7 @@ def list_checks(
         return
     from rich.table import Table
 
-    from distdoctor.render import make_console
+    from distdoctor.core.render import make_console
 
     console = make_console()
     table = Table(title="Checks", show_lines=False)
@@ -200,11 +200,11 @@ def show(finding_id: Annotated[str, typer.Argument(help="A finding ID, e.g. laun
     """Show the documentation of a finding ID."""
     import difflib
 
-    from distdoctor.config import Config
-    from distdoctor.docs import finding_doc, finding_sections
-    from distdoctor.engine import load_registry
+    from distdoctor.core.config import Config
+    from distdoctor.core.docs import finding_doc, finding_sections
+    from distdoctor.dispatch import load_every_kind
 
-    registry = load_registry(Config(), every_kind=True)
+    registry = load_every_kind(Config())
     kind = registry.kinds.get(finding_id)
     doc = finding_doc(finding_id)
     if kind is None and doc is None:
@@ -226,8 +226,8 @@ def env(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the snapshot to this file.")] = None,
 ) -> None:
     """Print a snapshot of this process's distributed set-up for bug reports (secrets redacted)."""
-    from distdoctor.context import build_context
-    from distdoctor.snapshot import collect_snapshot
+    from distdoctor.machine.host import build_context
+    from distdoctor.machine.snapshot import collect_snapshot
 
     if fmt not in ("rich", "json"):
         fail_usage(f"--format: expected rich or json, got {fmt!r}")

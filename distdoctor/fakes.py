@@ -14,10 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from distdoctor.config import Config, load_config
-from distdoctor.context import CheckContext, build_context
-from distdoctor.foreign import SILENT, PortIdentity
-from distdoctor.probes import GPU, ConnectResult, Interface, Probes, Resolution, Route, Unknown
+from distdoctor.core.config import Config, load_config
+from distdoctor.core.context import CheckContext
+from distdoctor.machine.host import build_context
+from distdoctor.machine.service_identity import SILENT, PortIdentity
+from distdoctor.machine.probes import GPU, ConnectResult, Interface, Probes, Resolution, Route, Unknown
 
 
 @dataclass
@@ -58,7 +59,7 @@ class FakeProbes(Probes):
     arp_silent: frozenset[str] = frozenset()
     # addresses that belong to this host besides the interfaces' own (127.0.0.0/8 always does).
     local_addrs: Sequence[str] = field(default_factory=tuple)
-    # (host, port) -> what answers there (distdoctor.foreign.PortIdentity); default: silent.
+    # (host, port) -> what answers there (distdoctor.machine.service_identity.PortIdentity); default: silent.
     port_identities: Mapping[tuple[str, int], PortIdentity] = field(default_factory=dict)
     # path -> text (read_text / exists); path -> filesystem type
     files: Mapping[str, str] = field(default_factory=dict)

@@ -23,7 +23,7 @@ import pytest
 MARKER = "distributed"
 _REPORT_KEY = pytest.StashKey[Any]()
 _INI = {
-    # ini key -> (option name in distdoctor.config.OPTIONS or None, type, default)
+    # ini key -> (option name in distdoctor.core.config.OPTIONS or None, type, default)
     "distdoctor": (None, "bool", False),
     "distdoctor_fail_level": ("fail_level", "string", None),
     "distdoctor_timeout": ("timeout", "string", None),
@@ -38,8 +38,8 @@ _ENABLE_HELP = "Run the distdoctor checks once per session: summary in the heade
 def _help(option: str | None) -> str:
     if option is None:
         return _ENABLE_HELP
-    # distdoctor.config is light (no torch); it holds the help text the CLI shows too.
-    from distdoctor.config import OPTIONS
+    # distdoctor.core.config is light (no torch); it holds the help text the CLI shows too.
+    from distdoctor.core.config import OPTIONS
 
     return OPTIONS[option].help
 
@@ -73,7 +73,7 @@ def _settings(config: pytest.Config) -> dict[str, Any]:
     Each value is parsed here with the option's own parser so that an error names the pytest
     option or ini key it came from.
     """
-    from distdoctor.config import OPTIONS
+    from distdoctor.core.config import OPTIONS
 
     cli: dict[str, Any] = {}
 
@@ -101,8 +101,8 @@ def _session_report(config: pytest.Config) -> Any:
     cached = config.stash.get(_REPORT_KEY, None)
     if cached is not None:
         return cached
-    from distdoctor.config import ConfigError, load_config
-    from distdoctor.engine import diagnose
+    from distdoctor.core.config import ConfigError, load_config
+    from distdoctor.dispatch import diagnose
 
     try:
         settings = load_config(cli=_settings(config), cwd=config.rootpath)
@@ -116,7 +116,7 @@ def _session_report(config: pytest.Config) -> Any:
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     if not _enabled(config):
         return None
-    from distdoctor.render import summary_line
+    from distdoctor.core.render import summary_line
 
     report, settings = _session_report(config)
     return [f"distdoctor: {summary_line(report)} (fail level {settings.fail_level.label})"]
@@ -139,7 +139,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     code = report.exit_code(settings.fail_level)
     if code == 0:
         return
-    from distdoctor.report import format_where
+    from distdoctor.core.report import format_where
 
     terminalreporter.section("distdoctor", sep="=", red=True, bold=True)
     worst = [f for f in report.findings if f.severity >= settings.fail_level]

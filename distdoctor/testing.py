@@ -87,7 +87,7 @@ class DistributedResult:
         return sorted(r for r, res in self.ranks.items() if res.status in (STATUS_TIMEOUT, STATUS_KILLED))
 
     def failure_message(self) -> str:
-        from distdoctor.report import format_ranks
+        from distdoctor.core.report import format_ranks
 
         lines: list[str] = []
         failed = self.failed_ranks()
@@ -121,7 +121,7 @@ class DistributedResult:
 
 
 def _label(ranks: list[int]) -> str:
-    from distdoctor.report import format_ranks
+    from distdoctor.core.report import format_ranks
 
     return ("Rank " if len(ranks) == 1 else "Ranks ") + format_ranks(ranks)
 

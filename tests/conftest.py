@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def fresh_registry():
     """An empty registry, so a test's checks do not leak into the built-in one."""
-    from distdoctor.registry import Registry
+    from distdoctor.core.registry import Registry
 
     return Registry()
 

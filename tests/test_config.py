@@ -1,7 +1,7 @@
 import pytest
 
-from distdoctor.config import ConfigError, load_config
-from distdoctor.findings import Severity
+from distdoctor.core.config import ConfigError, load_config
+from distdoctor.core.findings import Severity
 
 
 def write_pyproject(tmp_path, body):

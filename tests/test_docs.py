@@ -4,16 +4,16 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from distdoctor.causes import CAUSES
-from distdoctor.config import Config
-from distdoctor.docs import all_headings, finding_doc
-from distdoctor.engine import load_registry
+from distdoctor.core.causes import CAUSES
+from distdoctor.core.config import Config
+from distdoctor.core.docs import all_headings, finding_doc
+from distdoctor.dispatch import load_every_kind
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def registry_with_site_checks():
-    return load_registry(Config(checks_dirs=(str(REPO / "checks"),)), every_kind=True)
+    return load_every_kind(Config(checks_dirs=(str(REPO / "checks"),)))
 
 
 def test_every_registered_id_has_a_docs_entry():
@@ -32,7 +32,7 @@ def test_documented_causes_are_in_the_vocabulary_and_match_the_code():
     registry = registry_with_site_checks()
     for finding_id, kind in registry.kinds.items():
         section = finding_doc(finding_id)
-        causes = re.findall(r"\*\*Cause:\*\* `([a-z_]+)`", section)
+        causes = re.findall(r"\*\*Cause:\*\* `([a-z0-9_]+)`", section)
         assert causes, f"{finding_id}: the docs section names no cause"
         assert all(c in CAUSES for c in causes), finding_id
         assert kind.cause in causes, f"{finding_id}: docs say {causes}, code says {kind.cause}"

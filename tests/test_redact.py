@@ -1,8 +1,8 @@
 import pytest
 
-from distdoctor.findings import FindingKind
-from distdoctor.redact import REDACTED, is_secret_name, redact_env, secret_values
-from distdoctor.report import build_report
+from distdoctor.core.findings import FindingKind
+from distdoctor.core.redact import REDACTED, is_secret_name, redact_env, secret_values
+from distdoctor.core.report import build_report
 
 
 @pytest.mark.parametrize(

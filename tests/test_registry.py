@@ -2,8 +2,8 @@ import textwrap
 
 import pytest
 
-from distdoctor.findings import Finding
-from distdoctor.registry import RegistryError, SkipCheck
+from distdoctor.core.findings import Finding
+from distdoctor.core.registry import RegistryError, SkipCheck
 
 
 def test_decorator_registers_a_plain_function(fresh_registry):
@@ -42,26 +42,26 @@ def test_select_by_stage_and_tag(fresh_registry):
 
 
 def test_checks_dir_plugin_that_fails_becomes_a_finding(tmp_path, monkeypatch):
-    import distdoctor.registry as registry_module
+    import distdoctor.core.registry as registry_module
 
     registry = registry_module.Registry()
     monkeypatch.setattr(registry_module, "REGISTRY", registry)
     monkeypatch.setattr(registry_module, "check", registry.check)
     monkeypatch.setattr(registry_module, "finding_kind", registry.finding_kind)
     (tmp_path / "good.py").write_text(textwrap.dedent("""
-        from distdoctor.registry import REGISTRY
+        from distdoctor.core.registry import REGISTRY
         K = REGISTRY.finding_kind("good.W001", cause="unknown", title="t", hint="h")
         @REGISTRY.check(stage="local")
         def fine(ctx):
             return []
     """))
     (tmp_path / "broken.py").write_text(textwrap.dedent("""
-        from distdoctor.registry import REGISTRY
+        from distdoctor.core.registry import REGISTRY
         REGISTRY.finding_kind("broken.W001", cause="unknown", title="t", hint="h")
         import module_that_does_not_exist
     """))
     (tmp_path / "zz_dup.py").write_text(textwrap.dedent("""
-        from distdoctor.registry import REGISTRY
+        from distdoctor.core.registry import REGISTRY
         REGISTRY.finding_kind("good.W001", cause="firewall", title="clash", hint="h")
     """))
     (tmp_path / "_private.py").write_text("raise SystemExit('never imported')")

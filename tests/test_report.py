@@ -1,8 +1,8 @@
 import json
 
-from distdoctor.findings import FindingKind, Severity
-from distdoctor.render import make_console, render_json, render_markdown, render_rich, summary_line
-from distdoctor.report import SCHEMA, WorldSummary, build_report, format_ranks, format_where
+from distdoctor.core.findings import FindingKind, Severity
+from distdoctor.core.render import make_console, render_json, render_markdown, render_rich, summary_line
+from distdoctor.core.report import SCHEMA, WorldSummary, build_report, format_ranks, format_where
 
 ERR = FindingKind("t.E001", cause="rank_missing", title="Rank missing", hint="Start it")
 WARN = FindingKind("t.W002", cause="firewall", title="Filtered", hint="Open the port")

@@ -4,9 +4,9 @@ import time
 import pytest
 
 from distdoctor.fakes import fake_context
-from distdoctor.findings import Severity
-from distdoctor.registry import SkipCheck
-from distdoctor.runner import Runner
+from distdoctor.core.findings import Severity
+from distdoctor.core.registry import SkipCheck
+from distdoctor.core.runner import Runner
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Shape, dtype, device and value agreement through a pre-flight broadcast of tensor specs.
 
-Rank 0 publishes its spec table (distdoctor.tensorspec: name, shape, dtype, device type and a
+Rank 0 publishes its spec table (distdoctor.checks._support.tensor_specs: name, shape, dtype, device type and a
 value fingerprint per tensor, as JSON) through the world's store; every other rank fetches it
 and compares its own table against it, so each rank learns by itself whether it disagrees, and
 names itself in the findings (rank 0 merges them into one report). Cost per rank: one table
@@ -8,7 +8,7 @@ out (rank 0) or one table in; rank 0 sends O(1) messages, whatever the world siz
 
 ``preflight()`` compares a user's model with the same spec tables and the same
 ``tensorspec.compare_tables``, over its own exchange inside the live process group (one digest
-all_gather; see distdoctor/api.py); the built-in check here uses tensors every rank builds the same way (a seeded nn.Linear, a seeded randn, a tensor
+all_gather; see distdoctor/embedded/preflight.py); the built-in check here uses tensors every rank builds the same way (a seeded nn.Linear, a seeded randn, a tensor
 of the default dtype), which catches ranks whose torch produces different values for the same
 seed or runs with another default dtype.
 """
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from distdoctor.context import CheckContext
-from distdoctor.findings import Finding
-from distdoctor.registry import SkipCheck, check, finding_kind
-from distdoctor.tensorspec import (
+from distdoctor.core.context import CheckContext
+from distdoctor.core.findings import Finding
+from distdoctor.core.registry import SkipCheck, check, finding_kind
+from distdoctor.checks._support.tensor_specs import (
     SPEC_DEVICE,
     SPEC_DTYPE,
     SPEC_NOT_COMPARED,
@@ -31,7 +31,7 @@ from distdoctor.tensorspec import (
     compare_tables,
     spec_table,
 )
-from distdoctor.world import WorldError
+from distdoctor.core.context import WorldError
 
 SPECS_MISSING = finding_kind(
     "agree.E001",

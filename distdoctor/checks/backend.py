@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from distdoctor.context import CheckContext
-from distdoctor.launchers import LSF, MPICH, OPENMPI, PMIX, SLURM
-from distdoctor.probes import Unknown
-from distdoctor.registry import check, finding_kind
+from distdoctor.core.context import CheckContext
+from distdoctor.machine.launchers import LSF, MPICH, OPENMPI, PMIX, SLURM
+from distdoctor.machine.probes import Unknown
+from distdoctor.core.registry import check, finding_kind
 
 DISTRIBUTED_MISSING = finding_kind(
     "backend.C001", cause="backend_unavailable",

@@ -17,10 +17,10 @@ from datetime import timedelta
 from statistics import median
 from typing import Any, Callable
 
-from distdoctor.context import CheckContext
-from distdoctor.findings import Finding
-from distdoctor.registry import SkipCheck, check, finding_kind
-from distdoctor.report import format_ranks
+from distdoctor.core.context import CheckContext
+from distdoctor.core.findings import Finding
+from distdoctor.core.registry import SkipCheck, check, finding_kind
+from distdoctor.core.report import format_ranks
 
 PG_TIMED_OUT = finding_kind(
     "coll.C001",

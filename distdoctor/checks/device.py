@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 
-from distdoctor import cuda_visible, remedies
-from distdoctor.context import CheckContext
-from distdoctor.launchers import DEPRECATED_LAUNCH, KUBEFLOW, SELF_TEST_VAR, SLURM, TORCHRUN
-from distdoctor.probes import Unknown
-from distdoctor.registry import check, finding_kind
+from distdoctor.checks._support import cuda_visible_devices as cuda_visible
+
+from distdoctor.checks._support import remedies
+from distdoctor.core.context import CheckContext
+from distdoctor.machine.launchers import DEPRECATED_LAUNCH, KUBEFLOW, SELF_TEST_VAR, SLURM, TORCHRUN
+from distdoctor.machine.probes import Unknown
+from distdoctor.core.registry import check, finding_kind
 
 NO_GPU = finding_kind(
     "device.C001", cause="no_gpu_for_nccl",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from distdoctor.context import CheckContext
-from distdoctor.launchers import (
+from distdoctor.core.context import CheckContext
+from distdoctor.machine.launchers import (
     DEPRECATED_LAUNCH,
     KUBEFLOW,
     MANUAL,
@@ -14,7 +14,7 @@ from distdoctor.launchers import (
     TORCHRUN,
     LaunchInfo,
 )
-from distdoctor.registry import check, finding_kind
+from distdoctor.core.registry import check, finding_kind
 
 ENV_MISSING = finding_kind(
     "launch.C001",
@@ -193,7 +193,7 @@ def _launch_flavour(ctx: CheckContext) -> str:
 @check(stage="local", tags=("launch",), emits=(DEPRECATED_LAUNCHER,))
 def deprecated_launcher(ctx: CheckContext):
     """python -m torch.distributed.launch: --local-rank in argv instead of LOCAL_RANK in env."""
-    from distdoctor.launchers import local_rank_flag
+    from distdoctor.machine.launchers import local_rank_flag
 
     if ctx.launch.launcher != DEPRECATED_LAUNCH:
         return
@@ -409,7 +409,7 @@ def _torch_pg_initialized() -> bool:
 @check(stage="local", tags=("launch", "env"), emits=(INIT_METHOD_INVALID, INIT_FILE_LEFT_OVER, INIT_FILE_NOT_SHARED, INIT_FILE_UNKNOWN_FS))
 def init_method(ctx: CheckContext):
     """The job's init_method (--init-method): env://, tcp://, file://, mpi:// validated."""
-    from distdoctor.init_method import from_config, setting_label
+    from distdoctor.checks._support.init_method import from_config, setting_label
 
     method = from_config(ctx.config)
     if method is None:

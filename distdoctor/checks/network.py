@@ -1,7 +1,7 @@
 """The network from this host's view: names, interfaces, *_SOCKET_IFNAME, the rendezvous port.
 
 Every probe here is bounded: DNS lookups run under a 2 s deadline, connects under 2 s, and
-telling a c10d store from a foreign service takes at most 1.5 s (distdoctor.foreign).
+telling a c10d store from a foreign service takes at most 1.5 s (distdoctor.machine.service_identity).
 """
 
 from __future__ import annotations
@@ -9,12 +9,16 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from distdoctor import foreign, ifname, remedies
-from distdoctor.context import CheckContext
-from distdoctor.init_method import rendezvous_endpoint
-from distdoctor.launchers import KUBEFLOW, SLURM, TORCHRUN
-from distdoctor.probes import Interface, Resolution, Unknown
-from distdoctor.registry import check, finding_kind
+from distdoctor.machine import service_identity as foreign
+
+from distdoctor.checks._support import socket_ifname as ifname
+
+from distdoctor.checks._support import remedies
+from distdoctor.core.context import CheckContext
+from distdoctor.checks._support.init_method import rendezvous_endpoint
+from distdoctor.machine.launchers import KUBEFLOW, SLURM, TORCHRUN
+from distdoctor.machine.probes import Interface, Resolution, Unknown
+from distdoctor.core.registry import check, finding_kind
 
 DNS_TIMEOUT = 2.0
 CONNECT_TIMEOUT = 2.0

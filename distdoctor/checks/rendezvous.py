@@ -1,6 +1,6 @@
 """Rendezvous stage: rank 0 reads every rank's check-in and names what the ranks disagree on.
 
-These checks run at rank 0 over ``ctx.world.checkins`` (distdoctor.world.CheckIns): the
+These checks run at rank 0 over ``ctx.world.checkins`` (distdoctor.world.store_exchange.CheckIns): the
 check-in of every process that reached the store, keyed by (rank, claim). Rank 0's own check-in
 is the reference: its WORLD_SIZE defines the world the others must agree with. Elsewhere (no
 world, or a rank other than 0) they skip: the data lives at rank 0.
@@ -11,10 +11,10 @@ from __future__ import annotations
 from statistics import median
 from typing import Any, Iterable, Mapping
 
-from distdoctor.context import CheckContext
-from distdoctor.findings import Finding
-from distdoctor.registry import SkipCheck, check, finding_kind
-from distdoctor.report import format_ranks
+from distdoctor.core.context import CheckContext
+from distdoctor.core.findings import Finding
+from distdoctor.core.registry import SkipCheck, check, finding_kind
+from distdoctor.core.report import format_ranks
 
 STORE_UNREACHABLE = finding_kind(
     "rdzv.C001",

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from distdoctor import remedies
-from distdoctor.context import CheckContext
-from distdoctor.launchers import KUBEFLOW, SLURM, TORCHRUN
-from distdoctor.probes import Unknown
-from distdoctor.registry import check, finding_kind
+from distdoctor.checks._support import remedies
+from distdoctor.core.context import CheckContext
+from distdoctor.machine.launchers import KUBEFLOW, SLURM, TORCHRUN
+from distdoctor.machine.probes import Unknown
+from distdoctor.core.registry import check, finding_kind
 
 SHM_PATH = "/dev/shm"
 MiB = 2**20

@@ -19,10 +19,10 @@ value makes ProcessGroupNCCL's constructor fail with "Invalid value for environm
 
 from __future__ import annotations
 
-from distdoctor import remedies
-from distdoctor.cints import leading_int
-from distdoctor.context import CheckContext
-from distdoctor.registry import check, finding_kind
+from distdoctor.checks._support import remedies
+from distdoctor.checks._support.c_integers import leading_int
+from distdoctor.core.context import CheckContext
+from distdoctor.core.registry import check, finding_kind
 
 DEFAULT_TIMEOUT_S = {"nccl": 600.0}
 DEFAULT_OTHER_TIMEOUT_S = 1800.0

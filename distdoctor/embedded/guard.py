@@ -14,33 +14,22 @@ hang diagnosis (distdoctor.embedded.guard_hang). See docs/guard.md.
 
 from __future__ import annotations
 
-import io
 import os
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from distdoctor.report import Report
+from distdoctor.embedded.guard_report import HANG_EXIT_CODE, GuardError, on_hang_exit, render_text
+
+__all__ = ["HANG_EXIT_CODE", "GuardError", "GuardSettings", "active", "guard", "on_hang_exit", "render_text",
+           "settings_from_env", "unguard"]
 
 if TYPE_CHECKING:
     from distdoctor.embedded.guard_process import Guard
 
-HANG_EXIT_CODE = 1
 VERIFY_MODES = ("sample", "all", "off")
 ON_HANG = ("exit", "report")
-_EXIT_HOOKS: list[Callable[[Report], None]] = []
 _ACTIVE: "Guard | None" = None
 _GENERATION = [0]
-
-
-class GuardError(RuntimeError):
-    """Raised on every rank of a group whose ranks called one collective differently.
-
-    ``str(error)`` is the rendered report; ``error.report`` the Report (schema distdoctor.report/1).
-    """
-
-    def __init__(self, report: Report) -> None:
-        self.report = report
-        super().__init__(render_text(report, "distdoctor guard stopped a collective before it ran:"))
 
 
 @dataclass(frozen=True)
@@ -88,19 +77,6 @@ def settings_from_env(env: dict[str, str] | None = None, **given: Any) -> GuardS
                 raise ValueError(f"environment variable {key}: expected a number, got {env[key]!r}") from None
     values.update({k: v for k, v in given.items() if v is not None})
     return replace(GuardSettings(), **values).check()
-
-
-def render_text(report: Report, heading: str) -> str:
-    from distdoctor.render import make_console, render_rich
-
-    buffer = io.StringIO()
-    render_rich(report, make_console(buffer))
-    return heading + "\n" + buffer.getvalue().rstrip()
-
-
-def on_hang_exit(hook: Callable[[Report], None]) -> None:
-    """Run ``hook(report)`` just before the guard ends this process after a hang (test harnesses)."""
-    _EXIT_HOOKS.append(hook)
 
 
 def active() -> "Guard | None":

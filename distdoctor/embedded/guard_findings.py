@@ -6,8 +6,8 @@ from collections import Counter
 from typing import Any, Iterable, Mapping
 
 from distdoctor.embedded.guard_record import COLLECTIVES, POINT_TO_POINT, CallRecord
-from distdoctor.findings import Finding
-from distdoctor.registry import finding_kind
+from distdoctor.core.findings import Finding
+from distdoctor.core.registry import finding_kind
 
 CHECK = "guard"
 

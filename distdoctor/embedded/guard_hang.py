@@ -229,7 +229,7 @@ class HangWatch:
 
     def _follow(self, renderer: int) -> None:
         """Wait (bounded) for the renderer's verdict, then conclude like it."""
-        from distdoctor.findings import Finding
+        from distdoctor.core.findings import Finding
 
         side = self.side
         assert side is not None

@@ -12,8 +12,6 @@ def _t(value: Any) -> list[Any]:
 
 
 def _reduce_op(args: dict[str, Any]) -> dict[str, Any]:
-    from distdoctor.embedded.guard_record import _name
-
     op = args.get("op")
     return {"op": _name(op)} if op is not None else {"op": "SUM"}
 
@@ -119,3 +117,20 @@ OPS: dict[str, Callable[[dict, Peer], tuple]] = {
     "send": _p2p("dst"), "isend": _p2p("dst"), "recv": _p2p("src"), "irecv": _p2p("src"),
     "send_object_list": _p2p_objects("dst"), "recv_object_list": _p2p_objects("src"), "batch_isend_irecv": _batch,
 }
+
+
+def _name(value: Any) -> str:
+    """A reduce op's name (RedOpType.SUM -> SUM; a PREMUL_SUM ReduceOp object -> its type)."""
+    return str(getattr(value, "name", None) or type(value).__name__)
+
+
+def describe(op: str, args: dict[str, Any], peer: Callable[[dict[str, Any], str], Any]) -> tuple[list, list, dict]:
+    """(tensors whose shape must agree, tensors whose dtype/device must agree, other parameters).
+
+    ``peer(args, "src")`` turns src / group_src into one global rank (the same root given either
+    way is the same call).
+    """
+    spec = OPS.get(op)
+    if spec is None:
+        return [], [], {}
+    return spec(args, peer)

@@ -11,14 +11,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from distdoctor.embedded import guard as api
+from distdoctor.embedded import guard_report as api
 from distdoctor.embedded import guard_findings as gf
 from distdoctor.embedded.guard_calls import Verifier, _Inside, make_record, wrap
 from distdoctor.embedded.guard_hang import HangWatch, SideChannel, rank_state
 from distdoctor.embedded.guard_record import COLLECTIVES, POINT_TO_POINT, CallRecord, Recorder, call_site
 from distdoctor.embedded.guard_works import WorkTracker
-from distdoctor.findings import Finding
-from distdoctor.report import Report, WorldSummary, build_report
+from distdoctor.core.findings import Finding
+from distdoctor.core.report import Report, WorldSummary, build_report
 
 
 class Guard:
@@ -213,7 +213,7 @@ class Guard:
 
     def report(self, findings: list[Finding] | None = None, ranks: list[int] | None = None,
                missing: list[int] = ()) -> Report:
-        from distdoctor.launchers import detect
+        from distdoctor.machine.launchers import detect
 
         found = list(self.findings if findings is None else findings)
         reported = sorted(set(ranks if ranks is not None else [self.rank]) - set(missing))
@@ -264,9 +264,9 @@ class Guard:
         self._exit(report, rendered_here)
 
     def _exit(self, report: Report, rendered_here: bool) -> None:
-        from distdoctor.watchdog import flush_std_streams
+        from distdoctor.world.watchdog import flush_std_streams
 
-        for hook in list(api._EXIT_HOOKS):
+        for hook in list(api.EXIT_HOOKS):
             try:
                 hook(report)
             except Exception:

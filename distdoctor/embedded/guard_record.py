@@ -103,32 +103,6 @@ def _tensor(value: Any) -> tuple[tuple, str, str] | None:
     return tuple(int(d) for d in shape), dtype, str(getattr(getattr(value, "device", None), "type", "?"))
 
 
-def _name(value: Any) -> str:
-    """A reduce op's name (RedOpType.SUM -> SUM; a PREMUL_SUM ReduceOp object -> its type)."""
-    return str(getattr(value, "name", None) or type(value).__name__)
-
-
-def _len(value: Any) -> int | None:
-    try:
-        return len(value)
-    except TypeError:
-        return None
-
-
-def describe(op: str, args: dict[str, Any], peer: Callable[[dict[str, Any], str], Any]) -> tuple[list, list, dict]:
-    """(tensors whose shape must agree, tensors whose dtype/device must agree, other parameters).
-
-    ``peer(args, "src")`` turns src / group_src into one global rank (the same root given either
-    way is the same call).
-    """
-    from distdoctor.embedded.guard_ops import OPS
-
-    spec = OPS.get(op)
-    if spec is None:
-        return [], [], {}
-    return spec(args, peer)
-
-
 @dataclass
 class _Entry:
     record: CallRecord

@@ -1,7 +1,7 @@
 """`distdoctor explain`: name the cause of a failed job from its logs.
 
     from distdoctor.explain import explain_files
-    report = explain_files(["rank0.log", "rank1.log"])   # a distdoctor.report.Report
+    report = explain_files(["rank0.log", "rank1.log"])   # a distdoctor.core.report.Report
 
 The signature catalog (catalog.toml) is data; scan.py matches it against the logs in bounded
 memory; reason.py turns the matches into findings with a cause, a confidence and the evidence.
@@ -17,7 +17,7 @@ from distdoctor.explain.catalog import Catalog, CatalogError, load_catalog
 from distdoctor.explain.reader import LogInputError, LogSource, open_sources
 from distdoctor.explain.reason import findings_from
 from distdoctor.explain.scan import Accumulator, Scanner
-from distdoctor.report import Report, WorldSummary, build_report
+from distdoctor.core.report import Report, WorldSummary, build_report
 
 __all__ = ["explain_files", "explain_text", "LogInputError", "CatalogError", "load_catalog"]
 

@@ -17,8 +17,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from distdoctor.findings import FindingKind
-from distdoctor.registry import finding_kind
+from distdoctor.core.findings import FindingKind
+from distdoctor.core.registry import finding_kind
 
 CATALOG_PATH = Path(__file__).with_name("catalog.toml")
 ROLES = ("cause", "crash", "symptom")

@@ -26,8 +26,8 @@ from typing import Any
 
 from distdoctor.explain.catalog import Catalog, render_template
 from distdoctor.explain.scan import MAX_EVIDENCE, Accumulator, Group
-from distdoctor.findings import Finding
-from distdoctor.report import format_ranks
+from distdoctor.core.findings import Finding
+from distdoctor.core.report import format_ranks
 
 CHECK_NAME = "explain"
 CORROBORATION_BONUS = 0.1

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from distdoctor import guarded_init as gi
+from distdoctor.embedded import bounded_init as gi
 
 
 class VanishingStore:

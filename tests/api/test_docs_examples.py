@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from distdoctor.docs import finding_doc
+from distdoctor.core.docs import finding_doc
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 EXAMPLES = DOCS / "examples"
@@ -77,10 +77,10 @@ def test_pytest_page_examples_pass(pytester: pytest.Pytester):
 
 
 def test_every_spec_pre_init_id_is_documented_with_its_cause():
-    import distdoctor.guarded_init as gi
-    import distdoctor.preflight_checks as pc
-    import distdoctor.tensorspec as ts
-    from distdoctor.findings import FindingKind
+    import distdoctor.embedded.bounded_init as gi
+    import distdoctor.embedded.setup_checks as pc
+    import distdoctor.checks._support.tensor_specs as ts
+    from distdoctor.core.findings import FindingKind
 
     kinds = [v for m in (ts, pc, gi) for v in vars(m).values() if isinstance(v, FindingKind)]
     assert {k.id.split(".")[0] for k in kinds} == {"spec", "pre", "init"}

@@ -11,9 +11,9 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
-from distdoctor import preflight_checks as pc  # noqa: E402
-from distdoctor.api import _apply_delta, _delta  # noqa: E402
-from distdoctor.tensorspec import SpecTable, compare_tables, spec_table  # noqa: E402
+from distdoctor.embedded import setup_checks as pc  # noqa: E402
+from distdoctor.embedded.preflight import _apply_delta, _delta  # noqa: E402
+from distdoctor.checks._support.tensor_specs import SpecTable, compare_tables, spec_table  # noqa: E402
 
 
 class FakeModule:

@@ -1,4 +1,4 @@
-"""Unit tests of distdoctor.tensorspec: specs, encoding, comparison across rank tables."""
+"""Unit tests of distdoctor.checks._support.tensor_specs: specs, encoding, comparison across rank tables."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from distdoctor.tensorspec import (  # noqa: E402
+from distdoctor.checks._support.tensor_specs import (  # noqa: E402
     SPEC_DEVICE,
     SPEC_DTYPE,
     SPEC_NOT_COMPARED,

@@ -7,11 +7,11 @@ import json
 import pytest
 
 from distdoctor.checks import backend, device, launch, network, system, timeouts
-from distdoctor.config import load_config
+from distdoctor.core.config import load_config
 from distdoctor.fakes import FakeProbes, fake_context, fake_gpus
-from distdoctor.foreign import C10D_STORE, FOREIGN, SILENT, PortIdentity
-from distdoctor.probes import GPU, Interface, Unknown
-from distdoctor.registry import REGISTRY
+from distdoctor.machine.service_identity import C10D_STORE, FOREIGN, SILENT, PortIdentity
+from distdoctor.machine.probes import GPU, Interface, Unknown
+from distdoctor.core.registry import REGISTRY
 
 AREAS = ("launch", "net", "backend", "device", "system", "timeouts")
 MiB, GiB = 2**20, 2**30

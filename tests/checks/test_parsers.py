@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from distdoctor import cuda_visible, ifname, init_method
+from distdoctor.checks._support import cuda_visible_devices as cuda_visible
+
+from distdoctor.checks._support import socket_ifname as ifname
+
+from distdoctor.checks._support import init_method
 
 NICS = ["lo", "eth0", "eth01", "eth1", "docker0", "ib0", "ib1", "veth3a"]
 
@@ -124,7 +128,7 @@ def test_init_method(raw, scheme, host, port, path, problem):
 
 
 def test_rendezvous_endpoint_prefers_tcp_init_method():
-    from distdoctor.config import load_config
+    from distdoctor.core.config import load_config
 
     given = load_config({"init_method": "tcp://10.1.1.1:1234"}, env={}, use_pyproject=False)
     host, port, source = init_method.rendezvous_endpoint(given, "m", 5)

@@ -12,7 +12,7 @@ import pytest
 
 from distdoctor.checks import collective as coll
 from distdoctor.fakes import fake_context
-from distdoctor.registry import SkipCheck
+from distdoctor.core.registry import SkipCheck
 
 torch = pytest.importorskip("torch")
 

@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import pytest
 
 from distdoctor.checks import rendezvous as rdzv
-from distdoctor.config import Config
-from distdoctor.crossrank import nccl_decision
+from distdoctor.core.config import Config
+from distdoctor.world.rank_run import nccl_decision
 from distdoctor.fakes import fake_context
-from distdoctor.registry import SkipCheck
-from distdoctor.world import Arrival, CheckIns
+from distdoctor.core.registry import SkipCheck
+from distdoctor.world.store_exchange import Arrival, CheckIns
 
 
 def payload(rank: int, host: str = "node-a", *, world_size: int = 4, torch: str = "2.13.0", cuda=None, nccl=None,

@@ -1,4 +1,4 @@
-from distdoctor.selftest import rank_environment
+from distdoctor.world.selftest import rank_environment
 
 
 def test_self_test_ranks_get_torchruns_thread_default(monkeypatch):

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from distdoctor import world as world_mod
-from distdoctor.crossrank import group_blockers
+from distdoctor.world import store_exchange as world_mod
+from distdoctor.world.rank_run import group_blockers
 from distdoctor.fakes import FakeProbes, fake_context
-from distdoctor.probes import ConnectResult, Interface
-from distdoctor.watchdog import Watchdog
-from distdoctor.world import Arrival, CheckIns, GroupFailedElsewhere, World, WorldError, WorldSpec, open_store, wait_for_listener
+from distdoctor.machine.probes import ConnectResult, Interface
+from distdoctor.world.watchdog import Watchdog
+from distdoctor.world.store_exchange import Arrival, CheckIns, GroupFailedElsewhere, World, WorldError, WorldSpec, open_store, wait_for_listener
 
 torch_dist = pytest.importorskip("torch.distributed")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 import time
 
-from distdoctor.crossrank import device_mapping, merge_check_entries
+from distdoctor.world.rank_run import device_mapping, merge_check_entries
 from distdoctor.fakes import FakeProbes, fake_context, fake_gpus
-from distdoctor.watchdog import Watchdog
+from distdoctor.world.watchdog import Watchdog
 
 
 def test_fires_on_expire_then_exits_3_once():

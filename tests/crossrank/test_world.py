@@ -1,4 +1,4 @@
-"""The store exchange of distdoctor.world against torch's in-process HashStore (no sockets)."""
+"""The store exchange of distdoctor.world.store_exchange against torch's in-process HashStore (no sockets)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from distdoctor.launchers import detect
-from distdoctor.world import CheckIns, World, WorldError, WorldSpec, decode, encode, fit, parse_roster
+from distdoctor.machine.launchers import detect
+from distdoctor.world.store_exchange import CheckIns, World, WorldError, WorldSpec, decode, encode, fit, parse_roster
 
 torch_dist = pytest.importorskip("torch.distributed")
 
@@ -92,7 +92,7 @@ def test_stage_results_and_final_round_trip():
 
 
 def test_checkins_properties_on_plain_data():
-    from distdoctor.world import Arrival
+    from distdoctor.world.store_exchange import Arrival
 
     c = CheckIns(expected=3, arrivals=[Arrival(0, 1, 0.0), Arrival(2, 1, 0.1), Arrival(5, 1, 0.2)],
                  payloads={(0, 1): {}, (2, 1): {}, (5, 1): {}})

@@ -6,11 +6,11 @@ import re
 
 import pytest
 
-from distdoctor.causes import CAUSES
-from distdoctor.docs import finding_doc
+from distdoctor.core.causes import CAUSES
+from distdoctor.core.docs import finding_doc
 from distdoctor.explain import CATALOG
 from distdoctor.explain.catalog import CatalogError, parse_catalog
-from distdoctor.registry import REGISTRY, Registry
+from distdoctor.core.registry import REGISTRY, Registry
 
 SIGNATURE_IDS = sorted({s.kind.id for s in CATALOG.signatures} | {c.kind.id for s in CATALOG.signatures for c in s.candidates})
 
@@ -68,7 +68,7 @@ def test_unknown_cause_is_rejected():
 
 
 def test_docs_sections_exist_only_for_catalog_ids():
-    from distdoctor.docs import docs_root
+    from distdoctor.core.docs import docs_root
 
     text = (docs_root() / "findings" / "log.md").read_text()
     documented = set(re.findall(r"^## (log\.[IWEC]\d{3})\b", text, re.M))

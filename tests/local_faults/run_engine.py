@@ -13,11 +13,11 @@ import sys
 
 
 def main() -> int:
-    from distdoctor.config import load_config
-    from distdoctor.engine import diagnose
+    from distdoctor.core.config import load_config
+    from distdoctor.machine.host import diagnose_here as diagnose
     from distdoctor.fakes import fake_gpus
-    from distdoctor.probes import Probes
-    from distdoctor.render import render_json
+    from distdoctor.machine.probes import Probes
+    from distdoctor.core.render import render_json
 
     count = os.environ.get("DISTDOCTOR_TEST_FAKE_GPUS")
 

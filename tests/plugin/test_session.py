@@ -89,7 +89,7 @@ import sys
 
 def test_light():
     assert "distdoctor.pytest_plugin" in sys.modules
-    heavy = [m for m in ("torch", "rich", "distdoctor.engine", "distdoctor.checks") if m in sys.modules]
+    heavy = [m for m in ("torch", "rich", "distdoctor.core.engine", "distdoctor.checks") if m in sys.modules]
     assert heavy == []
 ''')
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
@@ -97,7 +97,7 @@ def test_light():
 
 
 def test_options_share_help_with_the_cli():
-    from distdoctor.config import OPTIONS
+    from distdoctor.core.config import OPTIONS
     from distdoctor.pytest_plugin import _help
 
     assert _help("fail_level") == OPTIONS["fail_level"].help

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Any, Iterable, Mapping
 
-from distdoctor.causes import CAUSES
+from distdoctor.core.causes import CAUSES
 
 
 class Severity(IntEnum):
@@ -129,7 +129,7 @@ class Finding:
 class FindingKind:
     """The declaration of one finding ID: what it means, whatever the specifics.
 
-    Create kinds with :func:`distdoctor.registry.finding_kind` so that the ID is registered
+    Create kinds with :func:`distdoctor.core.registry.finding_kind` so that the ID is registered
     (and a duplicate rejected); call the kind to make a finding.
     """
 

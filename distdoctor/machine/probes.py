@@ -266,7 +266,7 @@ class Probes:
     @never_raises
     def identify_port(self, host: str, port: int, timeout: float = 1.5) -> Any:
         """Whether a c10d store or a foreign service answers on host:port (foreign.identify)."""
-        from distdoctor.foreign import identify
+        from distdoctor.machine.service_identity import identify
 
         return identify(host, port, timeout)
 

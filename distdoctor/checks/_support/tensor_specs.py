@@ -33,9 +33,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from distdoctor.findings import Finding
-from distdoctor.registry import finding_kind
-from distdoctor.report import format_ranks
+from distdoctor.core.findings import Finding
+from distdoctor.core.registry import finding_kind
+from distdoctor.core.report import format_ranks
 
 FORMAT = "distdoctor.tensorspec/1"
 DEFAULT_MAX_SAMPLES = 1024

@@ -1,17 +1,13 @@
-"""CheckContext: one snapshot of env, argv, launcher and config, with the probes injected."""
+"""CheckContext: one snapshot of env, argv, launcher and config, with the probes injected; WorldError."""
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, TypeVar
 
-from distdoctor.config import Config
-from distdoctor.findings import Finding
-from distdoctor.launchers import LaunchInfo, detect
-from distdoctor.probes import Probes
+from distdoctor.core.config import Config
+from distdoctor.core.findings import Finding
 
 T = TypeVar("T")
 
@@ -21,9 +17,11 @@ class CheckContext:
     env: Mapping[str, str]
     argv: tuple[str, ...]
     config: Config
-    launch: LaunchInfo
-    probes: Probes
-    # A live cross-rank world (distdoctor.world) for the rendezvous and collective stages;
+    # The launcher's view (distdoctor.machine.launchers.LaunchInfo) and the probes
+    # (distdoctor.machine.probes.Probes); built by distdoctor.machine.host.build_context.
+    launch: Any
+    probes: Any
+    # A live cross-rank world (distdoctor.world.store_exchange) for the rendezvous and collective stages;
     # None when no world is configured, and those stages are then skipped with that reason.
     world: Any = None
     # Findings of the stages already run on this rank, for checks that build on them.
@@ -69,20 +67,18 @@ class CheckContext:
         return "default (nccl with GPUs, else gloo)"
 
 
-def build_context(
-    config: Config,
-    env: Mapping[str, str] | None = None,
-    argv: tuple[str, ...] | list[str] | None = None,
-    probes: Probes | None = None,
-    world: Any = None,
-) -> CheckContext:
-    env_snapshot = dict(os.environ if env is None else env)
-    argv_snapshot = tuple(sys.argv if argv is None else argv)
-    return CheckContext(
-        env=env_snapshot,
-        argv=argv_snapshot,
-        config=config,
-        launch=detect(env_snapshot, argv_snapshot),
-        probes=probes or Probes(),
-        world=world,
-    )
+class WorldError(Exception):
+    """The store could not be reached or used; ``cause`` is a vocabulary cause for the finding.
+
+    ``reason`` says which failure it was, for the finding that names it: ``unreachable`` (no
+    listener, no route, no host), ``dropped`` (connects time out: packets dropped), ``port_taken``
+    (rank 0: EADDRINUSE and nothing answers), ``master_not_here`` (rank 0: MASTER_ADDR is not an
+    address of this host and does not lead here), ``host_failed`` (rank 0: any other error).
+    """
+
+    def __init__(self, message: str, cause: str = "master_unreachable", reason: str = "unreachable",
+                 data: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.reason = reason
+        self.data = dict(data or {})

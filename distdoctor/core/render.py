@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from distdoctor.findings import Finding, Severity
-from distdoctor.report import Report, format_ranks, format_where
+from distdoctor.core.findings import Finding, Severity
+from distdoctor.core.report import Report, format_ranks, format_where
 
 _STYLE = {
     Severity.CRITICAL: "bold white on red",

@@ -1,7 +1,7 @@
 """The root-cause vocabulary every finding carries.
 
-Copied from shared/causes.md, the reference. Causes are never renamed or reused: users
-script against them. Add one only when none fits.
+Documented for users in docs/causes.md (tests keep the two equal). Causes are never renamed or
+reused: users script against them. Add one only when none fits.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ CAUSES: dict[str, str] = {
     'wrong_interface': (
         'Gloo/NCCL will use an unusable interface or address: *_SOCKET_IFNAME names a missing/down interface, the host name resolves to loopback on a multi-host job, a docker bridge is picked'
     ),
+    'p2p_blocked': (
+        'direct GPU-to-GPU traffic (PCIe peer-to-peer, NVLink) is blocked or broken: IOMMU or PCIe ACS on, a VM without P2P; NCCL hangs right after init or fails in P2P transport (NCCL_P2P_DISABLE=1 works around it)'
+    ),
     'ib_rdma_issue': (
         'the InfiniBand/RoCE path is missing, down or mis-set (NCCL_IB_*, memlock limits for RDMA)'
     ),
@@ -72,6 +75,9 @@ CAUSES: dict[str, str] = {
     ),
     'collective_mismatch': (
         'ranks issue different collectives, or in a different order'
+    ),
+    'slow_link': (
+        'a link between ranks or hosts is much slower (bandwidth or latency) than its peers — a NIC negotiated down, traffic over the wrong interface, IB fallen back to TCP — so every collective runs at its pace'
     ),
     'straggler_rank': (
         'a rank arrives at a collective far later than the others; the others wait or time out'

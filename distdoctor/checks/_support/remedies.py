@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from distdoctor.launchers import (
+from distdoctor.machine.launchers import (
     DEPRECATED_LAUNCH,
     KUBEFLOW,
     LSF,

@@ -10,10 +10,10 @@ import platform
 import sys
 from typing import Any
 
-from distdoctor.context import CheckContext
-from distdoctor.launchers import RENDEZVOUS_VARS
-from distdoctor.probes import Unknown
-from distdoctor.redact import redact_env
+from distdoctor.core.context import CheckContext
+from distdoctor.machine.launchers import RENDEZVOUS_VARS
+from distdoctor.machine.probes import Unknown
+from distdoctor.core.redact import redact_env
 
 # Variables that shape a distributed job, shown by name prefix.
 ENV_PREFIXES = ("NCCL_", "TORCH_", "GLOO_", "TORCHELASTIC_", "CUDA_", "UCC_", "UCX_", "OMP_", "PET_",

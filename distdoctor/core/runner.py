@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from distdoctor.context import CheckContext
-from distdoctor.core_findings import CHECK_CRASHED, CHECK_TIMED_OUT, RUN_DEADLINE
-from distdoctor.findings import Finding, Severity
-from distdoctor.registry import STAGES, Check, Registry, SkipCheck
+from distdoctor.core.context import CheckContext
+from distdoctor.core.kinds import CHECK_CRASHED, CHECK_TIMED_OUT, RUN_DEADLINE
+from distdoctor.core.findings import Finding, Severity
+from distdoctor.core.registry import STAGES, Check, Registry, SkipCheck
 
 PASS, FAIL, SKIP, ERROR, TIMEOUT = "pass", "fail", "skip", "error", "timeout"
 
@@ -196,7 +196,7 @@ class Runner:
         ranks = tuple(ranks)
         who = ""
         if ranks:
-            from distdoctor.report import format_ranks
+            from distdoctor.core.report import format_ranks
 
             who = f" on rank{'s' if len(ranks) > 1 else ''} {format_ranks(ranks)}"
         self.state.findings.append(

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Callable
 
-from distdoctor.report import EXIT_INCOMPLETE
+from distdoctor.core.report import EXIT_INCOMPLETE
 
 # How long on_expire may take (render a report, read a few store keys) before the hard exit.
 EXPIRE_GRACE_S = 2.0

@@ -14,7 +14,7 @@ _HEADING = re.compile(r"^## +(?P<id>[a-z][a-z0-9_]*\.[IWEC]\d{3})\b.*$", re.M)
 
 
 def docs_root() -> Path | None:
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # distdoctor/, above core/
     for candidate in (package / "_docs", package.parent / "docs"):
         if (candidate / "findings").is_dir():
             return candidate

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distdoctor.cints import leading_int
+from distdoctor.checks._support.c_integers import leading_int
 
 INDICES = "indices"
 UUIDS = "uuids"

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-from distdoctor.findings import Finding
-from distdoctor.registry import finding_kind
-from distdoctor.report import format_ranks
+from distdoctor.core.findings import Finding
+from distdoctor.core.registry import finding_kind
+from distdoctor.core.report import format_ranks
 
 CHECK = "preflight"
 
@@ -110,7 +110,7 @@ def model_spec_table(model: Any, max_samples: int | None) -> Any:
     compared, their shapes and values are not (reported as not compared, spec.I006). FSDP2
     parameters are DTensors, which tensorspec treats the same way (global shape compared).
     """
-    from distdoctor.tensorspec import SpecTable, TensorSpec, spec_table
+    from distdoctor.checks._support.tensor_specs import SpecTable, TensorSpec, spec_table
 
     if "FullyShardedDataParallel" in wrappers_of(model):
         specs = [

@@ -27,12 +27,12 @@ from datetime import timedelta
 from multiprocessing.connection import wait as wait_for
 from typing import Any, Callable
 
-from distdoctor.config import Config
-from distdoctor.crossrank import NON_ROOT_GRACE_S
-from distdoctor.launchers import SELF_TEST_VAR
-from distdoctor.report import EXIT_FINDINGS, EXIT_INCOMPLETE
-from distdoctor.watchdog import EXPIRE_GRACE_S, flush_std_streams
-from distdoctor.world import AGENT_STORE_ENV, RUN_ID_ENV
+from distdoctor.core.config import Config
+from distdoctor.world.rank_run import NON_ROOT_GRACE_S
+from distdoctor.machine.launchers import SELF_TEST_VAR
+from distdoctor.core.report import EXIT_FINDINGS, EXIT_INCOMPLETE
+from distdoctor.world.watchdog import EXPIRE_GRACE_S, flush_std_streams
+from distdoctor.world.store_exchange import AGENT_STORE_ENV, RUN_ID_ENV
 
 LOOPBACK = "127.0.0.1"
 MP_SPAWN_ENV = SELF_TEST_VAR
@@ -107,7 +107,7 @@ def _rank_main(
     code = EXIT_INCOMPLETE
     try:
         os.environ.update(rank_environment(local_rank, nproc, port, run_id))
-        from distdoctor.crossrank import run_rank
+        from distdoctor.world.rank_run import run_rank
 
         outcome = run_rank(config, env=dict(os.environ), argv=argv, all_ranks=all_ranks, emit=render, started=started)
         code = outcome.exit_code
@@ -185,8 +185,8 @@ def run_selftest(
 
 def abnormal_report(codes: dict[int, int | None], killed: set[int], config: Config, started: float, size: int) -> Any:
     from distdoctor.checks.rendezvous import RANK_DIED
-    from distdoctor.core_findings import RUN_DEADLINE
-    from distdoctor.report import WorldSummary, build_report
+    from distdoctor.core.kinds import RUN_DEADLINE
+    from distdoctor.core.report import WorldSummary, build_report
 
     def how(code: int | None) -> str:
         if code is None:

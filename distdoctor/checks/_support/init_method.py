@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 if TYPE_CHECKING:
-    from distdoctor.config import Config
+    from distdoctor.core.config import Config
 
 SCHEMES = ("env", "tcp", "file", "mpi")
 

@@ -1,30 +1,36 @@
-"""Finding kinds of distdoctor itself: a check that broke, overran or could not be loaded."""
+"""Finding kinds of distdoctor itself: a check that broke, overran or could not be loaded.
+
+Declared as plain values (the registry imports this module and registers them), so that the
+registry, which reports load failures with PLUGIN_LOAD_FAILED, has no import circle with it.
+"""
 
 from __future__ import annotations
 
-from distdoctor.registry import finding_kind
+from distdoctor.core.findings import FindingKind
 
-CHECK_CRASHED = finding_kind(
-    "core.W001",
+CHECK_CRASHED = FindingKind(
+    id="core.W001",
     cause="unknown",
     title="A check raised an exception; what it verifies is unknown",
     hint="Report the traceback in the detail to the check's author; silence with --silence core.W001",
 )
-PLUGIN_LOAD_FAILED = finding_kind(
-    "core.E002",
+PLUGIN_LOAD_FAILED = FindingKind(
+    id="core.E002",
     cause="unknown",
     title="Checks could not be loaded",
     hint="Fix the import error shown in the detail, or remove the plugin from --checks-dir",
 )
-CHECK_TIMED_OUT = finding_kind(
-    "core.W003",
+CHECK_TIMED_OUT = FindingKind(
+    id="core.W003",
     cause="unknown",
     title="A check did not finish within its deadline",
     hint="Look at what the check probes (DNS, a socket, a GPU) for a stall, or raise --check-timeout",
 )
-RUN_DEADLINE = finding_kind(
-    "core.E004",
+RUN_DEADLINE = FindingKind(
+    id="core.E004",
     cause="collective_timeout_hang",
     title="The diagnosis was cut off by its deadline",
     hint="The stage and ranks named did not finish; raise --timeout only if they are merely slow",
 )
+
+CORE_KINDS = (CHECK_CRASHED, PLUGIN_LOAD_FAILED, CHECK_TIMED_OUT, RUN_DEADLINE)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from distdoctor.findings import Severity
-from distdoctor.registry import STAGES
+from distdoctor.core.findings import Severity
+from distdoctor.core.registry import STAGES
 
 ENV_PREFIX = "DISTDOCTOR_"
 BACKENDS = ("nccl", "gloo", "mpi", "ucc", "xccl")

@@ -29,9 +29,9 @@ from datetime import timedelta
 from typing import Any, Mapping
 from urllib.parse import parse_qs, urlparse
 
-from distdoctor.findings import Finding
-from distdoctor.registry import finding_kind
-from distdoctor.report import format_ranks
+from distdoctor.core.findings import Finding
+from distdoctor.core.registry import finding_kind
+from distdoctor.core.report import format_ranks
 
 CHECK = "init_process_group"
 POLL_FIRST_S, POLL_MAX_S = 0.005, 0.1
@@ -233,7 +233,7 @@ def _connect_status(host: str, port: int, timeout: float, probes: Any = None) ->
     """open, unresolvable, timeout, refused, or "connect error: ..." from the shared bounded probe
     (its name lookup has a deadline too)."""
     if probes is None:
-        from distdoctor.probes import Probes
+        from distdoctor.machine.probes import Probes
 
         probes = Probes()
     result = probes.connect(host, port, timeout)

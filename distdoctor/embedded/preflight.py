@@ -32,8 +32,8 @@ import time
 from datetime import timedelta
 from typing import Any, Mapping
 
-from distdoctor.findings import Finding, Severity
-from distdoctor.report import Report, WorldSummary, build_report
+from distdoctor.core.findings import Finding, Severity
+from distdoctor.core.report import Report, WorldSummary, build_report
 
 logger = logging.getLogger("distdoctor")
 
@@ -55,7 +55,7 @@ class PreflightError(RuntimeError):
 
 
 def render_plain(report: Report) -> str:
-    from distdoctor.render import make_console, render_rich
+    from distdoctor.core.render import make_console, render_rich
 
     buffer = io.StringIO()
     render_rich(report, make_console(buffer))
@@ -83,10 +83,10 @@ def preflight(
     Returns the Report when nothing reaches ``fail_level``; otherwise raises PreflightError on
     every rank. ``timeout`` (seconds) bounds the whole call. ``silence`` takes finding IDs or
     patterns ("spec.E004", "pre.*"). ``max_samples``/``rtol`` tune the value fingerprint
-    (see distdoctor.tensorspec).
+    (see distdoctor.checks._support.tensor_specs).
     """
-    from distdoctor import preflight_checks as pc
-    from distdoctor import tensorspec as ts
+    from distdoctor.embedded import setup_checks as pc
+    from distdoctor.checks._support import tensor_specs as ts
 
     started = time.monotonic()
     deadline = started + float(timeout)
@@ -188,8 +188,8 @@ class _Exchange:
     def run(self, table: Any, versions: Mapping[str, Any], local: list[Finding], batches: int | None,
             rtol: float) -> tuple[dict[int, dict[str, Any]], dict[int, int | None], Any]:
         """(rank -> its findings and spec delta, rank -> batch count, rank 0's table)."""
-        from distdoctor import preflight_checks as pc
-        from distdoctor import tensorspec as ts
+        from distdoctor.embedded import setup_checks as pc
+        from distdoctor.checks._support import tensor_specs as ts
 
         # Identical tables (same seed, or after DDP's broadcast) have bit-identical fingerprints,
         # so equal digests settle the comparison without moving any table.
@@ -277,7 +277,7 @@ def _report(findings: list[Finding], checks: list[dict[str, Any]], world: int, r
 
 def _launcher() -> str:
     try:
-        from distdoctor.launchers import detect
+        from distdoctor.machine.launchers import detect
 
         return detect(dict(os.environ), ()).launcher
     except Exception:
@@ -309,7 +309,7 @@ def _store_wait(store: Any, keys: list[str], deadline: float) -> bool:
 
 def _decide(store: Any, prefix: str, rank: int, world: int, started: float, deadline: float) -> dict[str, Any]:
     """One verdict for all ranks: rank 0 decides when all arrived; whoever gives up first aborts."""
-    from distdoctor import preflight_checks as pc
+    from distdoctor.embedded import setup_checks as pc
 
     decision_key = f"{prefix}/decision"
     keys = [f"{prefix}/arrive/{r}" for r in range(world)]
@@ -336,7 +336,7 @@ def _decide(store: Any, prefix: str, rank: int, world: int, started: float, dead
 
 def _delta(reference: Any, mine: Any, rtol: float) -> dict[str, Any]:
     """My specs that differ from rank 0's (rows), and the names of its tensors I lack."""
-    from distdoctor.tensorspec import values_close
+    from distdoctor.checks._support.tensor_specs import values_close
 
     ref_index = reference.index()
     changed = []
@@ -356,7 +356,7 @@ def _delta(reference: Any, mine: Any, rtol: float) -> dict[str, Any]:
 
 def _apply_delta(reference: Any, delta: Mapping[str, Any]) -> Any:
     """Rebuild a rank's table from rank 0's and that rank's delta (O(tensors))."""
-    from distdoctor.tensorspec import SpecTable, TensorSpec
+    from distdoctor.checks._support.tensor_specs import SpecTable, TensorSpec
 
     changed = {row[0]: TensorSpec.from_row(row) for row in delta.get("changed", ())}
     missing = set(delta.get("missing", ()))
@@ -366,7 +366,7 @@ def _apply_delta(reference: Any, delta: Mapping[str, Any]) -> Any:
 
 def _wait(work: Any, deadline: float, what: str, world: int) -> None:
     """Wait for an async collective until the deadline; a timeout or a failure raises PreflightError."""
-    from distdoctor.core_findings import RUN_DEADLINE
+    from distdoctor.core.kinds import RUN_DEADLINE
 
     remaining = max(0.1, deadline - time.monotonic())
     try:
@@ -383,15 +383,15 @@ def _wait(work: Any, deadline: float, what: str, world: int) -> None:
 
 def _local_checks(deadline: float, started: float, timeout: float) -> tuple[list[Finding], list[dict[str, Any]]]:
     """The registry's local checks (minus the network probes), with a tight deadline."""
-    from distdoctor.config import Config, load_config
-    from distdoctor.engine import diagnose
+    from distdoctor.core.config import Config, load_config
+    from distdoctor.machine.host import diagnose_here
 
     budget = max(0.5, min(5.0, (deadline - time.monotonic()) * 0.25))
     try:
         config = load_config(cli={"stages": ("local",), "timeout": budget, "check_timeout": min(2.0, budget)})
     except Exception:
         config = Config(stages=("local",), timeout=budget, check_timeout=min(2.0, budget))
-    report = diagnose(config, skip_tags=PREFLIGHT_SKIPPED_TAGS)
+    report = diagnose_here(config, skip_tags=PREFLIGHT_SKIPPED_TAGS)
     return list(report.findings), report.checks
 
 
@@ -455,7 +455,7 @@ def init_process_group(
     """
     import torch.distributed as dist
 
-    from distdoctor import guarded_init as gi
+    from distdoctor.embedded import bounded_init as gi
 
     started = time.monotonic()
     fail = Severity.parse(fail_level)
@@ -478,7 +478,7 @@ def init_process_group(
                                    int(given.get("world_size", -1)), env)
     if target is not None and target.world_size > 1:
         try:
-            from distdoctor.probes import Probes
+            from distdoctor.machine.probes import Probes
 
             our_store = gi.open_store(target, deadline, Probes())
             gi.check_in(our_store, target, deadline, env)
@@ -502,10 +502,10 @@ def init_process_group(
 
 
 def _init_local_checks(backend: Any, budget: float) -> Report:
-    from distdoctor.config import load_config
-    from distdoctor.engine import diagnose
+    from distdoctor.core.config import load_config
+    from distdoctor.machine.host import diagnose_here
 
     cli: dict[str, Any] = {"stages": ("local",), "timeout": max(1.0, budget), "check_timeout": max(0.5, min(5.0, budget))}
     if isinstance(backend, str) and backend.lower() in ("nccl", "gloo", "mpi", "ucc", "xccl"):
         cli["backend"] = backend.lower()
-    return diagnose(load_config(cli=cli))
+    return diagnose_here(load_config(cli=cli))

@@ -3,7 +3,7 @@
 Every rank runs :func:`run_rank`. The flow, and why each step is where it is:
 
 1. local stage on every rank (no communication).
-2. every rank connects to the store (distdoctor.world) and checks in: its local findings and
+2. every rank connects to the store (distdoctor.world.store_exchange) and checks in: its local findings and
    check results, and a snapshot (host, pid, versions, NCCL_*/TORCH_*/GLOO_* settings, GPUs,
    the device it will use). A second process claiming a rank learns so from its claim number
    and stays out of the collectives (it would corrupt them), quietly.
@@ -15,7 +15,7 @@ Every rank runs :func:`run_rank`. The flow, and why each step is where it is:
    exit code; the other ranks exit with that code after rank 0 printed (under torchrun an early
    non-zero exit of a worker would make the agent kill rank 0 mid-report).
 
-A watchdog (distdoctor.watchdog) holds the overall deadline: past it, rank 0 renders a partial
+A watchdog (distdoctor.world.watchdog) holds the overall deadline: past it, rank 0 renders a partial
 report naming the stage and the ranks that did not finish, and every rank exits with code 3.
 Whenever a rank cannot hand its results to rank 0 (no store, no rank 0), it prints its own
 report: somebody must.
@@ -29,17 +29,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from distdoctor.config import Config
-from distdoctor.context import CheckContext, build_context
-from distdoctor.core_findings import RUN_DEADLINE
-from distdoctor.engine import load_registry, local_world_summary
-from distdoctor.findings import Finding, Severity
-from distdoctor.probes import Probes, call_with_deadline
-from distdoctor.redact import secret_values
-from distdoctor.registry import STAGES, Registry
-from distdoctor.report import EXIT_INCOMPLETE, Report, WorldSummary, build_report, format_ranks
-from distdoctor.runner import Runner
-from distdoctor.snapshot import collect_snapshot
+from distdoctor.core.config import Config
+from distdoctor.core.context import CheckContext
+from distdoctor.machine.host import build_context
+from distdoctor.core.kinds import RUN_DEADLINE
+from distdoctor.core.engine import load_registry, local_world_summary
+from distdoctor.core.findings import Finding, Severity
+from distdoctor.machine.probes import Probes, call_with_deadline
+from distdoctor.core.redact import secret_values
+from distdoctor.core.registry import CROSS_RANK_STAGES, STAGES, Registry
+from distdoctor.core.report import EXIT_INCOMPLETE, Report, WorldSummary, build_report, format_ranks
+from distdoctor.core.runner import Runner
+from distdoctor.machine.snapshot import collect_snapshot
 from distdoctor.checks.rendezvous import (
     MASTER_NOT_HERE,
     NO_DECISION,
@@ -48,9 +49,9 @@ from distdoctor.checks.rendezvous import (
     STORE_PORT_TAKEN,
     STORE_UNREACHABLE,
 )
-from distdoctor.watchdog import Watchdog, flush_std_streams
-from distdoctor.world import Arrival, CheckIns, World, WorldError, WorldSpec, fit
-from distdoctor.entry import CROSS_RANK_STAGES
+from distdoctor.world.watchdog import Watchdog, flush_std_streams
+from distdoctor.world.store_exchange import Arrival, CheckIns, World, WorldError, WorldSpec, fit
+
 
 # The promise is a report within the deadline + 1 s. Rank 0's watchdog fires this long before
 # the deadline, so that its store reads (each bounded by STORE_READ_S) and the rendering of the
@@ -640,7 +641,7 @@ class RankRun:
         return None
 
     def _roster_size(self, world: World) -> int:
-        from distdoctor.world import parse_roster
+        from distdoctor.world.store_exchange import parse_roster
 
         roster = call_with_deadline(lambda: world.read_text("roster"), STORE_READ_S, "roster")
         return len(parse_roster(roster)) if isinstance(roster, str) else 0
@@ -651,7 +652,7 @@ class RankRun:
         if world is not None and stage in CROSS_RANK_STAGES:
             expected = self.progress.expected or list(range(world.size))
             if stage == "rendezvous" and self.progress.checkins is None:
-                from distdoctor.world import parse_roster
+                from distdoctor.world.store_exchange import parse_roster
 
                 roster = call_with_deadline(lambda: world.read_text("roster"), STORE_READ_S, "roster")
                 arrived = {r for r, _ in parse_roster(roster)} if isinstance(roster, str) else set()

@@ -4,7 +4,7 @@ Who hosts the store:
 - under torchrun the elastic agent already hosts one on MASTER_ADDR:MASTER_PORT and tells its
   workers so with TORCHELASTIC_USE_AGENT_STORE=True; every rank connects to it as a client, exactly
   as torch.distributed.rendezvous._create_c10d_store does, so distdoctor never takes the agent's
-  port. The self-test supervisor (distdoctor.selftest) plays the agent's part and says so the same way.
+  port. The self-test supervisor (distdoctor.world.selftest) plays the agent's part and says so the same way.
 - otherwise (srun, mpirun, variables set by hand) rank 0 hosts a TCPStore on MASTER_PORT and the
   other ranks connect to it; the store is released when rank 0 is done.
 
@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from distdoctor.launchers import TORCHRUN, LaunchInfo
+from distdoctor.core.context import WorldError
+from distdoctor.machine.launchers import TORCHRUN, LaunchInfo
 
 # A check-in carries findings and a snapshot; 64 KiB is ~10x a typical one, and keeps a
 # 1024-rank gather at rank 0 under 64 MiB even when every rank is at the bound.
@@ -41,23 +42,6 @@ MAX_MESSAGE_BYTES = 64 * 1024
 POLL_FIRST_S, POLL_MAX_S = 0.005, 0.1
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 RUN_ID_ENV = "DISTDOCTOR_RUN_ID"
-
-
-class WorldError(Exception):
-    """The store could not be reached or used; ``cause`` is a vocabulary cause for the finding.
-
-    ``reason`` says which failure it was, for the finding that names it: ``unreachable`` (no
-    listener, no route, no host), ``dropped`` (connects time out: packets dropped), ``port_taken``
-    (rank 0: EADDRINUSE and nothing answers), ``master_not_here`` (rank 0: MASTER_ADDR is not an
-    address of this host and does not lead here), ``host_failed`` (rank 0: any other error).
-    """
-
-    def __init__(self, message: str, cause: str = "master_unreachable", reason: str = "unreachable",
-                 data: Mapping[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.cause = cause
-        self.reason = reason
-        self.data = dict(data or {})
 
 
 # -- wire format ------------------------------------------------------------------------------
@@ -191,7 +175,7 @@ def probe_once(host: str, port: int, timeout: float, probes: Any = None) -> Unan
 
 def _probes(probes: Any) -> Any:
     if probes is None:
-        from distdoctor.probes import Probes
+        from distdoctor.machine.probes import Probes
 
         probes = Probes()
     return probes

@@ -26,10 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from distdoctor.findings import Finding, FindingKind
+from distdoctor.core.findings import Finding, FindingKind
+from distdoctor.core.kinds import CORE_KINDS, PLUGIN_LOAD_FAILED
 
 STAGES: tuple[str, ...] = ("local", "rendezvous", "collective")
+# The stages that need a world of ranks; a run without them stays on this process.
+CROSS_RANK_STAGES: tuple[str, ...] = ("rendezvous", "collective")
 ENTRY_POINT_GROUP = "distdoctor.checks"
+BUILTIN_PACKAGE = "distdoctor.checks"
 
 
 class RegistryError(Exception):
@@ -80,7 +84,11 @@ class Registry:
 
     # -- declaration -------------------------------------------------------------------
     def finding_kind(self, id: str, *, cause: str, title: str, hint: str) -> FindingKind:
-        kind = FindingKind(id=id, cause=cause, title=title, hint=hint)
+        return self.add_kind(FindingKind(id=id, cause=cause, title=title, hint=hint))
+
+    def add_kind(self, kind: FindingKind) -> FindingKind:
+        """Register a kind made elsewhere (distdoctor's own, in distdoctor.core.kinds)."""
+        id = kind.id
         existing = self.kinds.get(id)
         if existing is not None:
             if existing == kind:
@@ -148,12 +156,12 @@ class Registry:
     def load_builtins(self) -> None:
         if self._loaded_builtins:
             return
-        import distdoctor.checks as builtin_pkg
-
+        # Loaded by name, as the plugins are: the engine (core) never imports the checks layer.
+        builtin_pkg = importlib.import_module(BUILTIN_PACKAGE)
         for info in sorted(pkgutil.iter_modules(builtin_pkg.__path__), key=lambda m: m.name):
             if info.name.startswith("_"):
                 continue
-            self._load(f"builtin {info.name}", lambda n=info.name: importlib.import_module(f"distdoctor.checks.{n}"))
+            self._load(f"builtin {info.name}", lambda n=info.name: importlib.import_module(f"{BUILTIN_PACKAGE}.{n}"))
         self._loaded_builtins = True
 
     def load_entry_points(self) -> None:
@@ -192,8 +200,6 @@ class Registry:
             self._source = previous
 
     def _problem(self, source: str, exc: BaseException) -> None:
-        from distdoctor.core_findings import PLUGIN_LOAD_FAILED
-
         tb = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         self.load_problems.append(
             PLUGIN_LOAD_FAILED(
@@ -222,5 +228,7 @@ def _import_file(file: Path) -> Any:
 
 # The process-wide registry that the decorators below fill.
 REGISTRY = Registry()
+for _kind in CORE_KINDS:
+    REGISTRY.add_kind(_kind)
 check = REGISTRY.check
 finding_kind = REGISTRY.finding_kind

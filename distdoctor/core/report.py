@@ -1,7 +1,7 @@
 """The Report: findings and check results as data, with status and exit code.
 
-Rendering lives in distdoctor.render; this module never prints. The JSON shape is the contract
-in DESIGN.md (schema ``distdoctor.report/1``); fields beyond it (``data``, ``confidence``,
+Rendering lives in distdoctor.core.render; this module never prints. The JSON shape is the contract
+documented in docs/report.md (schema ``distdoctor.report/1``); fields beyond it (``data``, ``confidence``,
 ``reason``, ``silenced``) are additive and consumers ignore what they do not know.
 """
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, Iterable, Mapping, Sequence
 
-from distdoctor.findings import Finding, Severity
-from distdoctor.redact import scrub
+from distdoctor.core.findings import Finding, Severity
+from distdoctor.core.redact import scrub
 
 SCHEMA = "distdoctor.report/1"
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3

@@ -1,0 +1,1 @@
+"""The engine: findings, causes, the registry, the runner, reports and their renderers."""

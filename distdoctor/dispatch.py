@@ -1,0 +1,121 @@
+"""The dispatcher: a local run, the self-test world, or one rank of a world — decided here only.
+
+A local-only run (the quick pre-job check) imports none of the cross-rank machinery (the store
+exchange, the watchdog, the collectives): distdoctor.world is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Mapping, Sequence
+
+from distdoctor.core.config import Config
+from distdoctor.core.registry import CROSS_RANK_STAGES, Registry
+from distdoctor.core.report import Report
+
+
+def cross_rank_requested(config: Config) -> bool:
+    return any(stage in config.stages for stage in CROSS_RANK_STAGES)
+
+
+def process_started(clock: Callable[[], float] = time.monotonic) -> float:
+    """When this process started, on ``clock``: the run's deadline counts from there, so the
+    time spent importing torch is inside it (the user's --timeout is wall time)."""
+    age = _process_age()
+    return clock() - age if age is not None and 0 <= age < 600 else clock()
+
+
+def _process_age() -> float | None:
+    # /proc gives the start in clock ticks since boot and the uptime in 1/100 s: both exact to
+    # 10 ms (psutil's create_time adds the boot time, which /proc/stat rounds to a second).
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        with open("/proc/uptime", "rb") as fh:
+            uptime = float(fh.read().split()[0])
+        return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+
+        return time.time() - psutil.Process().create_time()
+    except Exception:
+        return None
+
+
+def check_entry(
+    config: Config,
+    render: Callable[[Report], None],
+    *,
+    env: Mapping[str, str],
+    argv: Sequence[str],
+    all_ranks: bool = False,
+    started: float | None = None,
+) -> int:
+    """The `distdoctor check` command: local only, the self-test world, or one rank of a world.
+
+    Returns the exit code; as one rank of a world it ends the process itself (os._exit) once the
+    report is out, since a process group whose peer hung can block interpreter teardown.
+    """
+    from distdoctor.machine.launchers import NONE, detect
+
+    started = process_started() if started is None else started
+    launch = detect(env, argv)
+    if not cross_rank_requested(config):
+        from distdoctor.machine.host import diagnose_here
+
+        report = diagnose_here(config, env=env, argv=argv)
+        render(report)
+        return report.exit_code(config.fail_level)
+    if launch.launcher == NONE:
+        from distdoctor.world.selftest import run_selftest
+
+        return run_selftest(config, render, nproc=config.nproc, all_ranks=all_ranks, started=started, argv=list(argv))
+    from distdoctor.world.rank_run import run_rank
+    from distdoctor.world.watchdog import flush_std_streams
+
+    outcome = run_rank(config, env=env, argv=argv, all_ranks=all_ranks, emit=render, started=started)
+    if outcome.world_opened or outcome.world_described:
+        flush_std_streams()
+        os._exit(outcome.exit_code)
+    return outcome.exit_code
+
+
+def diagnose(
+    config: Config,
+    *,
+    env: Mapping[str, str] | None = None,
+    argv: Sequence[str] | None = None,
+    registry: Registry | None = None,
+) -> Report:
+    """A report for an embedded caller (the pytest plugin): this process's local run, or its part
+    as one rank of the world its environment describes when a cross-rank stage is selected."""
+    import sys
+
+    from distdoctor.machine.host import diagnose_here
+    from distdoctor.machine.launchers import detect
+
+    env = dict(os.environ if env is None else env)
+    argv = tuple(sys.argv if argv is None else argv)
+    if cross_rank_requested(config) and detect(env, argv).world_configured:
+        # Imported here: a local run never loads the cross-rank machinery.
+        from distdoctor.world.rank_run import run_rank
+
+        return run_rank(config, env=env, argv=argv, registry=registry, watchdog=False, teardown=True).report
+    return diagnose_here(config, env=env, argv=argv, registry=registry)
+
+
+def load_every_kind(config: Config) -> Registry:
+    """The registry with every finding ID declared: the checks', and those only `explain` (log.*)
+    and the embedded API (pre.*, init.*, spec.*, guard.*) emit — for `list`, `show` and the docs."""
+    from distdoctor.core.engine import load_registry
+
+    # Importing these registers their kinds; none of them imports torch at import time.
+    import distdoctor.embedded.bounded_init  # noqa: F401
+    import distdoctor.embedded.guard_findings  # noqa: F401
+    import distdoctor.embedded.setup_checks  # noqa: F401
+    import distdoctor.explain  # noqa: F401
+
+    return load_registry(config)

@@ -1,0 +1,1 @@
+"""A world of ranks: the store exchange, one rank's run, the self-test and the watchdog."""
