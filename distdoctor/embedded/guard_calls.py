@@ -7,7 +7,8 @@ import inspect
 import threading
 from typing import Any, Callable
 
-from distdoctor.embedded.guard_record import CallRecord, _tensor, call_site, describe
+from distdoctor.embedded.guard_ops import describe
+from distdoctor.embedded.guard_record import CallRecord, call_site, tensor_facts
 from distdoctor.embedded.guard_records_io import record_from_bytes, record_to_bytes
 
 _LOCAL = threading.local()
@@ -110,8 +111,8 @@ def peer_resolver(dist: Any, group: Any) -> Callable[[dict[str, Any], str], Any]
 
 def make_record(dist: Any, name: str, bound: dict[str, Any], group: Any, group_name: str) -> CallRecord:
     shaped, typed, params = describe(name, bound, peer_resolver(dist, group))
-    shapes = tuple(t[0] for t in map(_tensor, shaped) if t)
-    typed_info = [t for t in map(_tensor, typed) if t]
+    shapes = tuple(t[0] for t in map(tensor_facts, shaped) if t)
+    typed_info = [t for t in map(tensor_facts, typed) if t]
     record = CallRecord(op=name, group=group_name, seq=-1, shapes=shapes,
                         dtypes=tuple(t[1] for t in typed_info), devices=tuple(t[2] for t in typed_info),
                         params=params)

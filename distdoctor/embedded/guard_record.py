@@ -95,7 +95,7 @@ def _hash64(value: Any) -> int:
 # -- what a call was -----------------------------------------------------------------------------
 
 
-def _tensor(value: Any) -> tuple[tuple, str, str] | None:
+def tensor_facts(value: Any) -> tuple[tuple, str, str] | None:
     shape = getattr(value, "shape", None)
     if shape is None or not hasattr(value, "dtype"):
         return None
