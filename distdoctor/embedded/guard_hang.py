@@ -120,7 +120,7 @@ class HangWatch:
     def __init__(self, recorder: Recorder, side: SideChannel | None, *, rank: int, world: int,
                  hang_timeout: float, answer_s: float, poll_s: float,
                  state: Callable[[], dict[str, Any]], group_ranks: Callable[[str], list[int]],
-                 conclude: Callable[[list[Any], bool, float], None]) -> None:
+                 conclude: Callable[..., None]) -> None:
         self.recorder, self.side, self.rank, self.world = recorder, side, rank, world
         self.hang_timeout, self.answer_s, self.poll_s = hang_timeout, answer_s, poll_s
         self.state, self.group_ranks, self.conclude = state, group_ranks, conclude
@@ -199,11 +199,16 @@ class HangWatch:
         states, finals = self._collect(ranks)
         self.answers = sum(1 for r, st in states.items() if st is not None and r != self.rank)
         findings = hang_findings(stuck, ranks, states, finals, waited, self.answer_s)
-        try:
-            side.put(side.key("verdict"), {"findings": [f.to_dict() for f in findings], "renderer": self.rank})
-        except Exception:
-            pass
-        self.conclude(findings, True, waited)
+
+        def publish() -> None:
+            # After this rank wrote its report: the others end as soon as they read the verdict,
+            # and a launcher then stops this rank too.
+            try:
+                side.put(side.key("verdict"), {"findings": [f.to_dict() for f in findings], "renderer": self.rank})
+            except Exception:
+                pass
+
+        self.conclude(findings, True, waited, publish)
 
     def _collect(self, ranks: list[int]) -> tuple[dict[int, Any], dict[int, Any]]:
         """Every rank's state, waiting at most answer_s for the last ones."""

@@ -240,8 +240,12 @@ class Guard:
             sys.stderr.write(f"distdoctor guard: cannot write the report to {path}: {exc.strerror or exc}\n")
             return None
 
-    def conclude(self, findings: list[Finding], rendered_here: bool, waited: float) -> None:
-        """A hang was diagnosed (here, or by another rank): report it, then end the job unless told not to."""
+    def conclude(self, findings: list[Finding], rendered_here: bool, waited: float,
+                 publish: Callable[[], None] | None = None) -> None:
+        """A hang was diagnosed (here, or by another rank): report it, then end the job unless told not to.
+
+        ``publish`` (the renderer's verdict for the other ranks) runs once the report is written.
+        """
         if self.concluded:
             return
         self.concluded = True
@@ -259,6 +263,9 @@ class Guard:
         else:
             for f in findings:
                 sys.stderr.write(f"distdoctor guard (rank {self.rank}): hang diagnosed: {f.id} [{f.cause}] {f.title}\n")
+        sys.stderr.flush()
+        if publish is not None:
+            publish()
         if self.settings.on_hang != "exit":
             return
         self._exit(report, rendered_here)

@@ -164,3 +164,40 @@ def straggler(line_file: str) -> None:
         time.sleep(60)  # LINE:sleep
     dist.all_reduce(t)  # LINE:wait
     raise AssertionError("the all_reduce returned although rank 1 sleeps")
+
+
+def uneven_loop() -> None:
+    """Rank 1 gets 3 batches, rank 0 gets 5: rank 1 leaves the loop and reaches the final barrier."""
+    distdoctor.guard()
+    batches = 5 if dist.get_rank() == 0 else 3
+    t = torch.ones(2)
+    for _ in range(batches):
+        err = None
+        try:
+            dist.all_reduce(t)  # LINE:loop
+        except GuardError as exc:
+            err = exc
+            break
+    else:
+        try:
+            dist.barrier()  # LINE:after
+        except GuardError as exc:
+            err = exc
+    assert err is not None, f"no GuardError on rank {dist.get_rank()}"
+    finding = only(err, "guard.E005")
+    assert finding.cause == "uneven_inputs" and finding.ranks == (1,), finding
+    assert f"Rank 1 left the loop at {line_of('loop')} and called barrier" in finding.title, finding.title
+    assert f"rank 1: barrier #3 at {line_of('after')}" in str(err)
+
+
+def frozen_rank() -> None:
+    """Rank 1 stops (SIGSTOP) before an all_reduce: it cannot answer; rank 0 names it missing."""
+    import os
+    import signal
+
+    distdoctor.guard(hang_timeout=3)
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    dist.all_reduce(t)  # LINE:frozen

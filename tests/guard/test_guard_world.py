@@ -88,3 +88,17 @@ def test_a_sleeping_rank_is_named_as_straggler_within_the_hang_timeout(tmp_path)
     assert "time.sleep" not in finding["title"]
     output = "".join(r.output for r in result.ranks.values())
     assert "guard.E006 [straggler_rank]" in output or "straggler_rank" in output, output
+
+
+def test_a_rank_that_left_its_loop_is_named_uneven_inputs():
+    run("uneven_loop")
+
+
+def test_a_frozen_rank_is_named_missing():
+    result = run_distributed("rank_scenarios:frozen_rank", module_file=SCENARIOS, world_size=2, timeout=90,
+                             env={"OMP_NUM_THREADS": "1"})
+    rank0 = result.ranks[0]
+    assert rank0.status == "failed" and rank0.exitcode == 1, result.failure_message()
+    assert rank0.message.startswith("GuardError: guard.E007 [rank_missing] Rank 1 did not answer"), rank0.message
+    assert f"all_reduce #1 (float32[2], op SUM) at tests/guard/{line_of('frozen')}" in rank0.message
+    assert result.ranks[1].status in ("killed", "timeout"), result.failure_message()
