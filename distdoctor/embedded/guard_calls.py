@@ -47,6 +47,23 @@ def wrap(name: str, original: Callable[..., Any], guard: Any) -> Callable[..., A
     return guarded
 
 
+def run_call(original: Callable[..., Any], args: tuple, kwargs: dict, bound: dict, record: CallRecord,
+             takes_async: bool) -> tuple[Any, Any]:
+    """Run torch's function: (what it returned, the Work whose completion ends the call, if any)."""
+    with _Inside():
+        if takes_async and bound.get("async_op"):
+            result = original(*args, **kwargs)
+            return result, result
+        if takes_async and "cuda" in record.devices and "async_op" not in bound:
+            # NCCL: a sync call returns once enqueued on the stream; it is complete only when its
+            # Work says so, so the guard asks for the Work and waits on it as torch would.
+            work = original(*args, **kwargs, async_op=True)
+            if work is not None:
+                work.wait()
+            return None, work
+        return original(*args, **kwargs), None
+
+
 class Verifier:
     """Compares one call's fingerprint across its group with the guard's own all_gather.
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from distdoctor.embedded import guard_report as api
 from distdoctor.embedded import guard_findings as gf
-from distdoctor.embedded.guard_calls import Verifier, _Inside, make_record, wrap
+from distdoctor.embedded.guard_calls import Verifier, make_record, run_call, wrap
 from distdoctor.embedded.guard_hang import HangWatch, SideChannel, rank_state
 from distdoctor.embedded.guard_record import COLLECTIVES, POINT_TO_POINT, CallRecord, Recorder, call_site
 from distdoctor.embedded.guard_works import WorkTracker
@@ -145,7 +145,7 @@ class Guard:
             if collective and self.settings.should_verify(record.seq):
                 record.verified = True
                 self._verify(record, pg, ranks)
-            result, work = self._run(name, original, args, kwargs, bound, record, takes_async and collective)
+            result, work = run_call(original, args, kwargs, bound, record, takes_async and collective)
         except BaseException:
             self.recorder.end(token, failed=True)
             raise
@@ -159,22 +159,6 @@ class Guard:
             for item in result or ():
                 self.works.track(item, record)
         return result
-
-    def _run(self, name: str, original: Callable[..., Any], args: tuple, kwargs: dict, bound: dict,
-             record: CallRecord, takes_async: bool) -> tuple[Any, Any]:
-        """(what torch returned, the Work whose completion ends the call, if any)."""
-        with _Inside():
-            if takes_async and bound.get("async_op"):
-                result = original(*args, **kwargs)
-                return result, result
-            if takes_async and "cuda" in record.devices and "async_op" not in bound:
-                # NCCL: a sync call returns once enqueued on the stream; it is complete only when
-                # its Work says so, so the guard asks for the Work and waits like torch would.
-                work = original(*args, **kwargs, async_op=True)
-                if work is not None:
-                    work.wait()
-                return None, work
-            return original(*args, **kwargs), None
 
     def _verify(self, record: CallRecord, pg: Any, ranks: list[int]) -> None:
         assert self.verifier is not None
