@@ -1,10 +1,11 @@
 """Hang diagnosis: a side channel through the c10d store, every rank's state, one cross-rank verdict.
 
 When a guarded call has run longer than ``hang_timeout``, this rank's watchdog thread claims the
-episode and sets a request key. Every rank has a listener thread blocked (server side, no
-polling) on that key through its own TCPStore client, so a rank whose main thread is asleep,
-stuck in C++ or in another collective still answers: it publishes its state (the calls it is
-in, its last completed sequence numbers, its main thread's stack). The claiming rank collects
+episode and sets a request key. Every rank's watchdog thread looks for that key every
+``poll_s`` through its own TCPStore client (one small request; a thread blocked in a store
+wait instead would abort the process at exit when rank 0 hosts the store), so a rank whose
+main thread is asleep, stuck in C++ or in another collective still answers: it publishes its
+state (the calls it is in, its last completed sequence numbers, its main thread's stack). The claiming rank collects
 the states for ``answer_s`` seconds at most, names the cause, writes the report, publishes the
 verdict and (by default) ends the job. Every store operation has a deadline; the stuck process
 group is never used.
@@ -23,8 +24,6 @@ from typing import Any, Callable
 from distdoctor.embedded.guard_record import CallRecord, Recorder, thread_stack, user_frame
 
 STORE_OP_TIMEOUT_S = 5.0
-# A listener waits this long per server-side wait; expiry only re-arms the wait.
-LISTEN_S = 24 * 3600.0
 
 
 def _tcp_store_address(store: Any) -> tuple[str, int] | None:
@@ -42,10 +41,10 @@ def _tcp_store_address(store: Any) -> tuple[str, int] | None:
 
 
 class SideChannel:
-    """Two clients of the job's TCPStore (one blocks in wait, one talks) under a per-job prefix."""
+    """A client of the job's TCPStore of its own (not the process group's) under a per-job prefix."""
 
-    def __init__(self, talk: Any, listen: Any, prefix: str) -> None:
-        self.talk, self.listen, self.prefix = talk, listen, prefix
+    def __init__(self, talk: Any, prefix: str) -> None:
+        self.talk, self.prefix = talk, prefix
 
     @classmethod
     def open(cls, default_store: Any, generation: int, timeout_s: float = STORE_OP_TIMEOUT_S) -> "SideChannel | None":
@@ -60,12 +59,9 @@ class SideChannel:
         # Every rank proposes a nonce; compare_set keeps the first, so all agree without waiting.
         nonce = default_store.compare_set(f"distdoctor/guard/nonce/{restart}/{generation}", "", uuid.uuid4().hex)
         prefix = f"distdoctor/guard/{nonce.decode() if isinstance(nonce, bytes) else nonce}"
-        timeout = timedelta(seconds=timeout_s)
-
-        def client() -> Any:
-            return dist.TCPStore(address[0], address[1], is_master=False, timeout=timeout, wait_for_workers=False)
-
-        return cls(client(), client(), prefix)
+        talk = dist.TCPStore(address[0], address[1], is_master=False, timeout=timedelta(seconds=timeout_s),
+                             wait_for_workers=False)
+        return cls(talk, prefix)
 
     def key(self, *parts: Any) -> str:
         return "/".join([self.prefix, *map(str, parts)])
@@ -82,16 +78,6 @@ class SideChannel:
 
     def present(self, keys: list[str]) -> list[bool]:
         return [bool(self.talk.check([k])) for k in keys]
-
-    def wait_request(self) -> bool:
-        """Block (server side) until a hang is requested; False when the store went away."""
-        while True:
-            try:
-                self.listen.wait([self.key("request")], timedelta(seconds=LISTEN_S))
-                return True
-            except Exception as exc:
-                if "timeout" not in str(exc).lower():
-                    return False
 
 
 def rank_state(recorder: Recorder, rank: int, phase: str, groups: list[str],
@@ -130,13 +116,16 @@ class HangWatch:
         self.answers = 0
 
     def start(self) -> "HangWatch":
-        threading.Thread(target=self._watch, name="distdoctor-guard-watch", daemon=True).start()
-        if self.side is not None:
-            threading.Thread(target=self._listen, name="distdoctor-guard-listen", daemon=True).start()
+        self.thread = threading.Thread(target=self._watch, name="distdoctor-guard-watch", daemon=True)
+        self.thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, join_s: float = 0.0) -> None:
+        """Stop the thread; with join_s, wait that long for a store request it may be in."""
         self.stopped.set()
+        thread = getattr(self, "thread", None)
+        if join_s and thread is not None and thread is not threading.current_thread():
+            thread.join(join_s)
 
     # -- detection (this rank's own calls) ------------------------------------------------------
     def _watch(self) -> None:
@@ -148,6 +137,9 @@ class HangWatch:
                     if not self.episode.is_set():
                         self.episode.set()
                         self._request(oldest)
+                if self.side is not None and not self.answered.is_set() and not self.stopped.is_set():
+                    if self.side.present([self.side.key("request")])[0]:
+                        self._answer()
             except Exception:  # the watchdog must outlive any fault of its own
                 continue
 
@@ -168,12 +160,10 @@ class HangWatch:
         findings = hang_findings(stuck, [self.rank], {self.rank: self.state()}, {}, waited, 0.0)
         self.conclude(findings, True, waited)
 
-    # -- answering (every rank) -----------------------------------------------------------------
-    def _listen(self) -> None:
+    # -- answering (every rank, from the same thread) -----------------------------------------------------------------
+    def _answer(self) -> None:
         side = self.side
         assert side is not None
-        if not side.wait_request() or self.stopped.is_set():
-            return
         try:
             side.put(side.key("state", self.rank), self.state())
             renderer = side.claim(side.key("renderer"), str(self.rank))

@@ -102,8 +102,8 @@ class Guard:
         for record in self.works.pending():
             self.findings.append(gf.work_finding(gf.PENDING, record, self.rank, f"never waited on, still pending at {where}"))
         if self.watch is not None:
+            self.watch.stop(join_s=1.0)
             self.watch.publish_final(self.state())
-            self.watch.stop()
         if self.findings and not self.concluded:
             report = self.report()
             sys.stderr.write(api.render_text(report, f"distdoctor guard (rank {self.rank}) at {where}:") + "\n")

@@ -95,12 +95,19 @@ def _hash64(value: Any) -> int:
 # -- what a call was -----------------------------------------------------------------------------
 
 
+_DTYPES: dict[Any, str] = {}
+
+
 def tensor_facts(value: Any) -> tuple[tuple, str, str] | None:
+    """(shape, dtype name, device type) of a tensor (or anything shaped like one); None otherwise."""
     shape = getattr(value, "shape", None)
-    if shape is None or not hasattr(value, "dtype"):
+    dtype = getattr(value, "dtype", None)
+    if shape is None or dtype is None:
         return None
-    dtype = str(value.dtype).replace("torch.", "")
-    return tuple(int(d) for d in shape), dtype, str(getattr(getattr(value, "device", None), "type", "?"))
+    name = _DTYPES.get(dtype)
+    if name is None:
+        name = _DTYPES[dtype] = str(dtype).replace("torch.", "")
+    return tuple(shape), name, str(getattr(getattr(value, "device", None), "type", "?"))
 
 
 @dataclass
@@ -199,6 +206,8 @@ class Recorder:
 # -- where a call came from ----------------------------------------------------------------------
 
 _INTERNAL: dict[Any, bool] = {}
+# File name -> how it is shown (the working directory does not change under a training job).
+_SHOWN: dict[str, str] = {}
 
 
 def _internal_dirs() -> tuple[str, ...]:
@@ -219,7 +228,10 @@ def call_site(skip: int = 2) -> tuple[str, str]:
             dirs = dirs or _internal_dirs()
             internal = _INTERNAL[code] = os.path.abspath(code.co_filename).startswith(dirs)
         if not internal:
-            return f"{display_path(code.co_filename)}:{frame.f_lineno}", code.co_name
+            shown = _SHOWN.get(code.co_filename)
+            if shown is None:
+                shown = _SHOWN[code.co_filename] = display_path(code.co_filename)
+            return f"{shown}:{frame.f_lineno}", code.co_name
         frame = frame.f_back
     return "?", "?"
 

@@ -200,7 +200,7 @@ def test_two_ranks_agree_on_one_verdict_through_the_side_channel():
         def make_state(rank=rank):
             return state(rank, recorders[rank].running_records(), completed={"0": 2})
 
-        watches.append(HangWatch(recorders[rank], SideChannel(store, store, "p"), rank=rank, world=2, hang_timeout=5,
+        watches.append(HangWatch(recorders[rank], SideChannel(store, "p"), rank=rank, world=2, hang_timeout=5,
                                  answer_s=2, poll_s=0.01, state=make_state, group_ranks=lambda g: [0, 1],
                                  conclude=lambda f, here, w, publish=None, rank=rank: (
                                      concluded.setdefault(rank, [f, here]), publish and publish())).start())
