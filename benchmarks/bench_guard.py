@@ -8,10 +8,11 @@ Figures:
 - step time: the pytorch/examples DDP tutorial's loop (ToyModel: Linear(10, 10), ReLU,
   Linear(10, 5); SGD; MSE on a batch of 20) on 2 ranks, CPU, gloo, under
   ``torch.distributed.run --standalone``, with the usual per-step ``all_reduce`` of the loss for
-  logging. Each launch times every step in the script (after 20 warm-up steps) and reports the
-  mean step time over the whole loop, verified steps included. Modes: no guard (baseline),
-  ``distdoctor.guard()`` (defaults), ``distdoctor.guard(verify="all")``; launches alternate
-  (ABBA) and the figure is the median over launches. Target for the defaults: <= 1.03x.
+  logging. Inside one launch, blocks of 50 steps alternate between torch's all_reduce and the
+  guarded one (side by side in one run, so the machine's load hits both alike); each launch
+  gives the ratio of the mean step times with and without the guard, verified steps included;
+  the figure is the median over launches. Launches with ``distdoctor.guard()`` (defaults) and
+  with ``distdoctor.guard(verify="all")``. Target for the defaults: <= 1.03x.
   DDP's own gradient all-reduces run in C++ (the Reducer) and are not wrapped, so the guarded
   calls are the script's own: here one all_reduce per step.
 - hang to cause: rank 1 sleeps before an all_reduce; from rank 0 entering the all_reduce to the
@@ -38,6 +39,7 @@ from timing import PYTHON, REPO, Figure, clean_env, timed  # noqa: E402
 STEP_TARGET = "<= 1.03x"
 HANG_TIMEOUT_S = 2.0
 WARMUP_STEPS = 20
+BLOCK = 50
 
 
 def torchrun(*args: str) -> list[str]:
@@ -48,7 +50,7 @@ def torchrun(*args: str) -> list[str]:
 
 
 def child_train(mode: str, steps: int) -> None:
-    """The DDP tutorial's loop; rank 0 prints {"mean_step_s": ...}."""
+    """The DDP tutorial's loop, in blocks with and without the guard; rank 0 prints the step times."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -57,15 +59,19 @@ def child_train(mode: str, steps: int) -> None:
     import distdoctor
 
     dist.init_process_group("gloo")
-    if mode == "default":
-        distdoctor.guard()
-    elif mode == "all":
-        distdoctor.guard(verify="all")
+    distdoctor.guard(verify="all" if mode == "all" else None)
+    guarded = dist.all_reduce
+    original = guarded.__distdoctor_original__
     torch.manual_seed(0)
     model = DDP(nn.Sequential(nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 5)))
     loss_fn, optimizer = nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.001)
-    times = []
+    times: dict[bool, list[float]] = {True: [], False: []}
     for step in range(WARMUP_STEPS + steps):
+        # Blocks of steps alternate between torch's all_reduce and the guarded one (the same
+        # schedule on both ranks), so the machine's load drifts over both alike. The guard's
+        # sequence numbers only count guarded calls: its sampling runs as in a real job.
+        on = (step // BLOCK) % 2 == 1
+        dist.all_reduce = guarded if on else original
         start = time.perf_counter()
         optimizer.zero_grad()
         loss = loss_fn(model(torch.randn(20, 10)), torch.randn(20, 5))
@@ -74,10 +80,12 @@ def child_train(mode: str, steps: int) -> None:
         logged = loss.detach().clone()
         dist.all_reduce(logged)  # the loss averaged for logging, as training scripts do
         if step >= WARMUP_STEPS:
-            times.append(time.perf_counter() - start)
+            times[on].append(time.perf_counter() - start)
+    dist.all_reduce = guarded
     dist.barrier()
     if dist.get_rank() == 0:
-        print(json.dumps({"mean_step_s": statistics.fmean(times), "median_step_s": statistics.median(times)}))
+        print(json.dumps({"on_mean_s": statistics.fmean(times[True]), "off_mean_s": statistics.fmean(times[False]),
+                          "on_steps": len(times[True])}))
     dist.destroy_process_group()
 
 
@@ -100,32 +108,31 @@ def child_hang(mark_file: str) -> None:
 # -- the parent ------------------------------------------------------------------------------------
 
 
-def train_launch(mode: str, steps: int) -> float | None:
+def train_launch(mode: str, steps: int) -> dict | None:
     env = clean_env(OMP_NUM_THREADS="1", PYTHONPATH=REPO)
-    run = timed(torchrun(__file__, "--child-train", mode, str(steps)), env=env, bound=300)
+    run = timed(torchrun(__file__, "--child-train", mode, str(steps)), env=env, bound=600)
     for line in run.stdout.splitlines():
         if line.startswith("{"):
-            return float(json.loads(line)["mean_step_s"])
+            return json.loads(line)
     sys.stderr.write(f"bench_guard: a {mode} launch failed (code {run.code}): {run.stderr[-1500:]}\n")
     return None
 
 
 def step_figures(repeats: int, steps: int) -> list[Figure]:
-    modes = ("off", "default", "all")
-    runs: dict[str, list[float]] = {m: [] for m in modes}
-    for i in range(repeats):
-        for mode in (modes if i % 2 == 0 else tuple(reversed(modes))):
-            value = train_launch(mode, steps)
-            if value is not None:
-                runs[mode].append(value)
-    base = statistics.median(runs["off"]) if runs["off"] else None
     out = []
     for mode, label, target in (("default", "guard() defaults", STEP_TARGET), ("all", 'guard(verify="all")', "")):
-        value = statistics.median(runs[mode]) if runs[mode] else None
-        out.append(Figure(f"step time, {label}", f"DDP tutorial loop, 2 ranks gloo CPU, {steps} steps, mean step with {label}",
-                          value, [round(v, 6) for v in runs[mode]], "the same loop without the guard", base,
-                          [round(v, 6) for v in runs["off"]], value / base if value and base else None, "", target,
-                          "median over launches of each launch's mean step time"))
+        launches = [r for r in (train_launch(mode, steps) for _ in range(repeats)) if r]
+        on = [r["on_mean_s"] for r in launches]
+        off = [r["off_mean_s"] for r in launches]
+        ratios = [r["on_mean_s"] / r["off_mean_s"] for r in launches]
+        out.append(Figure(f"step time, {label}",
+                          f"DDP tutorial loop, 2 ranks gloo CPU, {steps} steps in blocks of {BLOCK} alternating "
+                          f"with and without {label}: mean step with it", statistics.median(on) if on else None,
+                          [round(v, 6) for v in on], "mean step without it (same launches)",
+                          statistics.median(off) if off else None, [round(v, 6) for v in off],
+                          statistics.median(ratios) if ratios else None, "", target,
+                          f"ratio: median over {len(launches)} launches of each launch's on/off ratio "
+                          f"({', '.join(f'{r:.3f}' for r in ratios)})"))
     return out
 
 
@@ -151,7 +158,8 @@ def hang_figure(repeats: int) -> Figure:
                   "rank 0 enters the call -> the guard's JSON report names straggler rank 1", value,
                   [round(v, 3) for v in to_report], "rank 0 enters the call -> the launcher exited",
                   statistics.median(to_exit) if to_exit else None, [round(v, 3) for v in to_exit], None,
-                  "", f"<= {HANG_TIMEOUT_S + 2:g} s", "seconds, not a ratio; torch alone waits 30 min (gloo's default timeout)")
+                  f"hang_timeout + {value - HANG_TIMEOUT_S:.2f} s" if value is not None else "",
+                  f"<= {HANG_TIMEOUT_S + 2:g} s", "seconds, not a ratio; torch alone waits 30 min (gloo's default timeout)")
 
 
 def main() -> None:
@@ -174,12 +182,13 @@ def main() -> None:
     if args.json:
         print(json.dumps([f.to_dict() for f in figs]))
         return
-    print(f"runtime guard, 2 ranks (gloo, loopback), {repeats} launch(es) per mode, {steps} steps each, "
+    print(f"runtime guard, 2 ranks (gloo, loopback), {repeats} launch(es) per mode, {steps} steps each "
+          f"(half with the guard), "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
     for f in figs[:2]:
         ratio = f"{f.ratio:.3f}x" if f.ratio else "n/a"
         print(f"{f.name:<32} {(f.median_s or 0) * 1e3:8.3f} ms/step vs {(f.baseline_median_s or 0) * 1e3:8.3f} ms/step "
-              f"= {ratio}  (target {f.target or '-'}); launches: {f.runs_s} vs {f.baseline_runs_s}")
+              f"= {ratio}  (target {f.target or '-'}); {f.note}")
     hang = figs[2]
     print(f"{hang.name:<32} {hang.median_s if hang.median_s is not None else float('nan'):6.2f} s to the report, "
           f"{hang.baseline_median_s if hang.baseline_median_s is not None else float('nan'):6.2f} s to the launcher's exit "

@@ -34,6 +34,7 @@ class Guard:
         self.dropped: list[CallRecord] = []
         self.phase = "running"
         self.originals: dict[str, Callable[..., Any]] = {}
+        self.wrapped: dict[str, Callable[..., Any]] = {}
         self.groups: dict[int, tuple[str, list[int]]] = {}
         self.verifier: Verifier | None = None
         self.works = WorkTracker(self.c10d.Work, self._dropped, self._waiting)
@@ -52,6 +53,7 @@ class Guard:
             original = getattr(current, "__distdoctor_original__", current)
             self.originals[name] = original
             wrapped = self._destroy_wrapper(original) if name == "destroy_process_group" else wrap(name, original, self)
+            self.wrapped[name] = wrapped
             for module in (self.c10d, self.dist):
                 if getattr(module, name, None) is current:
                     setattr(module, name, wrapped)
@@ -72,14 +74,13 @@ class Guard:
         return self
 
     def stop(self) -> None:
-        for name, original in self.originals.items():
+        for name, wrapped in self.wrapped.items():
             for module in (self.c10d, self.dist):
-                if getattr(getattr(module, name, None), "__distdoctor_original__", None) is original or (
-                        name == "destroy_process_group" and getattr(module, name, None) is not original):
-                    setattr(module, name, original)
+                if getattr(module, name, None) is wrapped:
+                    setattr(module, name, self.originals[name])
         self.works.uninstall()
         if self.watch is not None:
-            self.watch.stop()
+            self.watch.stop(join_s=1.0)
         atexit.unregister(self._at_exit)
 
     def _destroy_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:

@@ -24,7 +24,7 @@ COMPARED = ("op", "shapes", "dtypes", "devices", "params")
 WORD_MAGIC = 0x6464  # "dd": a row that lacks it did not come from a guard's verification
 
 
-@dataclass
+@dataclass(slots=True)
 class CallRecord:
     """One guarded call. ``seq`` counts the collectives of ``group`` (p2p calls count per peer)."""
 
