@@ -6,8 +6,9 @@
 
 Every collective and point-to-point call of every group is recorded (sequence number, op,
 shapes, dtypes, devices, root, reduce op, the caller's file:line) in a ring buffer. The first
-``verify_first`` collectives of each group, then every ``verify_every``-th, are compared across
-the group's ranks before they run (``verify="all"``: every call); a mismatch raises GuardError
+``verify_first`` collectives of each group, then samples (at most ``verify_budget`` of the time
+between calls, at least every ``verify_every``-th; distdoctor.embedded.guard_sample) are compared
+across the group's ranks before they run (``verify="all"``: every call); a mismatch raises GuardError
 on every rank of the group. A call running longer than ``hang_timeout`` starts the cross-rank
 hang diagnosis (distdoctor.embedded.guard_hang). See docs/guard.md.
 """
@@ -35,8 +36,9 @@ _GENERATION = [0]
 @dataclass(frozen=True)
 class GuardSettings:
     verify: str = "sample"
-    verify_first: int = 64
-    verify_every: int = 128
+    verify_first: int = 8
+    verify_every: int = 1000
+    verify_budget: float = 0.01
     hang_timeout: float = 120.0
     on_hang: str = "exit"
     report_dir: str | None = None
@@ -51,16 +53,10 @@ class GuardSettings:
             raise ValueError(f"guard(on_hang=...): expected one of {', '.join(ON_HANG)}, got {self.on_hang!r}")
         if not self.hang_timeout > 0:
             raise ValueError(f"guard(hang_timeout=...): expected seconds > 0, got {self.hang_timeout!r}")
-        if self.verify_first < 0 or self.verify_every < 1:
-            raise ValueError("guard(verify_first=..., verify_every=...): expected verify_first >= 0 and verify_every >= 1")
+        if self.verify_first < 0 or self.verify_every < 1 or not 0 <= self.verify_budget < 1:
+            raise ValueError("guard(verify_first=..., verify_every=..., verify_budget=...): expected verify_first >= 0, "
+                             "verify_every >= 1 and 0 <= verify_budget < 1")
         return self
-
-    def should_verify(self, seq: int) -> bool:
-        if self.verify == "all":
-            return True
-        if self.verify == "off":
-            return False
-        return seq < self.verify_first or seq % self.verify_every == 0
 
 
 def settings_from_env(env: dict[str, str] | None = None, **given: Any) -> GuardSettings:
@@ -85,7 +81,8 @@ def active() -> "Guard | None":
 
 def guard(*, verify: str | None = None, hang_timeout: float | None = None, on_hang: str | None = None,
           report_dir: str | os.PathLike | None = None, verify_first: int | None = None,
-          verify_every: int | None = None, ring_size: int | None = None) -> "Guard":
+          verify_every: int | None = None, verify_budget: float | None = None,
+          ring_size: int | None = None) -> "Guard":
     """Turn the guard on in this process (after init_process_group); returns the Guard.
 
     Calling it again replaces the settings of the running guard. Arguments left None come from
@@ -94,7 +91,8 @@ def guard(*, verify: str | None = None, hang_timeout: float | None = None, on_ha
     global _ACTIVE
     settings = settings_from_env(verify=verify, hang_timeout=hang_timeout, on_hang=on_hang,
                                  report_dir=str(report_dir) if report_dir is not None else None,
-                                 verify_first=verify_first, verify_every=verify_every, ring_size=ring_size)
+                                 verify_first=verify_first, verify_every=verify_every,
+                                 verify_budget=verify_budget, ring_size=ring_size)
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):

@@ -99,10 +99,11 @@ class Verifier:
             self.all_gather(out, mine, group=group)
         return [t.cpu().tolist() for t in out]
 
-    def agree(self, record: CallRecord, group: Any, width: int) -> bool:
-        """True when every rank's fingerprint equals this rank's (the call site may differ)."""
-        rows = self.rows(record.words(), group, record.group, width)
-        return all(row[:-1] == rows[0][:-1] for row in rows)
+    def agree(self, record: CallRecord, group: Any, width: int, proposal: int = 1) -> tuple[bool, list[int]]:
+        """(every rank's fingerprint equals this rank's, every rank's proposed gap); the call site
+        and the proposal may differ."""
+        rows = self.rows(record.words(proposal), group, record.group, width)
+        return all(row[:-2] == rows[0][:-2] for row in rows), [int(row[-1]) for row in rows]
 
     def details(self, record: CallRecord, recent: list[str], group: Any, width: int) -> list[tuple[CallRecord, list[str]]]:
         """Every rank's call and recent call sites (two all_gathers: sizes, then padded JSON bytes)."""

@@ -236,6 +236,20 @@ def _dropped_cause(rank: int, state: Mapping[str, Any], states: Mapping[int, Any
     return None
 
 
+def finished_findings(call: CallRecord, ranks: Iterable[int], finals: Mapping[int, Mapping[str, Any]], rank: int,
+                      failure: str) -> list[Finding]:
+    """Ranks that finished (their final state) while ``rank``'s ``call`` failed in torch."""
+    label = group_label(call.group, ranks)
+    findings = []
+    for peer, state in sorted(finals.items()):
+        done = (state.get("completed") or {}).get(call.group, -1)
+        title = (f"Rank {peer} finished ({state.get('phase', 'finished')}) after call #{done} in {label}, "
+                 f"so rank {rank}'s {call.summary()} failed: {failure}")
+        findings.append(UNEVEN(title, detail=_stack_detail(peer, state), ranks=[peer],
+                               data={"call": call.to_dict(), "final": dict(state)}, check=CHECK))
+    return findings
+
+
 def _hang_mismatch(stuck: CallRecord, arrived: Mapping[int, CallRecord], other: Mapping[int, CallRecord],
                    states: Mapping[int, Any], label: str, data: dict) -> list[Finding]:
     calls = {**arrived, **other}

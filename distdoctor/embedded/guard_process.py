@@ -16,6 +16,7 @@ from distdoctor.embedded import guard_findings as gf
 from distdoctor.embedded.guard_calls import Verifier, make_record, run_call, wrap
 from distdoctor.embedded.guard_hang import HangWatch, SideChannel, rank_state
 from distdoctor.embedded.guard_record import COLLECTIVES, POINT_TO_POINT, CallRecord, Recorder, call_site
+from distdoctor.embedded.guard_sample import Sampler
 from distdoctor.embedded.guard_works import WorkTracker
 from distdoctor.core.findings import Finding
 from distdoctor.core.report import Report, WorldSummary, build_report
@@ -30,6 +31,7 @@ class Guard:
         self.c10d = dist.distributed_c10d
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.recorder = Recorder(settings.ring_size)
+        self.sampler = Sampler(settings.verify, settings.verify_first, settings.verify_budget, settings.verify_every)
         self.findings: list[Finding] = []
         self.dropped: list[CallRecord] = []
         self.phase = "running"
@@ -143,12 +145,17 @@ class Guard:
                       else self.recorder.next_p2p_seq(group_name, name, record.params.get("peer")))
         token = self.recorder.begin(record)
         try:
-            if collective and self.settings.should_verify(record.seq):
-                record.verified = True
-                self._verify(record, pg, ranks)
+            if collective:
+                self.sampler.note_call(group_name, record.started)
+                if self.sampler.due(group_name, record.seq):
+                    record.verified = True
+                    self._verify(record, pg, ranks)
             result, work = run_call(original, args, kwargs, bound, record, takes_async and collective)
-        except BaseException:
+        except BaseException as exc:
             self.recorder.end(token, failed=True)
+            explained = self._explain_failure(record, ranks, exc)
+            if explained is not None:
+                raise explained from exc
             raise
         if work is not None:
             self.recorder.attach(token, work)
@@ -163,7 +170,10 @@ class Guard:
 
     def _verify(self, record: CallRecord, pg: Any, ranks: list[int]) -> None:
         assert self.verifier is not None
-        if self.verifier.agree(record, pg, len(ranks)):
+        started = time.monotonic()
+        agreed, gaps = self.verifier.agree(record, pg, len(ranks), self.sampler.proposal(record.group))
+        if agreed:
+            self.sampler.agreed(record.group, record.seq, gaps, time.monotonic() - started)
             return
         recent = [r.site for r in self.recorder.recent(record.group, 9)][:-1]
         details = self.verifier.details(record, recent, pg, len(ranks))
@@ -174,6 +184,31 @@ class Guard:
         if self.rank == ranks[0]:
             self.write_json(report, "mismatch")
         raise api.GuardError(report)
+
+    def _explain_failure(self, record: CallRecord, ranks: list[int], exc: BaseException) -> Exception | None:
+        """A call torch failed (a peer closed its connection): did a peer of the group finish?
+
+        A rank that leaves its loop and exits makes gloo fail the others' next collective with
+        "Connection closed by peer"; its final state in the store says it finished, and when.
+        """
+        side = self.watch.side if self.watch is not None else None
+        if side is None or isinstance(exc, api.GuardError) or not isinstance(exc, RuntimeError):
+            return None
+        keys = {r: side.key("final", r) for r in ranks if r != self.rank}
+        finals: dict[int, Any] = {}
+        until = time.monotonic() + 1.0  # the peer leaves its final state before it closes the group
+        try:
+            while not finals and time.monotonic() < until:
+                finals = {r: side.get(k) for r, k in keys.items() if side.present([k])[0]}
+                if not finals:
+                    time.sleep(0.05)
+        except Exception:
+            return None
+        if not finals:
+            return None
+        failure = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        findings = gf.finished_findings(record, ranks, finals, self.rank, failure)
+        return api.GuardError(self.report(findings, ranks=ranks))
 
     # -- point-to-point hygiene ----------------------------------------------------------------
     def _dropped(self, record: CallRecord) -> None:

@@ -81,10 +81,11 @@ class CallRecord:
         return {"op": self.op, "shapes": self.shapes, "dtypes": self.dtypes, "devices": self.devices,
                 "params": tuple(sorted(self.params.items()))}
 
-    def words(self) -> list[int]:
-        """The fingerprint as int64 words: magic, seq, one hash per compared field, the site."""
+    def words(self, proposal: int = 1) -> list[int]:
+        """The fingerprint as int64 words: magic, seq, one hash per compared field, then the two
+        words that may differ: the site and this rank's proposed gap to the next verification."""
         fields = self.compared()
-        return [WORD_MAGIC, self.seq, *(_hash64(fields[name]) for name in COMPARED), _hash64(self.site)]
+        return [WORD_MAGIC, self.seq, *(_hash64(fields[name]) for name in COMPARED), _hash64(self.site), proposal]
 
 
 def _hash64(value: Any) -> int:

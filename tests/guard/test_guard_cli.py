@@ -90,6 +90,14 @@ def test_a_dropped_isend_in_an_unmodified_script_is_reported(tmp_path):
             "the Work was dropped without wait()") in result.stdout, result.stdout[-4000:]
 
 
+def test_a_rank_that_finished_its_loop_early_is_named_instead_of_a_closed_connection(tmp_path):
+    result, _ = guarded_run("uneven", tmp_path, "--hang-timeout", "10")
+    assert result.returncode != 0
+    expected = (f"guard.E005 [uneven_inputs] Rank 1 finished (destroyed) after call #3 in the default group, "
+                f"so rank 0's all_reduce #4 (float32[4], op SUM) at {line_of('loop')} in <module> failed")
+    assert expected in result.stdout, result.stdout[-4000:]
+
+
 def test_usage_errors_exit_2_before_anything_runs(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for args in (["--hang-timeout", "soon", "--", "true"], ["--verify", "every", "--", "true"],

@@ -16,6 +16,7 @@ from distdoctor.embedded.guard_calls import Verifier, run_call
 from distdoctor.embedded.guard_hang import HangWatch, SideChannel, _tcp_store_address
 from distdoctor.embedded.guard_launch import HOOK_DIR, guard_environment
 from distdoctor.embedded.guard_record import CallRecord, Recorder
+from distdoctor.embedded.guard_sample import Sampler
 from distdoctor.embedded.guard_works import WorkTracker
 
 
@@ -256,8 +257,19 @@ def test_settings_come_from_arguments_then_the_environment():
         settings_from_env({"DISTDOCTOR_HANG_TIMEOUT": "soon"})
     with pytest.raises(ValueError, match="verify"):
         settings_from_env({}, verify="every")
-    sampled = GuardSettings(verify_first=4, verify_every=10)
-    assert [n for n in range(40) if sampled.should_verify(n)] == [0, 1, 2, 3, 10, 20, 30]
+    assert (GuardSettings().verify_first, GuardSettings().verify_budget) == (8, 0.01)
+
+
+def test_samples_are_spaced_by_the_largest_gap_any_rank_proposed():
+    sampler = Sampler("sample", first=4, budget=0.01, max_gap=1000)
+    assert [n for n in range(4) if sampler.due("0", n)] == [0, 1, 2, 3]
+    for n, now in enumerate((0.0, 0.004, 0.008, 0.012)):
+        sampler.note_call("0", now)
+    sampler.agreed("0", 3, [1], cost_s=0.002)  # a 2 ms exchange between calls 4 ms apart
+    assert sampler.proposal("0") == 50  # 2 ms / (1 % of 4 ms)
+    sampler.agreed("0", 4, [50, 80], cost_s=0.002)
+    assert [n for n in range(5, 200) if sampler.due("0", n)][:1] == [84]
+    assert Sampler("all", 0, 0.01, 10).due("0", 12345) and not Sampler("off", 8, 0.01, 10).due("0", 0)
 
 
 def test_the_launcher_environment_puts_the_hook_first(tmp_path):

@@ -33,6 +33,11 @@ elif fault == "dropped":
     else:
         dist.recv(t, src=0)
     dist.barrier()
+elif fault == "uneven":
+    for batch in range(5 if rank == 0 else 3):  # rank 1 got fewer batches and leaves the loop
+        dist.all_reduce(t)  # LINE:loop
+    dist.destroy_process_group()
+    sys.exit(0)
 print(f"rank {rank} done", flush=True)
 dist.barrier()
 dist.destroy_process_group()
