@@ -118,6 +118,9 @@ class Report:
     duration_s: float = 0.0
     incomplete: bool = False
     silenced: list[Finding] = field(default_factory=list)
+    # Figures that belong to the run rather than to one finding (`distdoctor bench` puts its
+    # measurements under "bench"); only in the JSON when present.
+    data: dict[str, Any] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -156,6 +159,7 @@ class Report:
             "checks": list(self.checks),
             "duration_s": round(self.duration_s, 4),
             "silenced": {"count": len(self.silenced), "ids": sorted({f.id for f in self.silenced})},
+            **({"data": self.data} if self.data else {}),
         }
 
 

@@ -101,15 +101,18 @@ def _rank_main(
     all_ranks: bool,
     started: float,
     argv: list[str],
+    rank_body: Callable[..., Any] | None = None,
 ) -> None:
-    """One rank of the self-test world (runs in the forked child)."""
+    """One rank of the self-test world (runs in the forked child): ``rank_body`` (the bench's, say)
+    or else the check's run_rank, called with the same arguments."""
     _die_with_parent(parent)
     code = EXIT_INCOMPLETE
     try:
         os.environ.update(rank_environment(local_rank, nproc, port, run_id))
-        from distdoctor.world.rank_run import run_rank
+        if rank_body is None:
+            from distdoctor.world.rank_run import run_rank as rank_body
 
-        outcome = run_rank(config, env=dict(os.environ), argv=argv, all_ranks=all_ranks, emit=render, started=started)
+        outcome = rank_body(config, env=dict(os.environ), argv=argv, all_ranks=all_ranks, emit=render, started=started)
         code = outcome.exit_code
     except BaseException as exc:  # never a traceback: say what happened and exit non-zero
         try:
@@ -131,8 +134,14 @@ def run_selftest(
     all_ranks: bool = False,
     started: float | None = None,
     argv: list[str] | None = None,
+    rank_body: Callable[..., Any] | None = None,
 ) -> int:
-    """Start the world, supervise it, return rank 0's exit code. Rank 0 prints the report."""
+    """Start the world, supervise it, return rank 0's exit code. Rank 0 prints the report.
+
+    Each rank runs ``rank_body(config, env=, argv=, all_ranks=, emit=, started=)`` (an object
+    with ``exit_code``); by default the check's run_rank. ``config`` needs ``timeout``,
+    ``backend``, ``silence`` and ``fail_level``.
+    """
     started = time.monotonic() if started is None else started
     import torch.multiprocessing as mp
     from torch.distributed import TCPStore
@@ -151,7 +160,7 @@ def run_selftest(
     sys.stderr.flush()
     context = mp.start_processes(
         _rank_main,
-        args=(size, store.port, run_id, os.getpid(), config, render, all_ranks, started, list(argv or sys.argv)),
+        args=(size, store.port, run_id, os.getpid(), config, render, all_ranks, started, list(argv or sys.argv), rank_body),
         nprocs=size,
         join=False,
         start_method=method,
