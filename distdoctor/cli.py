@@ -363,7 +363,7 @@ def guard(
     command: Annotated[list[str], typer.Argument(help="The launcher line, after --: torchrun ... train.py, python train.py, srun ...", show_default=False)],
     hang_timeout: Annotated[Optional[float], typer.Option("--hang-timeout", help="Seconds a call may run before the hang diagnosis (default 120; DISTDOCTOR_HANG_TIMEOUT).")] = None,
     report_dir: Annotated[Optional[Path], typer.Option("--report-dir", help="Write the guard's JSON reports here (DISTDOCTOR_REPORT_DIR).")] = None,
-    verify: Annotated[Optional[str], typer.Option("--verify", help="sample (default: the first 64 collectives of each group, then every 128th), all, or off.")] = None,
+    verify: Annotated[Optional[str], typer.Option("--verify", help="sample (default: the first 8 collectives of each group, then samples costing at most 1 % of the time), all, or off.")] = None,
     on_hang: Annotated[Optional[str], typer.Option("--on-hang", help="exit (default: end the job once the hang is named) or report (keep waiting).")] = None,
 ) -> None:
     """Run a launcher line with the runtime guard on in every worker, the script unmodified.
