@@ -8,7 +8,7 @@ Figures:
 - step time: the pytorch/examples DDP tutorial's loop (ToyModel: Linear(10, 10), ReLU,
   Linear(10, 5); SGD; MSE on a batch of 20) on 2 ranks, CPU, gloo, under
   ``torch.distributed.run --standalone``, with the usual per-step ``all_reduce`` of the loss for
-  logging. Inside one launch, blocks of 50 steps alternate between torch's all_reduce and the
+  logging. Inside one launch, blocks of 100 steps alternate between torch's all_reduce and the
   guarded one (side by side in one run, so the machine's load hits both alike); each launch
   gives the ratio of the mean step times with and without the guard, verified steps included;
   the figure is the median over launches. Launches with ``distdoctor.guard()`` (defaults) and
@@ -39,7 +39,7 @@ from timing import PYTHON, REPO, Figure, clean_env, timed  # noqa: E402
 STEP_TARGET = "<= 1.03x"
 HANG_TIMEOUT_S = 2.0
 WARMUP_STEPS = 20
-BLOCK = 50
+BLOCK = 100
 
 
 def torchrun(*args: str) -> list[str]:

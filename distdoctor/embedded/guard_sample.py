@@ -29,6 +29,9 @@ class Sampler:
         if last is not None:
             previous = self.interval.get(group)
             gap = now - last
+            if previous is not None:
+                # A pause (evaluation, a checkpoint) is not the job's pace: clip it.
+                gap = min(gap, 4 * previous)
             self.interval[group] = gap if previous is None else 0.9 * previous + 0.1 * gap
 
     def due(self, group: str, seq: int) -> bool:
