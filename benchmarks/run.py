@@ -39,6 +39,7 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "explain": ("bench_explain.py", "", "distdoctor explain on a large synthetic log"),
     "guard": ("bench_guard.py", "<= 1.03x", "DDP tutorial step time with the runtime guard vs without; hang to named cause"),
     "collectives": ("bench_collectives.py", "<= 30 s / <= 10 s", "distdoctor bench: default 2-rank CPU sweep; 8-rank link matrix"),
+    "lint": ("bench_lint.py", ">= 50,000 lines/s", "distdoctor lint vs ast.parse of the same files"),
 }
 BOUND_S = 900  # one benchmark script, all its runs
 

@@ -109,7 +109,8 @@ def diagnose(
 
 def load_every_kind(config: Config) -> Registry:
     """The registry with every finding ID declared: the checks', and those only `explain` (log.*),
-    the embedded API (pre.*, init.*, spec.*, guard.*) and `bench` (bench.*) emit — for `list`, `show` and the docs."""
+    the embedded API (pre.*, init.*, spec.*, guard.*), `bench` (bench.*) and `lint` (lint.*) emit — for
+    `list`, `show` and the docs."""
     from distdoctor.core.engine import load_registry
 
     # Importing these registers their kinds; none of them imports torch at import time.
@@ -118,5 +119,6 @@ def load_every_kind(config: Config) -> Registry:
     import distdoctor.embedded.guard_findings  # noqa: F401
     import distdoctor.embedded.setup_checks  # noqa: F401
     import distdoctor.explain  # noqa: F401
+    import distdoctor.lint  # noqa: F401
 
     return load_registry(config)

@@ -42,7 +42,8 @@ def diagnose_here(
     probes: Probes | None = None,
     registry: Registry | None = None,
     skip_tags: Sequence[str] = (),
+    started: float | None = None,
 ) -> Report:
     """The selected stages run on this process alone (never as a rank of a world)."""
     ctx = build_context(config, env=env, argv=argv, probes=probes)
-    return diagnose(config, ctx, registry=registry, skip_tags=skip_tags)
+    return diagnose(config, ctx, registry=registry, skip_tags=skip_tags, started=started)
