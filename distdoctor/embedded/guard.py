@@ -1,17 +1,16 @@
-"""The runtime guard: torch.distributed calls verified across ranks while the job runs, hangs explained.
+"""The runtime guard: torch.distributed calls verified across ranks while the job runs, hangs explained."""
 
-    import distdoctor
-    dist.init_process_group("nccl")
-    distdoctor.guard()                 # or distdoctor.init_process_group("nccl", guard=True)
-
-Every collective and point-to-point call of every group is recorded (sequence number, op,
-shapes, dtypes, devices, root, reduce op, the caller's file:line) in a ring buffer. The first
-``verify_first`` collectives of each group, then samples (at most ``verify_budget`` of the time
-between calls, at least every ``verify_every``-th; distdoctor.embedded.guard_sample) are compared
-across the group's ranks before they run (``verify="all"``: every call); a mismatch raises GuardError
-on every rank of the group. A call running longer than ``hang_timeout`` starts the cross-rank
-hang diagnosis (distdoctor.embedded.guard_hang). See docs/guard.md.
-"""
+#     import distdoctor
+#     dist.init_process_group("nccl")
+#     distdoctor.guard()                 # or distdoctor.init_process_group("nccl", guard=True)
+#
+# Every collective and point-to-point call of every group is recorded (sequence number, op,
+# shapes, dtypes, devices, root, reduce op, the caller's file:line) in a ring buffer. The first
+# ``verify_first`` collectives of each group, then samples (at most ``verify_budget`` of the time
+# between calls, at least every ``verify_every``-th; distdoctor.embedded.guard_sample) are compared
+# across the group's ranks before they run (``verify="all"``: every call); a mismatch raises GuardError
+# on every rank of the group. A call running longer than ``hang_timeout`` starts the cross-rank
+# hang diagnosis (distdoctor.embedded.guard_hang). See docs/guard.md.
 
 from __future__ import annotations
 

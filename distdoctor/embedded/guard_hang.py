@@ -1,15 +1,14 @@
-"""Hang diagnosis: a side channel through the c10d store, every rank's state, one cross-rank verdict.
+"""Hang diagnosis: a side channel through the c10d store, every rank's state, one cross-rank verdict."""
 
-When a guarded call has run longer than ``hang_timeout``, this rank's watchdog thread claims the
-episode and sets a request key. Every rank's watchdog thread looks for that key every
-``poll_s`` through its own TCPStore client (one small request; a thread blocked in a store
-wait instead would abort the process at exit when rank 0 hosts the store), so a rank whose
-main thread is asleep, stuck in C++ or in another collective still answers: it publishes its
-state (the calls it is in, its last completed sequence numbers, its main thread's stack). The claiming rank collects
-the states for ``answer_s`` seconds at most, names the cause, writes the report, publishes the
-verdict and (by default) ends the job. Every store operation has a deadline; the stuck process
-group is never used.
-"""
+# When a guarded call has run longer than ``hang_timeout``, this rank's watchdog thread claims the
+# episode and sets a request key. Every rank's watchdog thread looks for that key every
+# ``poll_s`` through its own TCPStore client (one small request; a thread blocked in a store
+# wait instead would abort the process at exit when rank 0 hosts the store), so a rank whose
+# main thread is asleep, stuck in C++ or in another collective still answers: it publishes its
+# state (the calls it is in, its last completed sequence numbers, its main thread's stack). The claiming rank collects
+# the states for ``answer_s`` seconds at most, names the cause, writes the report, publishes the
+# verdict and (by default) ends the job. Every store operation has a deadline; the stuck process
+# group is never used.
 
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
-"""Which collectives the guard verifies: the same decision on every rank, without talking first.
+"""Which collectives the guard verifies: the same decision on every rank, without talking first."""
 
-Every rank must verify exactly the same calls: a verification exchange on one rank against the
-real collective on another would itself be a mismatch. So the decision depends only on the
-group's sequence number and on values all ranks agreed on at the previous verification: the
-first ``verify_first`` calls of a group are verified, then each verification carries every
-rank's proposal for the gap to the next one, and all ranks take the largest. A rank proposes
-the gap that keeps the verification's cost (its measured exchange time) under ``budget`` of the
-time between the group's calls, and at most ``max_gap``.
-"""
+# Every rank must verify exactly the same calls: a verification exchange on one rank against the
+# real collective on another would itself be a mismatch. So the decision depends only on the
+# group's sequence number and on values all ranks agreed on at the previous verification: the
+# first ``verify_first`` calls of a group are verified, then each verification carries every
+# rank's proposal for the gap to the next one, and all ranks take the largest. A rank proposes
+# the gap that keeps the verification's cost (its measured exchange time) under ``budget`` of the
+# time between the group's calls, and at most ``max_gap``.
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""`distdoctor guard -- <launcher line>`: turns the runtime guard on in every worker, unmodified.
+"""`distdoctor guard -- <launcher line>`: turns the runtime guard on in every worker, unmodified."""
 
-This directory is put first on PYTHONPATH, so Python imports this module at start-up in the
-launcher and in every worker. With DISTDOCTOR_GUARD=1 it wraps
-torch.distributed.init_process_group as soon as torch defines it: the group is created exactly
-as the script asks, then distdoctor.guard() starts (settings from DISTDOCTOR_HANG_TIMEOUT,
-DISTDOCTOR_REPORT_DIR, ...). A sitecustomize that this directory shadows is run afterwards.
-"""
+# This directory is put first on PYTHONPATH, so Python imports this module at start-up in the
+# launcher and in every worker. With DISTDOCTOR_GUARD=1 it wraps
+# torch.distributed.init_process_group as soon as torch defines it: the group is created exactly
+# as the script asks, then distdoctor.guard() starts (settings from DISTDOCTOR_HANG_TIMEOUT,
+# DISTDOCTOR_REPORT_DIR, ...). A sitecustomize that this directory shadows is run afterwards.
 
 from __future__ import annotations
 
