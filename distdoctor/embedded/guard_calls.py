@@ -133,8 +133,9 @@ def peer_resolver(dist: Any, group: Any) -> Callable[[dict[str, Any], str], Any]
 
 def make_record(dist: Any, name: str, bound: dict[str, Any], group: Any, group_name: str) -> CallRecord:
     shaped, typed, params = describe(name, bound, peer_resolver(dist, group))
-    shapes = tuple(t[0] for t in map(tensor_facts, shaped) if t)
     typed_info = [t for t in map(tensor_facts, typed) if t]
+    # Usually the same tensors: their facts are taken once.
+    shapes = tuple(t[0] for t in (typed_info if shaped is typed else map(tensor_facts, shaped)) if t)
     record = CallRecord(op=name, group=group_name, seq=-1, shapes=shapes,
                         dtypes=tuple(t[1] for t in typed_info), devices=tuple(t[2] for t in typed_info),
                         params=params)

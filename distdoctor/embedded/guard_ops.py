@@ -25,11 +25,13 @@ def _length(args: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 def _all_reduce(a: dict, peer: Peer) -> tuple:
-    return _t(a.get("tensor")), _t(a.get("tensor")), _reduce_op(a)
+    tensors = _t(a.get("tensor"))
+    return tensors, tensors, _reduce_op(a)
 
 
 def _broadcast(a: dict, peer: Peer) -> tuple:
-    return _t(a.get("tensor")), _t(a.get("tensor")), {"src": peer(a, "src")}
+    tensors = _t(a.get("tensor"))
+    return tensors, tensors, {"src": peer(a, "src")}
 
 
 def _reduce(a: dict, peer: Peer) -> tuple:

@@ -15,7 +15,8 @@ from distdoctor.embedded import guard_report as api
 from distdoctor.embedded import guard_findings as gf
 from distdoctor.embedded.guard_calls import Verifier, make_record, run_call, wrap
 from distdoctor.embedded.guard_hang import HangWatch, SideChannel, rank_state
-from distdoctor.embedded.guard_record import COLLECTIVES, POINT_TO_POINT, CallRecord, Recorder, call_site
+from distdoctor.embedded.guard_record import (_COLLECTIVE_SET, COLLECTIVES, POINT_TO_POINT, CallRecord, Recorder,
+                                              call_site)
 from distdoctor.embedded.guard_sample import Sampler
 from distdoctor.embedded.guard_works import WorkTracker
 from distdoctor.core.findings import Finding
@@ -140,7 +141,7 @@ class Guard:
             return original(*args, **kwargs)
         pg, group_name, ranks = found
         record = make_record(self.dist, name, bound, group, group_name)
-        collective = name in COLLECTIVES
+        collective = name in _COLLECTIVE_SET
         record.seq = (self.recorder.next_seq(group_name) if collective
                       else self.recorder.next_p2p_seq(group_name, name, record.params.get("peer")))
         token = self.recorder.begin(record)

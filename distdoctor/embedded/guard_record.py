@@ -19,6 +19,7 @@ COLLECTIVES = (
 )
 # Calls between two ranks: recorded and tracked, never verified (no group-wide moment to compare).
 POINT_TO_POINT = ("send", "recv", "isend", "irecv", "send_object_list", "recv_object_list", "batch_isend_irecv")
+_COLLECTIVE_SET = frozenset(COLLECTIVES)
 # Fingerprint fields compared across ranks, in the order of the exchanged words.
 COMPARED = ("op", "shapes", "dtypes", "devices", "params")
 WORD_MAGIC = 0x6464  # "dd": a row that lacks it did not come from a guard's verification
@@ -149,12 +150,13 @@ class Recorder:
     def begin(self, record: CallRecord) -> int:
         record.started = self.clock()
         record.thread = threading.get_ident()
-        with self._lock:
-            self._next += 1
-            token = self._next
-            self.running[token] = _Entry(record)
-            self.ring.append(record)
-            self.calls += 1
+        # No lock on the hot path: each of these is one atomic operation under the GIL, and the
+        # watchdog only takes snapshots (list(...)) of them.
+        self._next += 1
+        token = self._next
+        self.running[token] = _Entry(record)
+        self.ring.append(record)
+        self.calls += 1
         return token
 
     def attach(self, token: int, work: Any) -> None:
@@ -165,14 +167,13 @@ class Recorder:
                 entry.work = work
 
     def end(self, token: int, failed: bool = False) -> None:
-        with self._lock:
-            entry = self.running.pop(token, None)
+        entry = self.running.pop(token, None)
         if entry is not None:
             self._finish(entry.record, failed)
 
     def _finish(self, record: CallRecord, failed: bool) -> None:
         record.ended, record.failed = self.clock(), failed
-        if record.op in COLLECTIVES and not failed:
+        if record.op in _COLLECTIVE_SET and not failed:
             self.completed[record.group] = max(self.completed.get(record.group, -1), record.seq)
 
     def poll(self) -> None:
