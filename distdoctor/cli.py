@@ -106,6 +106,7 @@ def check(
     # The deprecated torch.distributed.launch appends --local-rank=N (--local_rank before 2.0);
     # accepted so that the launch checks, which read argv, can report that launcher.
     local_rank: Annotated[Optional[str], typer.Option("--local-rank", "--local_rank", hidden=True)] = None,
+    launch_line: Annotated[Optional[list[str]], typer.Argument(help="After --, a launch line to check before it runs: torchrun ..., srun ..., mpirun ...", show_default=False)] = None,
 ) -> None:
     """Diagnose this node (and, with a launcher or --nproc, the whole world).
 
@@ -137,6 +138,7 @@ def check(
     from distdoctor.dispatch import check_entry, process_started
     from distdoctor.machine.launchers import NONE, detect
     from distdoctor.core.registry import RegistryError
+    from distdoctor.machine.launch_line import LaunchLineError
 
     started = process_started()
     # Given by hand, the world options act exactly like the variables they stand for.
@@ -150,8 +152,9 @@ def check(
             from distdoctor.core.engine import load_registry, select_checks
 
             select_checks(config, load_registry(config))
-        code = check_entry(config, render, env=env, argv=sys.argv, all_ranks=all_ranks, started=started)
-    except RegistryError as exc:
+        code = check_entry(config, render, env=env, argv=sys.argv, all_ranks=all_ranks, started=started,
+                           launch_line=launch_line or ())
+    except (RegistryError, LaunchLineError) as exc:
         fail_usage(str(exc))
     raise typer.Exit(code)
 

@@ -28,6 +28,7 @@ import io
 import json
 import logging
 import os
+import sys
 import time
 from datetime import timedelta
 from typing import Any, Mapping
@@ -533,4 +534,8 @@ def _init_local_checks(backend: Any, budget: float) -> Report:
     cli: dict[str, Any] = {"stages": ("local",), "timeout": max(1.0, budget), "check_timeout": max(0.5, min(5.0, budget))}
     if isinstance(backend, str) and backend.lower() in ("nccl", "gloo", "mpi", "ucc", "xccl"):
         cli["backend"] = backend.lower()
-    return diagnose_here(load_config(cli=cli))
+    from distdoctor.machine.launchers import detect
+
+    # torch's env:// derives nothing from srun/mpirun variables: check what it will read.
+    env = dict(os.environ)
+    return diagnose_here(load_config(cli=cli), env=env, launch=detect(env, tuple(sys.argv), derive=False))
