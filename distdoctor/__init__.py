@@ -9,6 +9,7 @@ from typing import Any
 
 from distdoctor.core.findings import Finding, FindingKind, Severity
 from distdoctor.core.registry import SkipCheck, check, finding_kind
+import importlib
 
 __version__ = "0.1.0"
 
@@ -32,6 +33,5 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'distdoctor' has no attribute {name!r}")
-    import importlib
 
     return getattr(importlib.import_module(module), name)

@@ -22,6 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pathlib import Path
+import pickle
 
 MARKER = "distributed"
 _REPORT_KEY = pytest.StashKey[Any]()
@@ -82,7 +84,7 @@ def _settings(config: pytest.Config) -> dict[str, Any]:
     Each value is parsed here with the option's own parser so that an error names the pytest
     option or ini key it came from.
     """
-    from distdoctor.core.config import OPTIONS
+    from distdoctor.core.config import OPTIONS  # loaded only on this path, to keep start-up light
 
     cli: dict[str, Any] = {}
 
@@ -110,8 +112,8 @@ def _session_report(config: pytest.Config) -> Any:
     cached = config.stash.get(_REPORT_KEY, None)
     if cached is not None:
         return cached
-    from distdoctor.core.config import ConfigError, load_config
-    from distdoctor.dispatch import diagnose
+    from distdoctor.core.config import ConfigError, load_config  # loaded only on this path, to keep start-up light
+    from distdoctor.dispatch import diagnose  # loaded only on this path, to keep start-up light
 
     try:
         settings = load_config(cli=_settings(config), cwd=config.rootpath)
@@ -132,7 +134,7 @@ def _lint_report(config: pytest.Config) -> Any:
     cached = config.stash.get(_LINT_KEY, None)
     if cached is not None:
         return cached
-    from distdoctor.lint import LintInputError, LintSettingsError, all_ids, lint_paths, load_settings
+    from distdoctor.lint import LintInputError, LintSettingsError, all_ids, lint_paths, load_settings  # loaded only when linting is asked for
 
     paths = [str(config.rootpath / p) for p in config.getini("distdoctor_lint_paths")] or [str(config.rootpath)]
     try:
@@ -147,7 +149,7 @@ def _lint_report(config: pytest.Config) -> Any:
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     lines = []
     if _enabled(config) or _lint_enabled(config):
-        from distdoctor.core.render import summary_line
+        from distdoctor.core.render import summary_line  # loaded only on this path, to keep start-up light
     if _enabled(config):
         report, settings = _session_report(config)
         lines.append(f"distdoctor: {summary_line(report)} (fail level {settings.fail_level.label})")
@@ -180,7 +182,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     code = report.exit_code(settings.fail_level)
     if code == 0:
         return
-    from distdoctor.core.report import format_where
+    from distdoctor.core.report import format_where  # loaded only on this path, to keep start-up light
 
     terminalreporter.section("distdoctor", sep="=", red=True, bold=True)
     worst = [f for f in report.findings if f.severity >= settings.fail_level]
@@ -213,7 +215,6 @@ def _lint_summary(terminalreporter: Any, config: pytest.Config) -> None:
 
 def _relative(path: str, config: pytest.Config) -> str:
     """A finding's path relative to the rootdir, as pytest shows test paths."""
-    from pathlib import Path
 
     try:
         return Path(path).relative_to(config.rootpath).as_posix()
@@ -257,9 +258,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     mark = pyfuncitem.get_closest_marker(MARKER)
     if mark is None:
         return None
-    import pickle
 
-    from distdoctor.testing import run_distributed
+    from distdoctor.testing import run_distributed  # loaded only on this path, to keep start-up light
 
     try:
         settings = _marker_settings(mark)

@@ -41,6 +41,10 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+import importlib
+import importlib.util
+from datetime import timedelta
+from distdoctor.core.report import format_ranks
 
 STATUS_PASSED, STATUS_FAILED, STATUS_SKIPPED = "passed", "failed", "skipped"
 STATUS_DIED, STATUS_TIMEOUT, STATUS_KILLED = "died", "timeout", "killed"
@@ -87,7 +91,6 @@ class DistributedResult:
         return sorted(r for r, res in self.ranks.items() if res.status in (STATUS_TIMEOUT, STATUS_KILLED))
 
     def failure_message(self) -> str:
-        from distdoctor.core.report import format_ranks
 
         lines: list[str] = []
         failed = self.failed_ranks()
@@ -121,7 +124,6 @@ class DistributedResult:
 
 
 def _label(ranks: list[int]) -> str:
-    from distdoctor.core.report import format_ranks
 
     return ("Rank " if len(ranks) == 1 else "Ranks ") + format_ranks(ranks)
 
@@ -320,7 +322,7 @@ def _child(spec_path: str) -> int:
         store = _init_group(spec)
         _report_guard_hangs(write)
         if spec.get("guard"):
-            from distdoctor.embedded.guard import guard
+            from distdoctor.embedded.guard import guard  # the embedded modules import torch; loaded only on this path
 
             guard(**spec["guard"])
         fn(*args, **kwargs)
@@ -341,7 +343,7 @@ def _child(spec_path: str) -> int:
 
 def _report_guard_hangs(write: Callable[..., None]) -> None:
     """When the runtime guard ends this rank after a hang, the rank fails with the guard's report."""
-    from distdoctor.embedded.guard import on_hang_exit, render_text
+    from distdoctor.embedded.guard import on_hang_exit, render_text  # the embedded modules import torch; loaded only on this path
 
     def failed(report: Any) -> None:
         first = report.findings[0] if report.findings else None
@@ -352,8 +354,6 @@ def _report_guard_hangs(write: Callable[..., None]) -> None:
 
 
 def _find_function(module_name: str, qualname: str, file: str | None) -> Callable[..., Any]:
-    import importlib
-    import importlib.util
 
     try:
         module = importlib.import_module(module_name)
@@ -377,9 +377,8 @@ def _find_function(module_name: str, qualname: str, file: str | None) -> Callabl
 
 
 def _init_group(spec: dict[str, Any]) -> Any:
-    from datetime import timedelta
 
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
 
     remaining = max(1.0, spec["deadline_epoch"] - time.time())
     timeout = timedelta(seconds=remaining)

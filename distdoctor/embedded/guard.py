@@ -92,7 +92,7 @@ def guard(*, verify: str | None = None, hang_timeout: float | None = None, on_ha
                                  report_dir=str(report_dir) if report_dir is not None else None,
                                  verify_first=verify_first, verify_every=verify_every,
                                  verify_budget=verify_budget, ring_size=ring_size)
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
 
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("distdoctor.guard() needs an initialized process group: call it after "
@@ -100,7 +100,7 @@ def guard(*, verify: str | None = None, hang_timeout: float | None = None, on_ha
     if _ACTIVE is not None:
         _ACTIVE.settings = settings
         return _ACTIVE
-    from distdoctor.embedded.guard_process import Guard
+    from distdoctor.embedded.guard_process import Guard  # the embedded modules import torch; loaded only on this path
 
     _GENERATION[0] += 1
     _ACTIVE = Guard(settings).start(_GENERATION[0])

@@ -21,6 +21,8 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from distdoctor.embedded.guard_record import CallRecord, Recorder, thread_stack, user_frame
+import uuid
+from distdoctor.core.findings import Finding
 
 STORE_OP_TIMEOUT_S = 5.0
 
@@ -47,9 +49,8 @@ class SideChannel:
 
     @classmethod
     def open(cls, default_store: Any, generation: int, timeout_s: float = STORE_OP_TIMEOUT_S) -> "SideChannel | None":
-        import uuid
 
-        import torch.distributed as dist
+        import torch.distributed as dist  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
 
         address = _tcp_store_address(default_store)
         if address is None:
@@ -153,7 +154,7 @@ class HangWatch:
             self._render_local(stuck)
 
     def _render_local(self, stuck: CallRecord) -> None:
-        from distdoctor.embedded.guard_findings import hang_findings
+        from distdoctor.embedded.guard_findings import hang_findings  # the embedded modules import torch; loaded only on this path
 
         waited = self.recorder.clock() - stuck.started
         findings = hang_findings(stuck, [self.rank], {self.rank: self.state()}, {}, waited, 0.0)
@@ -175,7 +176,7 @@ class HangWatch:
             self._follow(int(renderer))
 
     def _render(self) -> None:
-        from distdoctor.embedded.guard_findings import hang_findings
+        from distdoctor.embedded.guard_findings import hang_findings  # the embedded modules import torch; loaded only on this path
 
         side = self.side
         assert side is not None
@@ -223,7 +224,6 @@ class HangWatch:
 
     def _follow(self, renderer: int) -> None:
         """Wait (bounded) for the renderer's verdict, then conclude like it."""
-        from distdoctor.core.findings import Finding
 
         side = self.side
         assert side is not None

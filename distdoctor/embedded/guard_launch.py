@@ -16,7 +16,7 @@ def guard_environment(env: Mapping[str, str], *, hang_timeout: float | None = No
     The settings are validated here (ValueError names the bad one), so a typo fails before the
     job starts rather than in every worker.
     """
-    from distdoctor.embedded.guard import settings_from_env
+    from distdoctor.embedded.guard import settings_from_env  # the embedded modules import torch; loaded only on this path
 
     out = dict(env)
     given = {"DISTDOCTOR_HANG_TIMEOUT": hang_timeout, "DISTDOCTOR_REPORT_DIR": report_dir,

@@ -21,12 +21,13 @@ from distdoctor.embedded.guard_sample import Sampler
 from distdoctor.embedded.guard_works import WorkTracker
 from distdoctor.core.findings import Finding
 from distdoctor.core.report import Report, WorldSummary, build_report
+from distdoctor.machine.launchers import detect
 
 
 class Guard:
     def __init__(self, settings: Any) -> None:
-        import torch
-        import torch.distributed as dist
+        import torch  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
+        import torch.distributed as dist  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
 
         self.settings, self.torch, self.dist = settings, torch, dist
         self.c10d = dist.distributed_c10d
@@ -234,7 +235,6 @@ class Guard:
 
     def report(self, findings: list[Finding] | None = None, ranks: list[int] | None = None,
                missing: list[int] = ()) -> Report:
-        from distdoctor.machine.launchers import detect
 
         found = list(self.findings if findings is None else findings)
         reported = sorted(set(ranks if ranks is not None else [self.rank]) - set(missing))
@@ -292,7 +292,7 @@ class Guard:
         self._exit(report, rendered_here)
 
     def _exit(self, report: Report, rendered_here: bool) -> None:
-        from distdoctor.world.watchdog import flush_std_streams
+        from distdoctor.world.watchdog import flush_std_streams  # the cross-rank machinery stays off the local-only path
 
         for hook in list(api.EXIT_HOOKS):
             try:

@@ -10,6 +10,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
+import sysconfig
 
 # Calls whose arguments must agree on every rank of the group (they are verified before the call).
 COLLECTIVES = (
@@ -262,7 +263,6 @@ def thread_stack(ident: int, limit: int = 20) -> list[str]:
 
 def user_frame(stack: Iterable[str]) -> str | None:
     """The innermost line of a stack that is the job's own code (not the stdlib, torch or the guard)."""
-    import sysconfig
 
     skip = tuple(p for p in {sysconfig.get_paths().get("stdlib"), *_internal_dirs()} if p)
     for line in reversed(list(stack)):

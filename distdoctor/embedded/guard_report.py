@@ -24,7 +24,7 @@ class GuardError(RuntimeError):
 
 
 def render_text(report: Report, heading: str) -> str:
-    from distdoctor.core.render import make_console, render_rich
+    from distdoctor.core.render import make_console, render_rich  # loaded only on this path, to keep start-up light
 
     buffer = io.StringIO()
     render_rich(report, make_console(buffer))

@@ -22,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _start_guard() -> None:
     try:
-        from distdoctor.embedded.guard import guard
+        from distdoctor.embedded.guard import guard  # the embedded modules import torch; loaded only on this path
 
         guard()
     except Exception as exc:  # the job runs as it would without the guard, and says so
