@@ -491,6 +491,7 @@ def init_process_group(
     rendezvous_timeout: float = 60.0,
     fail_level: str | Severity = Severity.ERROR,
     local_checks: bool = True,
+    guard: bool | Mapping[str, Any] | None = None,
     **torch_kwargs: Any,
 ) -> None:
     """torch.distributed.init_process_group with local checks and a bounded rendezvous.
@@ -500,7 +501,8 @@ def init_process_group(
     for env:// and tcp:// (the default), a check-in through the rendezvous store bounded by
     ``rendezvous_timeout`` seconds that names missing ranks, an unreachable master, a port in
     use or duplicate ranks. file:// and an explicit ``store`` are passed to torch unchecked
-    apart from the local checks.
+    apart from the local checks. ``guard=True`` (or a dict of distdoctor.guard's arguments)
+    turns the runtime guard on once the group exists; left None, DISTDOCTOR_GUARD=1 does.
     """
     # torch is imported here, not at the top: `import distdoctor` must stay cheap for the CLI.
     import torch.distributed as dist
@@ -542,14 +544,17 @@ def init_process_group(
             f"torch's init_process_group failed on rank {target.rank}: {type(exc).__name__}",
             detail=str(exc)[:2000], ranks=(target.rank,), check=gi.CHECK)
         raise PreflightError(build_report([finding], duration_s=time.monotonic() - started)) from exc
+    if guard if guard is not None else os.environ.get("DISTDOCTOR_GUARD", "") not in ("", "0"):
+        # The runtime guard (and its torch hooks) loads only when it is asked for.
+        from distdoctor.embedded.guard import guard as start_guard
+
+        start_guard(**(dict(guard) if isinstance(guard, Mapping) else {}))
 
 
 def _init_local_checks(backend: Any, budget: float) -> Report:
     cli: dict[str, Any] = {"stages": ("local",), "timeout": max(1.0, budget), "check_timeout": max(0.5, min(5.0, budget))}
     if isinstance(backend, str) and backend.lower() in ("nccl", "gloo", "mpi", "ucc", "xccl"):
         cli["backend"] = backend.lower()
-    from distdoctor.machine.launchers import detect
-
     # torch's env:// derives nothing from srun/mpirun variables: check what it will read.
     env = dict(os.environ)
     return diagnose_here(load_config(cli=cli), env=env, launch=detect(env, tuple(sys.argv), derive=False))
