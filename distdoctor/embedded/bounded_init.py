@@ -32,7 +32,7 @@ from distdoctor.core.findings import Finding
 from distdoctor.core.registry import finding_kind
 from distdoctor.core.report import format_ranks
 from distdoctor.machine.probes import Probes, Unknown, call_with_deadline
-from distdoctor.machine.service_identity import FOREIGN
+from distdoctor.machine.service_identity import C10D_STORE, FOREIGN
 from distdoctor.world.checkin import (
     VERDICT,
     CheckInProtocol,
@@ -170,10 +170,16 @@ def open_store(target: Target, deadline: float, probes: Any = None) -> Any:
         problem = wait_for_listener(target.host, target.port, deadline, probes=probes)
         if problem is not None:
             raise CheckInFailed([_client_failure(target, problem.kind, deadline, problem.detail)]) from None
-        _refuse_foreign(target, deadline, probes)
+        answered = _refuse_foreign(target, deadline, probes)
     remaining = max(0.5, deadline - time.monotonic())
     try:
-        store = call_with_deadline(lambda: _tcp_store(target, is_master, remaining), remaining + 0.5, "store connect")
+        if is_master or answered:
+            # Binding, or a client of a store that answered its ping: TCPStore's own timeout holds.
+            store = _tcp_store(target, is_master, remaining)
+        else:
+            # A silent listener: the handshake may never complete; bound it from outside.
+            store = call_with_deadline(lambda: _tcp_store(target, is_master, remaining), remaining + 0.5,
+                                       "store connect")
     except Exception as exc:  # torch raises RuntimeError / DistNetworkError subclasses
         if is_master:
             raise CheckInFailed([_master_failure(target, exc, probes)]) from None
@@ -193,11 +199,13 @@ def _tcp_store(target: Target, is_master: bool, timeout_s: float) -> Any:
                     wait_for_workers=False, multi_tenant=True, use_libuv=target.use_libuv)
 
 
-def _refuse_foreign(target: Target, deadline: float, probes: Any) -> None:
-    """Raise CheckInFailed when what listens at the target is certainly not a c10d store."""
+def _refuse_foreign(target: Target, deadline: float, probes: Any) -> bool:
+    """Raise CheckInFailed when what listens at the target is certainly not a c10d store; whether
+    it answered a store ping in time."""
     identity = probes.identify_port(target.host, target.port, max(0.3, min(IDENTIFY_S, (deadline - time.monotonic()) / 2)))
     if getattr(identity, "kind", None) != FOREIGN:
-        return  # a store, or silent (a busy store is silent too): TCPStore's bounded connect decides
+        # A store, or silent (a busy store is silent too): TCPStore's bounded connect decides.
+        return getattr(identity, "kind", None) == C10D_STORE and not getattr(identity, "slow", False)
     answer = f" (it answered {identity.answer!r})" if identity.answer else ""
     raise CheckInFailed([INIT_FOREIGN_SERVICE(
         f"Rank {target.rank} found a service at {target.host}:{target.port} that is not a c10d store{answer}",
