@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import sys
+import time
+
+# distdoctor's own clock, read before anything heavy is imported: the run's deadline counts from
+# here. Never from the process's start time: `bash -c "pip install ... && distdoctor check"` and
+# `exec distdoctor check` run distdoctor in a process that may have lived for minutes already.
+STARTED = time.monotonic()
+
+import json  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -26,6 +33,9 @@ RUN_PANEL = "What to run"
 OUTPUT_PANEL = "Output"
 POLICY_PANEL = "Policy"
 WORLD_PANEL = "World (by hand)"
+# The smallest --timeout `check` accepts, and the largest (a week): outside, a usage error.
+MIN_TIMEOUT_S = 1.0
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 def _help(name: str) -> str:
@@ -52,6 +62,14 @@ def main(
 def fail_usage(message: str) -> None:
     typer.echo(f"distdoctor: error: {message}", err=True)
     raise typer.Exit(EXIT_USAGE)
+
+
+def check_timeout_bounds(timeout: float, source: str) -> None:
+    """An absurd deadline is a usage error: too short to do anything, or too long to be meant."""
+    if not MIN_TIMEOUT_S <= timeout <= MAX_TIMEOUT_S:
+        fail_usage(f"{source}: a timeout of {timeout:g}s is out of range: distdoctor needs at least "
+                   f"{MIN_TIMEOUT_S:g}s to report anything, and at most {MAX_TIMEOUT_S:g}s (a week) is accepted "
+                   "(the default is 60s)")
 
 
 def emit(text: str | None, output: Path | None) -> None:
@@ -131,14 +149,15 @@ def check(
         )
     except ConfigError as exc:
         fail_usage(str(exc))
+    check_timeout_bounds(config.timeout, config.sources.get("timeout", "--timeout"))
     import functools
     import os
 
-    from distdoctor.dispatch import check_entry, process_started
+    from distdoctor.dispatch import check_entry
     from distdoctor.machine.launchers import NONE, detect
     from distdoctor.core.registry import RegistryError
 
-    started = process_started()
+    started = STARTED
     # Given by hand, the world options act exactly like the variables they stand for.
     by_hand = {"RANK": rank, "WORLD_SIZE": world_size, "MASTER_ADDR": master_addr, "MASTER_PORT": master_port}
     env = {**os.environ, **{k: str(v) for k, v in by_hand.items() if v is not None}}

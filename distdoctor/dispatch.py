@@ -7,6 +7,7 @@ exchange, the watchdog, the collectives): distdoctor.world is imported inside th
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Callable, Mapping, Sequence
 
@@ -19,30 +20,20 @@ def cross_rank_requested(config: Config) -> bool:
     return any(stage in config.stages for stage in CROSS_RANK_STAGES)
 
 
-def process_started(clock: Callable[[], float] = time.monotonic) -> float:
-    """When this process started, on ``clock``: the run's deadline counts from there, so the
-    time spent importing torch is inside it (the user's --timeout is wall time)."""
-    age = _process_age()
-    return clock() - age if age is not None and 0 <= age < 600 else clock()
+def start_torch_import() -> threading.Thread:
+    """Import torch on a thread: the caller goes on (the local checks' probes, the deadline) while
+    torch loads, which takes most of a run's start-up (1-7 s on a busy node)."""
 
+    def load() -> None:
+        try:
+            import torch  # noqa: F401
+            import torch.distributed  # noqa: F401
+        except BaseException:
+            pass  # the checks that need torch say it is missing
 
-def _process_age() -> float | None:
-    # /proc gives the start in clock ticks since boot and the uptime in 1/100 s: both exact to
-    # 10 ms (psutil's create_time adds the boot time, which /proc/stat rounds to a second).
-    try:
-        with open("/proc/self/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-        with open("/proc/uptime", "rb") as fh:
-            uptime = float(fh.read().split()[0])
-        return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import psutil
-
-        return time.time() - psutil.Process().create_time()
-    except Exception:
-        return None
+    thread = threading.Thread(target=load, name="distdoctor-import-torch", daemon=True)
+    thread.start()
+    return thread
 
 
 def check_entry(
@@ -61,7 +52,8 @@ def check_entry(
     """
     from distdoctor.machine.launchers import NONE, detect
 
-    started = process_started() if started is None else started
+    # ``started`` is distdoctor's own clock (cli.STARTED): the deadline counts from there.
+    started = time.monotonic() if started is None else started
     launch = detect(env, argv)
     if not cross_rank_requested(config):
         from distdoctor.machine.host import diagnose_here
@@ -70,8 +62,20 @@ def check_entry(
         render(report)
         return report.exit_code(config.fail_level)
     if launch.launcher == NONE:
-        from distdoctor.world.selftest import run_selftest
+        from distdoctor.world.rank_run import working_reserve
+        from distdoctor.world.selftest import out_of_time_report, run_selftest
 
+        importer = start_torch_import()
+        importer.join(max(started + config.timeout - working_reserve(config.timeout) - time.monotonic(), 0.0))
+        if importer.is_alive():
+            # torch did not load within the deadline: say so now rather than past the deadline.
+            report = out_of_time_report(config, started, size=config.nproc or 2, argv=list(argv),
+                                        stage="local", why="torch was still being imported")
+            render(report)
+            from distdoctor.world.watchdog import flush_std_streams
+
+            flush_std_streams()
+            os._exit(report.exit_code(config.fail_level))  # the import thread cannot be stopped
         return run_selftest(config, render, nproc=config.nproc, all_ranks=all_ranks, started=started, argv=list(argv))
     from distdoctor.world.rank_run import run_rank
     from distdoctor.world.watchdog import flush_std_streams

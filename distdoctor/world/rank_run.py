@@ -49,7 +49,7 @@ from distdoctor.checks.rendezvous import (
     STORE_PORT_TAKEN,
     STORE_UNREACHABLE,
 )
-from distdoctor.world.watchdog import Watchdog, flush_std_streams
+from distdoctor.world.watchdog import MIN_WORLD_S, Watchdog, flush_std_streams, running_checks, too_little_time
 from distdoctor.world.store_exchange import Arrival, CheckIns, World, WorldError, WorldSpec, fit
 
 
@@ -74,6 +74,8 @@ SETTLE_S = 0.05
 # normal end, and after its watchdog fired: members poll every 0.1 s at most).
 GOODBYE_S = 1.0
 GOODBYE_ON_EXPIRE_S = 0.3
+# How long a flow that lost the race to report waits for the winner's report to be written.
+EMIT_WAIT_S = 3.0
 
 def working_reserve(timeout: float) -> float:
     """Time kept back from the run's deadline for gathering and rendering the report."""
@@ -218,6 +220,9 @@ class RankRun:
         # One report per process: the main flow and the watchdog race for it near the deadline.
         self._report_lock = threading.Lock()
         self._reported_code: int | None = None
+        # Set once the report is written: a flow that lost the race waits for it before the
+        # process may exit, or the exit would cut the winner's report off (or lose it whole).
+        self._emitted = threading.Event()
         self._described = False
 
     # -- helpers -------------------------------------------------------------------------
@@ -241,13 +246,17 @@ class RankRun:
         """Emit the report unless this process already emitted one (the first one wins)."""
         with self._report_lock:
             if self._reported_code is not None:
+                self._emitted.wait(EMIT_WAIT_S)
                 return False
             self._reported_code = report.exit_code(self.config.fail_level) if code is None else code
-        if self.emit is None:
-            return False
-        self.emit(report)
-        flush_std_streams()
-        return True
+        try:
+            if self.emit is None:
+                return False
+            self.emit(report)
+            flush_std_streams()
+            return True
+        finally:
+            self._emitted.set()
 
     def _finish_alone(self, extra: Iterable[Finding] = ()) -> RankOutcome:
         """This rank could not hand its results to rank 0: it reports for itself."""
@@ -293,9 +302,14 @@ class RankRun:
 
     def _run_in_world(self, spec: WorldSpec) -> RankOutcome:
         self.progress.stage = "rendezvous"
+        left = self.work_deadline - self.clock()
+        if left < MIN_WORLD_S:
+            return self._out_of_time(left)
         try:
             self.world = World.open(spec, self.work_deadline, self.clock, self.ctx.probes)
         except WorldError as exc:
+            if exc.reason == "no_time":
+                return self._out_of_time(self.work_deadline - self.clock())
             hosting = spec.store_host == "rank0" and spec.rank == 0
             reason = ("skipped: rank 0 could not host the rendezvous store" if hosting
                       else "skipped: the rendezvous store could not be reached")
@@ -310,6 +324,24 @@ class RankRun:
         if world.rank == 0:
             return self._run_root()
         return self._run_member()
+
+    def _out_of_time(self, left: float) -> RankOutcome:
+        """Too little time is left for the cross-rank stages: skip them with that reason.
+
+        Not a finding about the network. Rank 0 reports (every rank's deadline counts from
+        about the same moment, so the others are in the same position and stay quiet).
+        """
+        reason, finding = too_little_time("rendezvous", left, MIN_WORLD_S, self.config.timeout)
+        for stage in CROSS_RANK_STAGES:
+            self._stage(stage, skip_reason=reason)
+        self.runner.state.incomplete = True
+        if self.rank != 0 and not self.all_ranks:
+            report = self._own_report([finding])
+            with self._report_lock:
+                self._reported_code = EXIT_INCOMPLETE
+            self._emitted.set()
+            return RankOutcome(report, EXIT_INCOMPLETE, False, False, self._described)
+        return self._finish_alone([finding])
 
     def _store_finding(self, spec: WorldSpec, exc: WorldError) -> Finding:
         """What the failure to reach (or host) the store says, as the finding that names it."""
@@ -661,13 +693,16 @@ class RankRun:
                 done = call_with_deadline(lambda: world.done_ranks(stage), STORE_READ_S, "progress")
                 done = done if isinstance(done, set) else set()
                 stuck = sorted({0, *(r for r in expected if r != 0 and r not in done)})
+        running = running_checks({r.name for r in list(self.runner.state.results)})
         deadline_finding = RUN_DEADLINE(
-            f"The {stage} stage did not finish before the run's deadline on ranks {format_ranks(stuck)}",
-            detail=f"The watchdog ended the run {self.config.timeout:g}s after it started, in the {stage} stage; "
-            "the report is partial.",
+            f"The {stage} stage did not finish before the run's deadline on ranks {format_ranks(stuck)}"
+            + (f" (running: {', '.join(running)})" if running else ""),
+            detail=f"The watchdog ended the run {self.config.timeout:g}s after distdoctor started, in the {stage} "
+            "stage" + (f", while {', '.join(running)} {'was' if len(running) == 1 else 'were'} running" if running else "")
+            + "; the report is partial.",
             ranks=stuck,
             check="watchdog",
-            data={"stage": stage},
+            data={"stage": stage, "running": running},
         )
         findings = [f for f in list(self.runner.state.findings) if f.id != RUN_DEADLINE.id]
         if world is not None:

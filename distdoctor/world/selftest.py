@@ -31,7 +31,13 @@ from distdoctor.core.config import Config
 from distdoctor.world.rank_run import NON_ROOT_GRACE_S
 from distdoctor.machine.launchers import SELF_TEST_VAR
 from distdoctor.core.report import EXIT_FINDINGS, EXIT_INCOMPLETE
-from distdoctor.world.watchdog import EXPIRE_GRACE_S, flush_std_streams
+from distdoctor.world.watchdog import (
+    EXPIRE_GRACE_S,
+    MIN_LOCAL_S,
+    MIN_SELFTEST_S,
+    flush_std_streams,
+    too_little_time,
+)
 from distdoctor.world.store_exchange import AGENT_STORE_ENV, RUN_ID_ENV
 
 LOOPBACK = "127.0.0.1"
@@ -139,6 +145,13 @@ def run_selftest(
 
     gpus = visible_gpu_count()
     size = nproc or default_nproc(gpus)
+    left = started + config.timeout - time.monotonic()
+    if left < MIN_SELFTEST_S:
+        # Starting the ranks now would only end in a cut-off: report what this process can
+        # tell in the time left, and name the stages that were not run.
+        report = out_of_time_report(config, started, size=size, argv=argv)
+        render(report)
+        return report.exit_code(config.fail_level)
     if config.backend is None and 0 < gpus < size:
         # More ranks than GPUs (one GPU, default N=2): one GPU per rank is impossible, so the
         # world runs gloo, as such a job would have to; nccl is tested when N <= GPUs.
@@ -181,6 +194,37 @@ def run_selftest(
     report = abnormal_report(codes, killed, config, started, size)
     render(report)
     return report.exit_code(config.fail_level)
+
+
+def out_of_time_report(config: Config, started: float, *, size: int, argv: list[str] | None,
+                       stage: str = "rendezvous", why: str = "") -> Any:
+    """A partial report when the deadline leaves too little time for ``stage``: the stages before
+    it run in this process with what is left, ``stage`` and the later ones are skipped and named."""
+    from distdoctor.core.engine import load_registry, report_from_runner
+    from distdoctor.core.registry import STAGES
+    from distdoctor.core.report import WorldSummary
+    from distdoctor.core.runner import Runner
+    from distdoctor.machine.host import build_context
+    from distdoctor.world.rank_run import working_reserve
+
+    registry = load_registry(config)
+    ctx = build_context(config, argv=argv)
+    left = started + config.timeout - time.monotonic()
+    budget = left - working_reserve(config.timeout)
+    if stage != "local" and budget < MIN_LOCAL_S:
+        stage, why = "local", why or "starting distdoctor and importing torch had taken the rest"
+    runner = Runner(registry, timeout=max(budget, 0.01), check_timeout=config.check_timeout,
+                    silence=config.silence)
+    runner.started = started
+    checks = registry.select(config.stages, config.tags)
+    need = {"local": MIN_LOCAL_S}.get(stage, MIN_SELFTEST_S)
+    reason, finding = too_little_time(stage, left, need, config.timeout, why=why)
+    for each in STAGES:  # run_stage runs only the selected checks of each stage
+        runner.run_stage(each, checks, ctx, skip_reason=reason if STAGES.index(each) >= STAGES.index(stage) else None)
+    world = WorldSummary(size=size, launcher=MP_SPAWN_LAUNCHER, ranks_reported=(), ranks_missing=())
+    report = report_from_runner(runner, ctx, world, extra=[finding])
+    report.incomplete = True
+    return report
 
 
 def abnormal_report(codes: dict[int, int | None], killed: set[int], config: Config, started: float, size: int) -> Any:

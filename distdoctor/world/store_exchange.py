@@ -302,7 +302,7 @@ def open_store(spec: WorldSpec, deadline: float, clock: Callable[[], float] = ti
     probes = _probes(probes)
     left = deadline - clock()
     if left <= 0:
-        raise WorldError("no time was left to reach the store")
+        raise WorldError("no time was left to reach the store", reason="no_time")
     host = spec.master_addr
     if spec.store_host == "rank0" and spec.rank == 0:
         store, host = _host_store(spec, deadline, clock, probes)
