@@ -128,7 +128,8 @@ def check(
     """Diagnose this node (and, with a launcher or --nproc, the whole world).
 
     Exit codes: 0 nothing at or above --fail-level; 1 findings at or above it; 2 usage error;
-    3 the diagnosis was cut off by its deadline (partial report).
+    3 the diagnosis was cut off by its deadline (partial report); 130 interrupted by SIGINT,
+    143 by SIGTERM (partial report, or one line naming the stage).
     """
     try:
         config = load_config(
@@ -163,12 +164,32 @@ def check(
     env = {**os.environ, **{k: str(v) for k, v in by_hand.items() if v is not None}}
     if nproc is not None and detect(env, sys.argv).launcher != NONE:
         fail_usage("--nproc starts a self-test world on this node; under a launcher every process is already one rank")
-    render = functools.partial(render_report, fmt=config.format, output=output, verbose=verbose, quiet=quiet)
+    from distdoctor.core.interrupt import install_watcher
+    from distdoctor.core.progress import PROGRESS, LiveStatus, live_wanted
+
+    PROGRESS.start(started, config.timeout)
+    install_watcher(default=say_interrupted)
+    live = LiveStatus(live_wanted(config.format, quiet)).start()
+    render = live.wrap(functools.partial(render_report, fmt=config.format, output=output, verbose=verbose, quiet=quiet))
     try:
-        code = check_entry(config, render, env=env, argv=sys.argv, all_ranks=all_ranks, started=started)
+        code = check_entry(config, render, env=env, argv=sys.argv, all_ranks=all_ranks, started=started, live=live)
     except RegistryError as exc:
+        live.stop()
         fail_usage(str(exc))
+    finally:
+        live.stop()
     raise typer.Exit(code)
+
+
+def say_interrupted(signum: int) -> None:
+    """No report can be built here (distdoctor was starting, or ran the local stage on its own):
+    one line on stderr names where it was; the exit code is 128 + the signal's number."""
+    from distdoctor.core.interrupt import signal_name
+    from distdoctor.core.progress import stop_live, where_now
+
+    stop_live()
+    sys.stderr.write(f"distdoctor: interrupted by {signal_name(signum)} in {where_now()}, "
+                     f"{time.monotonic() - STARTED:.1f}s after it started; no report was written\n")
 
 
 @app.command("list")

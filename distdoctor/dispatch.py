@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from distdoctor.core.config import Config
 from distdoctor.core.registry import CROSS_RANK_STAGES, Registry
@@ -44,6 +44,7 @@ def check_entry(
     argv: Sequence[str],
     all_ranks: bool = False,
     started: float | None = None,
+    live: Any = None,
 ) -> int:
     """The `distdoctor check` command: local only, the self-test world, or one rank of a world.
 
@@ -76,10 +77,13 @@ def check_entry(
 
             flush_std_streams()
             os._exit(report.exit_code(config.fail_level))  # the import thread cannot be stopped
-        return run_selftest(config, render, nproc=config.nproc, all_ranks=all_ranks, started=started, argv=list(argv))
+        return run_selftest(config, render, nproc=config.nproc, all_ranks=all_ranks, started=started,
+                            argv=list(argv), live=live)
     from distdoctor.world.rank_run import run_rank
     from distdoctor.world.watchdog import flush_std_streams
 
+    if live is not None and launch.rank.value not in (0, None):
+        live.stop()  # one status line per world: rank 0's
     outcome = run_rank(config, env=env, argv=argv, all_ranks=all_ranks, emit=render, started=started)
     if outcome.world_opened or outcome.world_described:
         flush_std_streams()

@@ -32,7 +32,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from distdoctor.core.config import Config
 from distdoctor.core.context import CheckContext
 from distdoctor.machine.host import build_context
-from distdoctor.core.kinds import RUN_DEADLINE
+from distdoctor.core.interrupt import exit_code_for, set_interrupt_handler, signal_name
+from distdoctor.core.kinds import RUN_DEADLINE, RUN_INTERRUPTED
+from distdoctor.core.progress import PROGRESS
 from distdoctor.core.engine import load_registry, local_world_summary
 from distdoctor.core.findings import Finding, Severity
 from distdoctor.machine.probes import Probes, call_with_deadline
@@ -226,8 +228,12 @@ class RankRun:
         self._described = False
 
     # -- helpers -------------------------------------------------------------------------
-    def _stage(self, stage: str, skip_reason: str | None = None) -> None:
+    def _enter_stage(self, stage: str) -> None:
         self.progress.stage = stage
+        PROGRESS.set_stage(stage)
+
+    def _stage(self, stage: str, skip_reason: str | None = None) -> None:
+        self._enter_stage(stage)
         if stage in self.config.stages:
             self.runner.run_stage(stage, self.checks, self.ctx, skip_reason=skip_reason)
 
@@ -277,6 +283,7 @@ class RankRun:
         )
         if self.use_watchdog:
             watchdog.start()
+        previous_handler = set_interrupt_handler(self._on_interrupt) if self.use_watchdog else None
         try:
             self._described = spec is not None
             if spec is not None:
@@ -299,9 +306,11 @@ class RankRun:
             return self._run_in_world(spec)
         finally:
             watchdog.cancel()
+            if self.use_watchdog:
+                set_interrupt_handler(previous_handler)
 
     def _run_in_world(self, spec: WorldSpec) -> RankOutcome:
-        self.progress.stage = "rendezvous"
+        self._enter_stage("rendezvous")
         left = self.work_deadline - self.clock()
         if left < MIN_WORLD_S:
             return self._out_of_time(left)
@@ -439,7 +448,7 @@ class RankRun:
         self._stage("collective", skip_reason=skip)
         self._testing_hang("gather")
         others = [r for r in accepted if r != 0]
-        self.progress.stage = "collective"
+        self._enter_stage("collective")
         done = world.wait_done("collective", others, self.work_deadline) if others else set()
         self.progress.remote = world.results("collective", done)
         not_done = sorted(set(others) - done)
@@ -646,6 +655,14 @@ class RankRun:
         Returns the exit code when the main flow already reported (it was finishing just as the
         watchdog fired): the process then ends with that report's code, not with 3.
         """
+        return self._last_word(EXIT_INCOMPLETE)
+
+    def _on_interrupt(self, signum: int) -> None:
+        """Signal thread (SIGINT/SIGTERM): rank 0 renders the partial report naming the stage; the
+        process then exits with 128 + the signal's number."""
+        self._last_word(exit_code_for(signum), interrupted=signal_name(signum))
+
+    def _last_word(self, code: int, interrupted: str | None = None) -> int | None:
         with self._report_lock:
             if self._reported_code is not None:
                 return self._reported_code
@@ -653,17 +670,17 @@ class RankRun:
         if not is_root and not self.all_ranks:
             if self.world is None or self.rank == 0:
                 # Not in a world yet (stuck in the local stage): this process is on its own.
-                self._render(self._partial(None), EXIT_INCOMPLETE)
+                self._render(self._partial(None, interrupted), code)
             return None
-        if not self._render(self._partial(self.world if is_root else None), EXIT_INCOMPLETE):
+        if not self._render(self._partial(self.world if is_root else None, interrupted), code):
             with self._report_lock:
-                if self._reported_code is not None and self._reported_code != EXIT_INCOMPLETE:
+                if self._reported_code is not None and self._reported_code != code:
                     return self._reported_code
         if is_root and self.world is not None:
             # Tell the others (bounded: the store may be what hangs) so they end quietly.
             world = self.world
             claims = sorted(f"{r}:{c}" for r, c in (self.progress.checkins.payloads if self.progress.checkins else {}))
-            call_with_deadline(lambda: world.put("final", {"exit": EXIT_INCOMPLETE, "claims": claims}),
+            call_with_deadline(lambda: world.put("final", {"exit": code, "claims": claims}),
                                STORE_READ_S, "final")
             if world.hosted:
                 # The store ends with this process: let the others read the final word first.
@@ -678,7 +695,7 @@ class RankRun:
         roster = call_with_deadline(lambda: world.read_text("roster"), STORE_READ_S, "roster")
         return len(parse_roster(roster)) if isinstance(roster, str) else 0
 
-    def _partial(self, world: World | None) -> Report:
+    def _partial(self, world: World | None, interrupted: str | None = None) -> Report:
         stage = self.progress.stage
         stuck: list[int] = [self.rank]
         if world is not None and stage in CROSS_RANK_STAGES:
@@ -694,7 +711,7 @@ class RankRun:
                 done = done if isinstance(done, set) else set()
                 stuck = sorted({0, *(r for r in expected if r != 0 and r not in done)})
         running = running_checks({r.name for r in list(self.runner.state.results)})
-        deadline_finding = RUN_DEADLINE(
+        deadline_finding = self._interrupted_finding(stage, stuck, running, interrupted) if interrupted else RUN_DEADLINE(
             f"The {stage} stage did not finish before the run's deadline on ranks {format_ranks(stuck)}"
             + (f" (running: {', '.join(running)})" if running else ""),
             detail=f"The watchdog ended the run {self.config.timeout:g}s after distdoctor started, in the {stage} "
@@ -704,7 +721,7 @@ class RankRun:
             check="watchdog",
             data={"stage": stage, "running": running},
         )
-        findings = [f for f in list(self.runner.state.findings) if f.id != RUN_DEADLINE.id]
+        findings = [f for f in list(self.runner.state.findings) if f.id not in (RUN_DEADLINE.id, RUN_INTERRUPTED.id)]
         if world is not None:
             self.runner.state.findings = findings
             self.runner.state.incomplete = True
@@ -722,6 +739,18 @@ class RankRun:
         report.incomplete = True
         return report
 
+    def _interrupted_finding(self, stage: str, stuck: list[int], running: list[str], signame: str) -> Finding:
+        return RUN_INTERRUPTED(
+            f"The {stage} stage was interrupted by {signame} on ranks {format_ranks(stuck)}"
+            + (f" (running: {', '.join(running)})" if running else ""),
+            detail=f"distdoctor received {signame} {self.clock() - self.started:.1f}s after it started, in the {stage} "
+            "stage" + (f", while {', '.join(running)} {'was' if len(running) == 1 else 'were'} running" if running else "")
+            + "; the report is partial.",
+            ranks=stuck,
+            check="signal",
+            data={"stage": stage, "running": running, "signal": signame},
+        )
+
     def _testing_hang(self, stage: str) -> None:
         """Test-only: DISTDOCTOR_TESTING=1 DISTDOCTOR_TEST_HANG=<rank>:<stage> blocks this flow.
 
@@ -733,7 +762,7 @@ class RankRun:
             return
         want = env.get("DISTDOCTOR_TEST_HANG", "")
         if want == f"{self.rank}:{stage}":
-            self.progress.stage = "collective" if stage == "gather" else stage
+            self._enter_stage("collective" if stage == "gather" else stage)
             while True:
                 time.sleep(3600)
 

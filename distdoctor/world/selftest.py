@@ -28,6 +28,8 @@ from multiprocessing.connection import wait as wait_for
 from typing import Any, Callable
 
 from distdoctor.core.config import Config
+from distdoctor.core.interrupt import exit_code_for, install_watcher, set_interrupt_handler, signal_name
+from distdoctor.core.progress import LiveStatus
 from distdoctor.world.rank_run import NON_ROOT_GRACE_S
 from distdoctor.machine.launchers import SELF_TEST_VAR
 from distdoctor.core.report import EXIT_FINDINGS, EXIT_INCOMPLETE
@@ -45,6 +47,8 @@ MP_SPAWN_ENV = SELF_TEST_VAR
 MP_SPAWN_LAUNCHER = "mp_spawn"
 # Past the ranks' own hard deadline (watchdog + grace), the supervisor ends them itself.
 SUPERVISOR_SLACK_S = 1.0
+# How long the supervisor waits for rank 0's partial report after passing a signal on.
+INTERRUPT_WAIT_S = 3.0
 
 
 def default_nproc(gpu_count: int | None = None) -> int:
@@ -107,15 +111,22 @@ def _rank_main(
     all_ranks: bool,
     started: float,
     argv: list[str],
+    live_status: bool = False,
 ) -> None:
     """One rank of the self-test world (runs in the forked child)."""
     _die_with_parent(parent)
+    # The signal pipe and handler inherited from the supervisor are its own: watch our own.
+    install_watcher()
     code = EXIT_INCOMPLETE
     try:
         os.environ.update(rank_environment(local_rank, nproc, port, run_id))
         from distdoctor.world.rank_run import run_rank
 
-        outcome = run_rank(config, env=dict(os.environ), argv=argv, all_ranks=all_ranks, emit=render, started=started)
+        # Rank 0 draws the status line (the supervisor cleared its own before starting the ranks).
+        live = LiveStatus(live_status and local_rank == 0).start()
+        outcome = run_rank(config, env=dict(os.environ), argv=argv, all_ranks=all_ranks, emit=live.wrap(render),
+                           started=started)
+        live.stop()
         code = outcome.exit_code
     except BaseException as exc:  # never a traceback: say what happened and exit non-zero
         try:
@@ -137,8 +148,13 @@ def run_selftest(
     all_ranks: bool = False,
     started: float | None = None,
     argv: list[str] | None = None,
+    live: Any = None,
 ) -> int:
-    """Start the world, supervise it, return rank 0's exit code. Rank 0 prints the report."""
+    """Start the world, supervise it, return rank 0's exit code. Rank 0 prints the report.
+
+    SIGINT/SIGTERM to the supervisor go on to the ranks: rank 0 prints the partial report, and
+    the supervisor exits with 128 + the signal's number once the ranks are gone.
+    """
     started = time.monotonic() if started is None else started
     import torch.multiprocessing as mp
     from torch.distributed import TCPStore
@@ -160,16 +176,21 @@ def run_selftest(
                      timeout=timedelta(seconds=max(config.timeout, 1.0)))
     run_id = secrets.token_hex(6)
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    live_status = bool(live is not None and live.enabled)
+    if live is not None:
+        live.stop()  # no drawing thread across the fork; rank 0 draws from here on
     sys.stdout.flush()
     sys.stderr.flush()
     context = mp.start_processes(
         _rank_main,
-        args=(size, store.port, run_id, os.getpid(), config, render, all_ranks, started, list(argv or sys.argv)),
+        args=(size, store.port, run_id, os.getpid(), config, render, all_ranks, started, list(argv or sys.argv),
+              live_status),
         nprocs=size,
         join=False,
         start_method=method,
     )
     processes = list(context.processes)
+    set_interrupt_handler(lambda signum: interrupt_world(processes, signum))
     hard_deadline = started + config.timeout + NON_ROOT_GRACE_S + EXPIRE_GRACE_S + SUPERVISOR_SLACK_S
     try:
         while True:
@@ -266,6 +287,24 @@ def abnormal_report(codes: dict[int, int | None], killed: set[int], config: Conf
         incomplete=bool(killed),
         silence=config.silence,
     )
+
+
+def interrupt_world(processes: list[Any], signum: int) -> None:
+    """The supervisor got SIGINT/SIGTERM: pass it on to the ranks (rank 0 then prints the partial
+    report and exits), wait for them briefly, end the rest by PID; one line if rank 0 said nothing."""
+    for p in processes:
+        if p.is_alive():
+            try:
+                os.kill(p.pid, signum)
+            except ProcessLookupError:
+                pass
+    until = time.monotonic() + INTERRUPT_WAIT_S
+    for p in processes:
+        p.join(timeout=max(until - time.monotonic(), 0))
+    end_processes(processes)
+    if processes and processes[0].exitcode != exit_code_for(signum):
+        sys.stderr.write(f"distdoctor: interrupted by {signal_name(signum)} while the self-test world of "
+                         f"{len(processes)} ranks ran; rank 0 wrote no report\n")
 
 
 def end_processes(processes: list[Any], grace_s: float = 0.5) -> set[int]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from distdoctor.core.progress import PROGRESS
 from distdoctor.core.context import WorldError
 from distdoctor.machine.launchers import TORCHRUN, LaunchInfo
 
@@ -519,6 +520,7 @@ class World:
                 seen.setdefault((rank, claim), self.clock() - start)
             now = self.clock()
             have = {r for r, _ in seen}
+            PROGRESS.set_ranks(sum(1 for r in have if 0 <= r < self.size), self.size)
             if all(r in have for r in range(self.size)):
                 complete_at = complete_at if complete_at is not None else now
                 if now - complete_at >= settle_s:
@@ -570,6 +572,7 @@ class World:
         delay = POLL_FIRST_S
         while True:
             done = self.done_ranks(stage) & wanted
+            PROGRESS.set_ranks(len(done) + 1, len(wanted) + 1, "done")  # rank 0 waits here, done itself
             left = deadline - self.clock()
             if done == wanted or left <= 0:
                 return done

@@ -19,6 +19,7 @@ from typing import Callable
 
 from distdoctor.core.findings import Finding
 from distdoctor.core.kinds import DEADLINE_TOO_SHORT
+from distdoctor.core.progress import running_checks  # noqa: F401  (re-exported for the world)
 from distdoctor.core.report import EXIT_INCOMPLETE
 
 # How long on_expire may take (render a report, read a few store keys) before the hard exit.
@@ -54,14 +55,6 @@ def too_little_time(stage: str, left: float, need: float, timeout: float, why: s
               **({"why": why} if why else {})},
     )
     return reason, finding
-
-
-def running_checks(done: set[str] | frozenset[str] = frozenset()) -> list[str]:
-    """The checks whose threads are still running in this process (the runner names its threads
-    distdoctor-check-<name>), less those already reported as abandoned (``done``)."""
-    prefix = "distdoctor-check-"
-    names = {t.name[len(prefix):] for t in threading.enumerate() if t.name.startswith(prefix) and t.is_alive()}
-    return sorted(names - set(done))
 
 
 def flush_std_streams() -> None:

@@ -1,0 +1,126 @@
+"""SIGINT and SIGTERM turned into a last word and a documented exit code (130, 143).
+
+A Python signal handler runs only when the main thread returns to the interpreter, which a
+rank stuck in a C++ wait (a store read, a gloo collective) never does. So the handler installed
+here does nothing itself: ``signal.set_wakeup_fd`` makes the C-level handler write the signal's
+number to a pipe at once, and a thread reading that pipe calls ``on_signal`` (which prints the
+partial report, or one line naming the stage) and ends the process with 128 + the signal number.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import Callable
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
+
+
+def exit_code_for(signum: int) -> int:
+    return 128 + int(signum)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+_handler_lock = threading.Lock()
+_handler: Callable[[int], None] | None = None
+
+
+def set_interrupt_handler(handler: Callable[[int], None] | None) -> Callable[[int], None] | None:
+    """What the process's watcher does on a signal from now on (the part of the run that knows
+    the most registers itself); returns the previous handler."""
+    global _handler
+    with _handler_lock:
+        previous, _handler = _handler, handler
+    return previous
+
+
+def current_handler() -> Callable[[int], None] | None:
+    with _handler_lock:
+        return _handler
+
+
+def install_watcher(default: Callable[[int], None] | None = None) -> "SignalWatcher":
+    """Watch SIGINT/SIGTERM in this process; on one, run the registered handler (or ``default``)."""
+
+    def on_signal(signum: int) -> None:
+        handler = current_handler() or default
+        if handler is not None:
+            handler(signum)
+
+    return SignalWatcher(on_signal).install()
+
+
+class SignalWatcher:
+    """Watches SIGINT/SIGTERM from a thread; ``on_signal(signum)`` runs once, then the exit."""
+
+    def __init__(self, on_signal: Callable[[int], None], *, exit: Callable[[int], None] = os._exit) -> None:
+        self.on_signal = on_signal
+        self._exit = exit
+        self._once = threading.Lock()
+        self._read_fd: int | None = None
+
+    def install(self) -> "SignalWatcher":
+        """Main thread only. Replaces this process's SIGINT/SIGTERM handling (a forked child
+        calls it again: the pipe it inherited belongs to its parent)."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        for signum in SIGNALS:
+            signal.signal(signum, _ignore_here)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        self._read_fd = read_fd
+        threading.Thread(target=self._watch, name="distdoctor-signals", daemon=True).start()
+        return self
+
+    def _watch(self) -> None:
+        assert self._read_fd is not None
+        while True:
+            try:
+                data = os.read(self._read_fd, 64)
+            except InterruptedError:
+                continue
+            except OSError:
+                return
+            for signum in data:
+                if signum in SIGNALS:
+                    self._fire(signum)
+
+    def _fire(self, signum: int) -> None:
+        if not self._once.acquire(blocking=False):
+            return
+        # However on_signal ends, the process ends with the code for this signal.
+        backstop = threading.Timer(5.0, lambda: self._end(signum))
+        backstop.daemon = True
+        backstop.start()
+        try:
+            self.on_signal(signum)
+        except BaseException as exc:
+            try:
+                sys.stderr.write(f"distdoctor: interrupted by {signal_name(signum)} ({exc})\n")
+            except Exception:
+                pass
+        self._end(signum)
+
+    def _end(self, signum: int) -> None:
+        _flush()
+        self._exit(exit_code_for(signum))
+
+
+def _ignore_here(signum: int, frame: object) -> None:
+    """The Python-level handler: nothing; the watcher thread acts on the signal."""
