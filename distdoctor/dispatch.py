@@ -12,6 +12,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from distdoctor.core.config import Config
+from distdoctor.core.progress import PROGRESS
 from distdoctor.core.registry import CROSS_RANK_STAGES, Registry
 from distdoctor.core.report import Report
 
@@ -20,9 +21,16 @@ def cross_rank_requested(config: Config) -> bool:
     return any(stage in config.stages for stage in CROSS_RANK_STAGES)
 
 
+_importer: threading.Thread | None = None
+
+
 def start_torch_import() -> threading.Thread:
-    """Import torch on a thread: the caller goes on (the local checks' probes, the deadline) while
-    torch loads, which takes most of a run's start-up (1-7 s on a busy node)."""
+    """Import torch on a thread (once per process): the caller goes on (parsing the command line,
+    the local checks' probes, the deadline) while torch loads, which takes most of a run's
+    start-up (1-7 s on a busy node). Returns the thread, to join with a deadline."""
+    global _importer
+    if _importer is not None:
+        return _importer
 
     def load() -> None:
         try:
@@ -31,9 +39,9 @@ def start_torch_import() -> threading.Thread:
         except BaseException:
             pass  # the checks that need torch say it is missing
 
-    thread = threading.Thread(target=load, name="distdoctor-import-torch", daemon=True)
-    thread.start()
-    return thread
+    _importer = threading.Thread(target=load, name="distdoctor-import-torch", daemon=True)
+    _importer.start()
+    return _importer
 
 
 def check_entry(
@@ -59,6 +67,10 @@ def check_entry(
     if not cross_rank_requested(config):
         from distdoctor.machine.host import diagnose_here
 
+        # torch loads on a thread while the checks that need no torch (interfaces, DNS, ports,
+        # limits) run: the local stage then costs about one `import torch`.
+        start_torch_import()
+        PROGRESS.set_stage("local")
         report = diagnose_here(config, env=env, argv=argv)
         render(report)
         return report.exit_code(config.fail_level)
@@ -66,6 +78,7 @@ def check_entry(
         from distdoctor.world.rank_run import working_reserve
         from distdoctor.world.selftest import out_of_time_report, run_selftest
 
+        PROGRESS.set_stage("start-up (importing torch)")
         importer = start_torch_import()
         importer.join(max(started + config.timeout - working_reserve(config.timeout) - time.monotonic(), 0.0))
         if importer.is_alive():
