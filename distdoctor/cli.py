@@ -179,11 +179,9 @@ def check(
     env = {**os.environ, **{k: str(v) for k, v in by_hand.items() if v is not None}}
     if nproc is not None and detect(env, sys.argv).launcher != NONE:
         fail_usage("--nproc starts a self-test world on this node; under a launcher every process is already one rank")
-    from distdoctor.core.interrupt import install_watcher
     from distdoctor.core.progress import PROGRESS, LiveStatus, live_wanted
 
     PROGRESS.start(started, config.timeout)
-    install_watcher(default=say_interrupted)
     live = LiveStatus(live_wanted(config.format, quiet)).start()
     render = live.wrap(functools.partial(render_report, fmt=config.format, output=output, verbose=verbose, quiet=quiet))
     try:
@@ -338,7 +336,11 @@ def explain(
 
 
 def run() -> None:
-    """Console-script entry point: usage errors exit 2, never a traceback."""
+    """Console-script entry point: usage errors exit 2, never a traceback; SIGINT/SIGTERM end the
+    process with 130/143 after a last word (see distdoctor.core.interrupt)."""
+    from distdoctor.core.interrupt import install_watcher
+
+    install_watcher(default=say_interrupted)
     try:
         app()
     except KeyboardInterrupt:

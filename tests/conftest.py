@@ -34,3 +34,23 @@ def clean_env(monkeypatch):
 def distdoctor_cmd(*args: str) -> list[str]:
     """The CLI as a user runs it, through this interpreter."""
     return [sys.executable, "-m", "distdoctor", *args]
+
+
+@pytest.fixture(scope="session")
+def startup_s() -> float:
+    """How long `python -c "import torch"` takes on this machine now (timed once per session).
+
+    Tests that bound a wall time add a multiple of this to the deadline they configured, so a
+    loaded machine (where the import alone takes 2-8 s) does not fail them.
+    """
+    import subprocess
+    import time
+
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, timeout=300)
+    return time.monotonic() - start
+
+
+def slack_s(startup: float, factor: float = 2.0) -> float:
+    """The slack a wall-clock bound gets: a few seconds plus a multiple of the start-up time."""
+    return 3.0 + factor * startup

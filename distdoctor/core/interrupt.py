@@ -2,7 +2,7 @@
 
 A Python signal handler runs only when the main thread returns to the interpreter, which a
 rank stuck in a C++ wait (a store read, a gloo collective) never does. So the handler installed
-here does nothing itself: ``signal.set_wakeup_fd`` makes the C-level handler write the signal's
+here only passes the signal on: ``signal.set_wakeup_fd`` makes the C-level handler write the signal's
 number to a pipe at once, and a thread reading that pipe calls ``on_signal`` (which prints the
 partial report, or one line naming the stage) and ends the process with 128 + the signal number.
 """
@@ -56,15 +56,30 @@ def current_handler() -> Callable[[int], None] | None:
         return _handler
 
 
-def install_watcher(default: Callable[[int], None] | None = None) -> "SignalWatcher":
-    """Watch SIGINT/SIGTERM in this process; on one, run the registered handler (or ``default``)."""
+_default: Callable[[int], None] | None = None
+_installed_in: int | None = None
+
+
+def install_watcher(default: Callable[[int], None] | None = None) -> None:
+    """Watch SIGINT/SIGTERM in this process (once per process: a forked child watches anew); on
+    one, run the registered handler, else ``default`` (the latest given), then exit 128 + signum.
+
+    Main thread only, and only in distdoctor's own process (the CLI's entry points): it replaces
+    the process's SIGINT/SIGTERM handling.
+    """
+    global _default, _installed_in
+    if default is not None:
+        _default = default
+    if _installed_in == os.getpid():
+        return
 
     def on_signal(signum: int) -> None:
-        handler = current_handler() or default
+        handler = current_handler() or _default
         if handler is not None:
             handler(signum)
 
-    return SignalWatcher(on_signal).install()
+    SignalWatcher(on_signal).install()
+    _installed_in = os.getpid()
 
 
 class SignalWatcher:
@@ -81,8 +96,16 @@ class SignalWatcher:
         calls it again: the pipe it inherited belongs to its parent)."""
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
+        def tell_the_watcher(signum: int, frame: object) -> None:
+            # A signal that arrived before set_wakeup_fd took effect reaches only this Python-level
+            # handler: pass it on (the watcher acts once, however often it is told).
+            try:
+                os.write(write_fd, bytes([signum]))
+            except OSError:
+                pass
+
         for signum in SIGNALS:
-            signal.signal(signum, _ignore_here)
+            signal.signal(signum, tell_the_watcher)
         signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
         self._read_fd = read_fd
         threading.Thread(target=self._watch, name="distdoctor-signals", daemon=True).start()
@@ -121,6 +144,3 @@ class SignalWatcher:
         _flush()
         self._exit(exit_code_for(signum))
 
-
-def _ignore_here(signum: int, frame: object) -> None:
-    """The Python-level handler: nothing; the watcher thread acts on the signal."""

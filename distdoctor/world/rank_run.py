@@ -763,6 +763,10 @@ class RankRun:
         want = env.get("DISTDOCTOR_TEST_HANG", "")
         if want == f"{self.rank}:{stage}":
             self._enter_stage("collective" if stage == "gather" else stage)
+            mark = env.get("DISTDOCTOR_TEST_HANG_FILE")
+            if mark:  # tells a test that the hang has begun (it then sends a signal, say)
+                with open(mark, "w") as fh:
+                    fh.write(str(os.getpid()))
             while True:
                 time.sleep(3600)
 
