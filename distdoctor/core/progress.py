@@ -109,10 +109,12 @@ class LiveStatus:
         from rich.spinner import Spinner
 
         progress = self.progress
+        spinner = Spinner("dots", style="cyan")
 
         class _Line:
             def __rich__(self) -> Any:
-                return Spinner("dots", text=f"distdoctor: {progress.describe()}", style="cyan")
+                spinner.update(text=f"distdoctor: {progress.describe()}")
+                return spinner
 
         console = self._console or Console(stderr=True)
         with self._lock:
