@@ -103,6 +103,10 @@ def emit(text: str | None, output: Path | None) -> None:
 
 def render_report(report: Any, fmt: str, output: Path | None, *, verbose: bool, quiet: bool) -> None:
     from distdoctor.core.render import render
+    from distdoctor.machine.snapshot import report_facts
+
+    if report.about is None:
+        report.about = report_facts()
 
     if fmt == "rich" and output is not None:
         import io

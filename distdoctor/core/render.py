@@ -56,6 +56,16 @@ def summary_line(report: Report) -> str:
     return line
 
 
+def about_line(about: dict) -> str:
+    """'distdoctor 0.1.0 · Python 3.11.7 · torch 2.13.0+cpu · CUDA none · NCCL none · host vm · 2026-...Z'."""
+    names = (("distdoctor", "distdoctor"), ("python", "Python"), ("torch", "torch"), ("cuda", "CUDA"),
+             ("nccl", "NCCL"), ("host", "host"))
+    parts = [f"{label} {about.get(key) if about.get(key) is not None else 'none'}" for key, label in names if key in about]
+    if about.get("time_utc"):
+        parts.append(str(about["time_utc"]))
+    return " · ".join(parts)
+
+
 def render_rich(report: Report, console: Console, *, verbose: bool = False, quiet: bool = False) -> None:
     """Findings grouped by severity, each with where, detail, fix and docs; then a summary."""
     for severity in sorted(Severity, reverse=True):
@@ -117,6 +127,8 @@ def render_markdown(report: Report, *, title: str = "distdoctor report") -> str:
     """GitHub-flavoured Markdown, sized for a CI job summary."""
     icon = {"ok": "✅", "warning": "⚠️", "error": "❌", "incomplete": "⏱️"}[report.status]
     lines = [f"## {icon} {title}: {report.status}", "", summary_line(report), ""]
+    if report.about:
+        lines += [about_line(report.about), ""]
     if report.findings:
         lines += ["| severity | ID | cause | finding | where | fix |", "| --- | --- | --- | --- | --- | --- |"]
         for f in report.findings:

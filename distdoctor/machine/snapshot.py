@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import sys
+from datetime import datetime, timezone
 from typing import Any
 
 from distdoctor.core.context import CheckContext
@@ -32,10 +34,47 @@ def relevant_env(env: dict[str, str] | Any) -> dict[str, str]:
     return dict(sorted(redact_env(chosen).items()))
 
 
+def utc_now() -> str:
+    """The time in UTC, ISO 8601 to the second: 2026-11-22T22:20:05Z."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def distdoctor_version() -> str:
+    from distdoctor import __version__
+
+    return __version__
+
+
+def report_facts() -> dict[str, Any]:
+    """What a bug report needs next to the findings: versions, host, time (additive to the schema).
+
+    torch, CUDA and NCCL are read only when torch is already loaded (every `check` loads it;
+    `explain` reads logs and does not): those fields are null otherwise.
+    """
+    facts: dict[str, Any] = {
+        "distdoctor": distdoctor_version(),
+        "python": sys.version.split()[0],
+        "torch": None,
+        "cuda": None,
+        "nccl": None,
+        "host": socket.gethostname(),
+        "time_utc": utc_now(),
+    }
+    if "torch" in sys.modules:
+        from distdoctor.machine.probes import Probes
+
+        info = Probes().torch_info()
+        if isinstance(info, dict):
+            facts.update(torch=info.get("torch"), cuda=info.get("cuda"), nccl=info.get("nccl"))
+    return facts
+
+
 def collect_snapshot(ctx: CheckContext) -> dict[str, Any]:
     interfaces = ctx.memo("interfaces", ctx.probes.interfaces)
     gpus = ctx.gpus()
     return {
+        "distdoctor": distdoctor_version(),
+        "time_utc": utc_now(),
         "host": _plain(ctx.memo("hostname", ctx.probes.hostname)),
         "pid": os.getpid(),
         "python": sys.version.split()[0],
