@@ -312,7 +312,7 @@ def show(
         known = sorted(set(registry.kinds) | set(finding_sections()) | set(registry.checks))
         close = difflib.get_close_matches(name, known, n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else " (distdoctor list shows them all)"
-        fail_usage(f"{name!r} is neither a finding ID nor a check name{hint}")
+        fail_usage(f"unknown finding ID or check name {name!r}{hint}")
     lines = []
     if kind is not None:
         lines += [f"**{kind.id}** · {kind.severity.label} · cause `{kind.cause}`", "", kind.title, "",

@@ -40,9 +40,9 @@ def utc_now() -> str:
 
 
 def distdoctor_version() -> str:
-    from distdoctor import __version__
-
-    return __version__
+    # The package is loaded before any of its modules; read its version without an import of
+    # the top level from this lower layer.
+    return str(getattr(sys.modules.get("distdoctor"), "__version__", "unknown"))
 
 
 def report_facts() -> dict[str, Any]:

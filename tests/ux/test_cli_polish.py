@@ -68,7 +68,8 @@ def test_show_accepts_a_check_name(env):
 def test_show_unknown_name_is_a_usage_error_with_suggestions(env):
     proc = run(["show", "netwrk.rendezvous_port"], env)
     assert proc.returncode == 2
-    assert "network.rendezvous_port" in proc.stderr and "Traceback" not in proc.stderr
+    assert "unknown finding ID or check name" in proc.stderr and "network.rendezvous_port" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_show_renders_markdown_on_a_terminal(env):
