@@ -230,6 +230,80 @@ def say_interrupted(signum: int) -> None:
                      f"{time.monotonic() - STARTED:.1f}s after it started; no report was written\n")
 
 
+def render_bench_report(report: Any, fmt: str, output: Path | None, verbose: bool) -> None:
+    from distdoctor.bench.render import render_bench
+
+    if fmt == "rich" and output is not None:
+        import io
+
+        buffer = io.StringIO()
+        render_bench(report, "rich", buffer, verbose=verbose)
+        emit(buffer.getvalue(), output)
+    else:
+        emit(render_bench(report, fmt, verbose=verbose), output)
+
+
+@app.command()
+def bench(
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help=_help("nproc"), rich_help_panel=RUN_PANEL)] = None,
+    backend: Annotated[Optional[str], typer.Option("--backend", help="gloo or nccl (default: nccl when every rank has its GPU, else gloo).", rich_help_panel=RUN_PANEL)] = None,
+    sizes: Annotated[Optional[str], typer.Option("--sizes", help="Message sizes: a list (8,64K,16M) or FROM:TO[:FACTOR] (default 8:256M:2 on GPUs, 8:32M:4 on CPUs).", rich_help_panel=RUN_PANEL)] = None,
+    ops: Annotated[Optional[str], typer.Option("--ops", help="Collectives to sweep (default: all_reduce,all_gather,reduce_scatter,broadcast,all_to_all).", rich_help_panel=RUN_PANEL)] = None,
+    iters: Annotated[int, typer.Option("--iters", min=1, help="Timed iterations per size (fewer where one size would take over 0.5 s).", rich_help_panel=RUN_PANEL)] = 20,
+    warmup: Annotated[int, typer.Option("--warmup", min=1, help="Untimed warm-up iterations per size.", rich_help_panel=RUN_PANEL)] = 5,
+    links: Annotated[bool, typer.Option("--links/--no-links", help="Measure the link matrix (every rank pair, O(n) rounds).", rich_help_panel=RUN_PANEL)] = True,
+    link_bytes: Annotated[Optional[str], typer.Option("--link-bytes", help="Message size of the link matrix's bandwidth test (default 1M on CPUs, 4M on GPUs).", rich_help_panel=RUN_PANEL)] = None,
+    timeout: Annotated[float, typer.Option("--timeout", min=1.0, help="The whole run's deadline in seconds; past it the report is partial (exit 3).", rich_help_panel=POLICY_PANEL)] = 120.0,
+    compare: Annotated[Optional[Path], typer.Option("--compare", help="A saved `bench --format json` report: figures worse by more than --tolerance are errors (exit 1).", rich_help_panel=POLICY_PANEL)] = None,
+    tolerance: Annotated[float, typer.Option("--tolerance", min=0.0, max=0.99, help="Allowed loss against --compare, as a fraction (0.2 = 20 %).", rich_help_panel=POLICY_PANEL)] = 0.2,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="rich, json or markdown.", rich_help_panel=OUTPUT_PANEL)] = "rich",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.", rich_help_panel=OUTPUT_PANEL)] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every detail line.", rich_help_panel=OUTPUT_PANEL)] = False,
+    rank: Annotated[Optional[int], typer.Option("--rank", help="This process's rank, as RANK would set it (for worlds started by hand).", rich_help_panel=WORLD_PANEL)] = None,
+    world_size: Annotated[Optional[int], typer.Option("--world-size", help="The number of ranks, as WORLD_SIZE would set it.", rich_help_panel=WORLD_PANEL)] = None,
+    master_addr: Annotated[Optional[str], typer.Option("--master-addr", help="Rank 0's host, as MASTER_ADDR would set it.", rich_help_panel=WORLD_PANEL)] = None,
+    master_port: Annotated[Optional[int], typer.Option("--master-port", help="The rendezvous port on rank 0's host, as MASTER_PORT would set it.", rich_help_panel=WORLD_PANEL)] = None,
+    local_rank: Annotated[Optional[str], typer.Option("--local-rank", "--local_rank", hidden=True)] = None,
+) -> None:
+    """Measure collective bandwidth (nccl-tests' algbw/busbw) and every link, and name the slow ones.
+
+    Runs under the same launchers as `check` (or --nproc N ranks on this node). Exit codes:
+    0 no errors; 1 errors (a wrong result, a regression against --compare); 2 usage error;
+    3 cut off by --timeout (partial report).
+    """
+    import functools
+    import os
+
+    from distdoctor.bench.compare import BaselineError, load_baseline
+    from distdoctor.bench.entry import BenchUsageError, bench_entry
+    from distdoctor.bench.settings import BACKENDS, BenchSettings
+    from distdoctor.bench.sizes import OPS, SizeError, parse_ops, parse_size, parse_sizes
+    started = STARTED  # the deadline counts from distdoctor's own start, as check's does
+    if fmt not in ("rich", "json", "markdown"):
+        fail_usage(f"--format: expected rich, json or markdown, got {fmt!r}")
+    if backend is not None and backend not in BACKENDS:
+        fail_usage(f"--backend: expected {' or '.join(BACKENDS)}, got {backend!r}")
+    if nproc is not None and nproc < 1:
+        fail_usage("--nproc must be at least 1")
+    try:
+        settings = BenchSettings(
+            ops=parse_ops(ops) if ops else OPS, sizes=parse_sizes(sizes) if sizes else None, iters=iters,
+            warmup=warmup, timeout=timeout, backend=backend, links=links,
+            link_bytes=parse_size(link_bytes) if link_bytes else None, nproc=nproc,
+            baseline=load_baseline(compare) if compare else None, tolerance=tolerance, progress=True,
+        )
+    except (SizeError, BaselineError) as exc:
+        fail_usage(str(exc))
+    by_hand = {"RANK": rank, "WORLD_SIZE": world_size, "MASTER_ADDR": master_addr, "MASTER_PORT": master_port}
+    env = {**os.environ, **{k: str(v) for k, v in by_hand.items() if v is not None}}
+    render = functools.partial(render_bench_report, fmt=fmt, output=output, verbose=verbose)
+    try:
+        code = bench_entry(settings, render, env=env, argv=sys.argv, started=started)
+    except BenchUsageError as exc:
+        fail_usage(str(exc))
+    raise typer.Exit(code)
+
+
 @app.command("list")
 def list_checks(
     checks_dir: Annotated[Optional[list[Path]], typer.Option("--checks-dir", help=_help("checks_dirs"))] = None,

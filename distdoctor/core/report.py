@@ -121,6 +121,9 @@ class Report:
     # Versions (distdoctor, Python, torch, CUDA, NCCL), host and UTC time, set by the caller that
     # renders the report (the CLI); additive to the schema: absent when unknown.
     about: dict[str, Any] | None = None
+    # Figures that belong to the run rather than to one finding (`distdoctor bench` puts its
+    # measurements under "bench"); only in the JSON when present.
+    data: dict[str, Any] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -160,6 +163,7 @@ class Report:
             "duration_s": round(self.duration_s, 4),
             "silenced": {"count": len(self.silenced), "ids": sorted({f.id for f in self.silenced})},
             **({"about": dict(self.about)} if self.about else {}),
+            **({"data": self.data} if self.data else {}),
         }
 
 

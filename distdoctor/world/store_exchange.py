@@ -558,8 +558,8 @@ class World:
         return payloads, unreadable
 
     # -- stages --------------------------------------------------------------------------
-    def mark_done(self, stage: str, results: Mapping[str, Any]) -> None:
-        self.put(f"results/{stage}/{self.rank}", results)
+    def mark_done(self, stage: str, results: Mapping[str, Any], limit: int = MAX_MESSAGE_BYTES) -> None:
+        self.put(f"results/{stage}/{self.rank}", results, limit)
         with self._lock:
             self.store.append(f"done/{stage}", f"{self.rank};")
 
