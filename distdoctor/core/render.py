@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-from rich.console import Console
-from rich.markup import escape
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.console import Console
 
 from distdoctor.core.findings import Finding, Severity
 from distdoctor.core.report import Report, format_ranks, format_where
@@ -68,6 +67,10 @@ def about_line(about: dict) -> str:
 
 def render_rich(report: Report, console: Console, *, verbose: bool = False, quiet: bool = False) -> None:
     """Findings grouped by severity, each with where, detail, fix and docs; then a summary."""
+    # rich is imported where it draws: a JSON or Markdown report never loads it.
+    from rich.markup import escape
+    from rich.text import Text
+
     for severity in sorted(Severity, reverse=True):
         group = [f for f in report.findings if f.severity == severity]
         if not group or (quiet and severity < Severity.ERROR):
@@ -91,6 +94,8 @@ def render_rich(report: Report, console: Console, *, verbose: bool = False, quie
 
 
 def _render_finding(console: Console, finding: Finding, *, verbose: bool) -> None:
+    from rich.text import Text
+
     head = Text()
     head.append(f"  {finding.id} ", style=_STYLE[finding.severity])
     head.append(f"[{finding.cause}] ", style="dim")
@@ -150,6 +155,8 @@ def render_markdown(report: Report, *, title: str = "distdoctor report") -> str:
 
 def make_console(file: IO[str] | None = None, *, force_terminal: bool | None = None) -> Console:
     """A console that is rich on a terminal and plain text (no colour codes) elsewhere."""
+    from rich.console import Console
+
     console = Console(file=file, force_terminal=force_terminal, highlight=False, emoji=False, soft_wrap=True)
     if not console.is_terminal:
         console = Console(file=file, no_color=True, highlight=False, emoji=False, soft_wrap=True, color_system=None)
