@@ -158,10 +158,8 @@ def run_selftest(
 
     Each rank runs ``rank_body(config, env=, argv=, all_ranks=, emit=, started=)`` (an object
     with ``exit_code``); by default the check's run_rank. ``config`` needs ``timeout``,
-    ``backend``, ``silence`` and ``fail_level``.
-
-    SIGINT/SIGTERM to the supervisor go on to the ranks: rank 0 prints the partial report, and
-    the supervisor exits with 128 + the signal's number once the ranks are gone.
+    ``backend``, ``silence`` and ``fail_level``. SIGINT/SIGTERM go on to the ranks (rank 0
+    prints the partial report); the supervisor then exits with 128 + the signal's number.
     """
     started = time.monotonic() if started is None else started
     import torch.multiprocessing as mp
