@@ -22,13 +22,21 @@ import os
 import secrets
 import signal
 import sys
+import threading
 import time
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_for
 from typing import Any, Callable
 
 from distdoctor.core.config import Config
-from distdoctor.core.interrupt import exit_code_for, install_watcher, set_interrupt_handler, signal_name
+from distdoctor.core.interrupt import (
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    exit_code_for,
+    install_watcher,
+    set_interrupt_handler,
+    signal_name,
+)
 from distdoctor.core.progress import LiveStatus
 from distdoctor.world.rank_run import NON_ROOT_GRACE_S
 from distdoctor.machine.launchers import SELF_TEST_VAR
@@ -213,9 +221,13 @@ def run_selftest(
             except OSError:
                 pass
         del store
+    if INTERRUPTED.is_set():
+        # The signal thread writes the last word and exits with 128 + signum (within its 5 s backstop).
+        time.sleep(INTERRUPT_WAIT_S + 6.0)
     codes = {i: p.exitcode for i, p in enumerate(processes)}
     rank0 = codes.get(0)
-    if rank0 in (0, EXIT_FINDINGS, EXIT_INCOMPLETE) and 0 not in killed:
+    # Rank 0 reported by itself (after a signal too: 130, 143, its partial report is out).
+    if rank0 in (0, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_SIGINT, EXIT_SIGTERM) and 0 not in killed:
         return int(rank0)
     # Rank 0 did not end by itself, so it printed nothing: the supervisor says what it knows.
     report = abnormal_report(codes, killed, config, started, size)
@@ -295,9 +307,15 @@ def abnormal_report(codes: dict[int, int | None], killed: set[int], config: Conf
     )
 
 
+# Set when a signal is being handled: the supervisor's main flow then leaves the last word and
+# the exit code to the signal thread (which ends the process) instead of reporting itself.
+INTERRUPTED = threading.Event()
+
+
 def interrupt_world(processes: list[Any], signum: int) -> None:
     """The supervisor got SIGINT/SIGTERM: pass it on to the ranks (rank 0 then prints the partial
     report and exits), wait for them briefly, end the rest by PID; one line if rank 0 said nothing."""
+    INTERRUPTED.set()
     for p in processes:
         if p.is_alive():
             try:

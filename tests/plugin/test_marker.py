@@ -7,6 +7,8 @@ import time
 import psutil
 import pytest
 
+from tests.conftest import measured_startup_s, slack_s
+
 pytestmark = pytest.mark.multiproc
 
 PASSING = '''
@@ -61,7 +63,6 @@ import time
 
 import pytest
 import torch.distributed as dist
-from tests.conftest import measured_startup_s, slack_s
 
 
 @pytest.mark.distributed(world_size=2, timeout=8)
