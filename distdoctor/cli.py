@@ -157,13 +157,14 @@ def check(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also list every check with its status and time.", rich_help_panel=OUTPUT_PANEL)] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors and the summary line.", rich_help_panel=OUTPUT_PANEL)] = False,
     all_ranks: Annotated[bool, typer.Option("--all-ranks", help="Every rank prints its own report too (by default only rank 0 reports, for the whole world).", rich_help_panel=OUTPUT_PANEL)] = False,
-    rank: Annotated[Optional[int], typer.Option("--rank", help="This process's rank, as RANK would set it (for worlds started by hand).", rich_help_panel=WORLD_PANEL)] = None,
-    world_size: Annotated[Optional[int], typer.Option("--world-size", help="The number of ranks, as WORLD_SIZE would set it.", rich_help_panel=WORLD_PANEL)] = None,
+    rank: Annotated[Optional[int], typer.Option("--rank", min=0, max=2**31 - 2, help="This process's rank, as RANK would set it (for worlds started by hand).", rich_help_panel=WORLD_PANEL)] = None,
+    world_size: Annotated[Optional[int], typer.Option("--world-size", min=1, max=2**31 - 1, help="The number of ranks, as WORLD_SIZE would set it.", rich_help_panel=WORLD_PANEL)] = None,
     master_addr: Annotated[Optional[str], typer.Option("--master-addr", help="Rank 0's host, as MASTER_ADDR would set it.", rich_help_panel=WORLD_PANEL)] = None,
-    master_port: Annotated[Optional[int], typer.Option("--master-port", help="The rendezvous port on rank 0's host, as MASTER_PORT would set it.", rich_help_panel=WORLD_PANEL)] = None,
+    master_port: Annotated[Optional[int], typer.Option("--master-port", min=1, max=65535, help="The rendezvous port on rank 0's host, as MASTER_PORT would set it.", rich_help_panel=WORLD_PANEL)] = None,
     # The deprecated torch.distributed.launch appends --local-rank=N (--local_rank before 2.0);
     # accepted so that the launch checks, which read argv, can report that launcher.
     local_rank: Annotated[Optional[str], typer.Option("--local-rank", "--local_rank", hidden=True)] = None,
+    launch_line: Annotated[Optional[list[str]], typer.Argument(help="After --, a launch line to check before it runs: torchrun ..., srun ..., mpirun ...", show_default=False)] = None,
 ) -> None:
     """Diagnose this node (and, with a launcher or --nproc, the whole world).
 
@@ -197,6 +198,7 @@ def check(
     from distdoctor.dispatch import check_entry
     from distdoctor.machine.launchers import NONE, detect
     from distdoctor.core.registry import RegistryError
+    from distdoctor.machine.launch_line import LaunchLineError
 
     started = STARTED
     # Given by hand, the world options act exactly like the variables they stand for.
@@ -210,8 +212,13 @@ def check(
     live = LiveStatus(live_wanted(config.format, quiet)).start()
     render = live.wrap(functools.partial(render_report, fmt=config.format, output=output, verbose=verbose, quiet=quiet))
     try:
-        code = check_entry(config, render, env=env, argv=sys.argv, all_ranks=all_ranks, started=started, live=live)
-    except RegistryError as exc:
+        if config.tags:  # a mistyped --tag selects nothing: a usage error, before any world starts
+            from distdoctor.core.engine import load_registry, select_checks
+
+            select_checks(config, load_registry(config))
+        code = check_entry(config, render, env=env, argv=sys.argv, all_ranks=all_ranks, started=started,
+                           launch_line=launch_line or (), live=live)
+    except (RegistryError, LaunchLineError) as exc:
         live.stop()
         fail_usage(str(exc))
     finally:
@@ -480,6 +487,47 @@ def explain(
         fail_usage(str(exc))
     render_report(report, config.format, output, verbose=verbose, quiet=False)
     raise typer.Exit(report.exit_code(config.fail_level))
+
+
+LINT_FORMATS = ("rich", "json", "markdown", "sarif")
+
+
+@app.command()
+def lint(
+    paths: Annotated[list[str], typer.Argument(help="Python files or directories (searched recursively), or - to read stdin.", show_default=False)],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="Report format: rich, json, markdown or sarif (SARIF 2.1.0, for GitHub code scanning).", rich_help_panel=OUTPUT_PANEL)] = "rich",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.", rich_help_panel=OUTPUT_PANEL)] = None,
+    select: Annotated[Optional[list[str]], typer.Option("--select", help="Only these rule IDs (comma lists; globs like lint.W* or prefixes like lint.E).", rich_help_panel=POLICY_PANEL)] = None,
+    ignore: Annotated[Optional[list[str]], typer.Option("--ignore", help="Skip these rule IDs (comma lists; globs or prefixes).", rich_help_panel=POLICY_PANEL)] = None,
+    exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Skip files and directories matching these globs when walking a directory.", rich_help_panel=POLICY_PANEL)] = None,
+    fail_level: Annotated[Optional[str], typer.Option("--fail-level", help=_help("fail_level"), rich_help_panel=POLICY_PANEL)] = None,
+    stdin_filename: Annotated[str, typer.Option("--stdin-filename", help="The name to report for source read from stdin.", rich_help_panel=OUTPUT_PANEL)] = "<stdin>",
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also list every rule with its finding count.", rich_help_panel=OUTPUT_PANEL)] = False,
+) -> None:
+    """Find distributed-training mistakes in the source, without running it (ast only).
+
+    Settings also come from [tool.distdoctor.lint] (select, ignore, exclude, fail-level); a
+    `# distdoctor: ignore[lint.W003]` comment silences a rule on its line. Exit codes: 0 nothing
+    at or above --fail-level; 1 findings at or above it; 2 usage error (missing path, bad option).
+    """
+    if fmt not in LINT_FORMATS:
+        fail_usage(f"--format: expected one of {', '.join(LINT_FORMATS)}, got {fmt!r}")
+    from distdoctor.lint import LintInputError, LintSettingsError, all_ids, lint_paths, load_settings
+
+    try:
+        settings = load_settings(all_ids(), cli={"select": select, "ignore": ignore, "exclude": exclude, "fail_level": fail_level})
+        report = lint_paths(paths, settings, stdin_name=stdin_filename)
+    except (LintInputError, LintSettingsError) as exc:
+        fail_usage(str(exc))
+    if fmt == "sarif":
+        from distdoctor.lint.sarif import render_sarif
+        from distdoctor.core.registry import REGISTRY
+
+        kinds = [REGISTRY.kinds[i] for i in all_ids() if settings.wants(i)]
+        emit(render_sarif(report, kinds, version=__version__), output)
+    else:
+        render_report(report, fmt, output, verbose=verbose, quiet=False)
+    raise typer.Exit(report.exit_code(settings.fail_level))
 
 
 def run() -> None:

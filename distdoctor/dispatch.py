@@ -53,6 +53,7 @@ def check_entry(
     all_ranks: bool = False,
     started: float | None = None,
     live: Any = None,
+    launch_line: Sequence[str] = (),
 ) -> int:
     """The `distdoctor check` command: local only, the self-test world, or one rank of a world.
 
@@ -63,6 +64,8 @@ def check_entry(
 
     # ``started`` is distdoctor's own clock (cli.STARTED): the deadline counts from there.
     started = time.monotonic() if started is None else started
+    if launch_line:
+        return check_launch_line(config, render, env=env, argv=argv, launch_line=launch_line, started=started)
     launch = detect(env, argv)
     if not cross_rank_requested(config):
         from distdoctor.machine.host import diagnose_here
@@ -97,11 +100,52 @@ def check_entry(
 
     if live is not None and launch.rank.value not in (0, None):
         live.stop()  # one status line per world: rank 0's
-    outcome = run_rank(config, env=env, argv=argv, all_ranks=all_ranks, emit=render, started=started)
+    outcome = run_rank(config, env=env, argv=argv, all_ranks=all_ranks, emit=render, started=started,
+                       note=_note_to_stderr)
     if outcome.world_opened or outcome.world_described:
         flush_std_streams()
         os._exit(outcome.exit_code)
     return outcome.exit_code
+
+
+def check_launch_line(
+    config: Config,
+    render: Callable[[Report], None],
+    *,
+    env: Mapping[str, str],
+    argv: Sequence[str],
+    launch_line: Sequence[str],
+    started: float | None = None,
+) -> int:
+    """`distdoctor check -- torchrun ...`: this node's local checks against the world the line
+    will form, before the launcher runs. Raises LaunchLineError for a line it cannot read."""
+    import dataclasses
+
+    from distdoctor.machine.host import diagnose_here
+    from distdoctor.machine.launch_line import parse_launch_line
+    from distdoctor.machine.launchers import TORCHRUN, planned_launch
+    from distdoctor.machine.probes import Probes
+
+    plan = parse_launch_line(list(launch_line))
+    probes = Probes()
+    gpus = probes.gpus() if plan.launcher == TORCHRUN or plan.inner is not None else []
+    launch = planned_launch(plan, env, len(gpus) if isinstance(gpus, list) else None)
+    planned_env = dict(env)
+    if launch.launcher == TORCHRUN and (launch.local_world_size.value or 1) > 1:
+        # torchrun sets OMP_NUM_THREADS=1 for its workers when it starts several and it is unset.
+        planned_env.setdefault("OMP_NUM_THREADS", "1")
+    local_only = dataclasses.replace(config, stages=("local",))
+    report = diagnose_here(local_only, env=planned_env, argv=argv, probes=probes, launch=launch, started=started)
+    render(report)
+    return report.exit_code(config.fail_level)
+
+
+def _note_to_stderr(line: str) -> None:
+    # A rank other than 0 points at rank 0's report in one line, on stderr: stdout carries
+    # exactly one report (rank 0's), also in --format json.
+    import sys
+
+    sys.stderr.write(line + "\n")
 
 
 def diagnose(
@@ -130,7 +174,8 @@ def diagnose(
 
 def load_every_kind(config: Config) -> Registry:
     """The registry with every finding ID declared: the checks', and those only `explain` (log.*),
-    the embedded API (pre.*, init.*, spec.*) and `bench` (bench.*) emit — for `list`, `show` and the docs."""
+    the embedded API (pre.*, init.*, spec.*), `bench` (bench.*) and `lint` (lint.*) emit — for `list`,
+    `show` and the docs."""
     from distdoctor.core.engine import load_registry
 
     # Importing these registers their kinds; none of them imports torch at import time.
@@ -138,5 +183,6 @@ def load_every_kind(config: Config) -> Registry:
     import distdoctor.embedded.bounded_init  # noqa: F401
     import distdoctor.embedded.setup_checks  # noqa: F401
     import distdoctor.explain  # noqa: F401
+    import distdoctor.lint  # noqa: F401
 
     return load_registry(config)

@@ -48,6 +48,8 @@ class FakeProbes(Probes):
         }
     )
     cpus: int | Unknown = 8
+    # distdoctor.machine.cpus.CpuBudget; None: an unbound process with `cpus` CPUs and no quota.
+    cpu_set: Any = None
     memory: int | Unknown = 64 * 2**30
     limits: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     disks: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
@@ -141,6 +143,13 @@ class FakeProbes(Probes):
     def cpu_count(self) -> int | Unknown:
         return self.cpus
 
+    def cpu_budget(self) -> Any:
+        from distdoctor.machine.cpus import CpuBudget
+
+        if self.cpu_set is not None or isinstance(self.cpus, Unknown):
+            return self.cpu_set if self.cpu_set is not None else self.cpus
+        return CpuBudget(affinity=self.cpus, shared=self.cpus)
+
     def memory_total(self) -> int | Unknown:
         return self.memory
 
@@ -177,8 +186,15 @@ def fake_context(
     config: Config | None = None,
     argv: Sequence[str] = ("distdoctor",),
     world: Any = None,
+    launch_line: Sequence[str] = (),
 ) -> CheckContext:
     env = dict(env or {})
     # DISTDOCTOR_* variables in the fake env configure the run, as they do for real.
     config = config or load_config({}, env=env, use_pyproject=False)
-    return build_context(config, env=env, argv=list(argv), probes=probes or FakeProbes(), world=world)
+    launch = None
+    if launch_line:  # `distdoctor check -- <launch line>`: the world the line will form
+        from distdoctor.machine.launch_line import parse_launch_line
+        from distdoctor.machine.launchers import planned_launch
+
+        launch = planned_launch(parse_launch_line(list(launch_line)), env)
+    return build_context(config, env=env, argv=list(argv), probes=probes or FakeProbes(), world=world, launch=launch)

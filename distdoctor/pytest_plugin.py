@@ -7,6 +7,9 @@
 - ``distdoctor_report``: a session-scoped fixture with the Report (the checks run on first use).
 - ``@pytest.mark.distributed(world_size=2, backend="gloo", timeout=60)``: the test body runs in
   ``world_size`` fresh processes with an initialized process group (distdoctor.testing).
+- ``pytest --distdoctor-lint`` (or ``distdoctor_lint = true``) runs ``distdoctor lint`` once per
+  session over ``distdoctor_lint_paths`` (default: the rootdir), with [tool.distdoctor.lint],
+  and fails the session on a finding at or above the lint fail level (error by default).
 
 Loading the plugin costs nothing measurable: this module imports neither torch nor rich nor
 the check registry; they are imported when an option, the fixture or the marker is used.
@@ -20,6 +23,9 @@ import pytest
 
 MARKER = "distributed"
 _REPORT_KEY = pytest.StashKey[Any]()
+_LINT_KEY = pytest.StashKey[Any]()
+_LINT_HELP = "Lint the project's sources once per session (distdoctor lint); the session fails on lint errors."
+_LINT_PATHS_HELP = "Files or directories for --distdoctor-lint (default: the rootdir)."
 _INI = {
     # ini key -> (option name in distdoctor.core.config.OPTIONS or None, type, default)
     "distdoctor": (None, "bool", False),
@@ -50,6 +56,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--distdoctor-silence", action="append", default=None, metavar="IDS", help=_help("silence"))
     for key, (option, kind, default) in _INI.items():
         parser.addini(key, _help(option), type=kind, default=default)
+    group.addoption("--distdoctor-lint", action="store_true", default=None, help=_LINT_HELP)
+    parser.addini("distdoctor_lint", _LINT_HELP, type="bool", default=False)
+    parser.addini("distdoctor_lint_paths", _LINT_PATHS_HELP, type="args", default=[])
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -111,26 +120,58 @@ def _session_report(config: pytest.Config) -> Any:
     return report, settings
 
 
-def pytest_report_header(config: pytest.Config) -> list[str] | None:
-    if not _enabled(config):
-        return None
-    from distdoctor.core.render import summary_line
+def _lint_enabled(config: pytest.Config) -> bool:
+    flag = config.getoption("--distdoctor-lint")
+    return bool(flag) if flag is not None else bool(config.getini("distdoctor_lint"))
 
-    report, settings = _session_report(config)
-    return [f"distdoctor: {summary_line(report)} (fail level {settings.fail_level.label})"]
+
+def _lint_report(config: pytest.Config) -> Any:
+    """The lint Report and its settings, computed once per session (cached on the config)."""
+    cached = config.stash.get(_LINT_KEY, None)
+    if cached is not None:
+        return cached
+    from distdoctor.lint import LintInputError, LintSettingsError, all_ids, lint_paths, load_settings
+
+    paths = [str(config.rootpath / p) for p in config.getini("distdoctor_lint_paths")] or [str(config.rootpath)]
+    try:
+        settings = load_settings(all_ids(), cwd=config.rootpath)
+        report = lint_paths(paths, settings)
+    except (LintInputError, LintSettingsError) as exc:
+        raise pytest.UsageError(f"distdoctor lint: {exc}") from None
+    config.stash[_LINT_KEY] = (report, settings)
+    return report, settings
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    lines = []
+    if _enabled(config) or _lint_enabled(config):
+        from distdoctor.core.render import summary_line
+    if _enabled(config):
+        report, settings = _session_report(config)
+        lines.append(f"distdoctor: {summary_line(report)} (fail level {settings.fail_level.label})")
+    if _lint_enabled(config):
+        report, settings = _lint_report(config)
+        lines.append(f"distdoctor lint: {summary_line(report)} (fail level {settings.fail_level.label})")
+    return lines or None
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    if not _enabled(config):
-        return
-    report, settings = _session_report(config)
-    if report.exit_code(settings.fail_level) != 0 and session.exitstatus == 0:
+    failed = False
+    if _enabled(config):
+        report, settings = _session_report(config)
+        failed |= report.exit_code(settings.fail_level) != 0
+    if _lint_enabled(config):
+        report, settings = _lint_report(config)
+        failed |= report.exit_code(settings.fail_level) != 0
+    if failed and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if _lint_enabled(config):
+        _lint_summary(terminalreporter, config)
     if not _enabled(config):
         return
     report, settings = _session_report(config)
@@ -149,6 +190,33 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.line(f"  {finding.id} [{finding.cause}] {finding.title}" + (f" ({where})" if where else ""))
         if finding.remediation:
             terminalreporter.line(f"      fix: {finding.remediation}")
+
+
+def _lint_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    report, settings = _lint_report(config)
+    worst = [f for f in report.findings if f.severity >= settings.fail_level]
+    if not worst:
+        return
+    terminalreporter.section("distdoctor lint", sep="=", red=True, bold=True)
+    terminalreporter.line(f"distdoctor lint failed the session: {len(worst)} finding(s) at or above "
+                          f"fail level {settings.fail_level.label}", red=True)
+    for finding in worst:
+        data = finding.data or {}
+        path = _relative(str(data.get("path", "")), config)
+        terminalreporter.line(f"  {path}:{data.get('line')}:{data.get('col')}: {finding.id} "
+                              f"[{finding.cause}] {finding.title}")
+        if finding.remediation:
+            terminalreporter.line(f"      fix: {finding.remediation}")
+
+
+def _relative(path: str, config: pytest.Config) -> str:
+    """A finding's path relative to the rootdir, as pytest shows test paths."""
+    from pathlib import Path
+
+    try:
+        return Path(path).relative_to(config.rootpath).as_posix()
+    except ValueError:
+        return path
 
 
 @pytest.fixture(scope="session")

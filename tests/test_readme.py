@@ -24,8 +24,16 @@ def test_ci_runs_exactly_the_readme_test_command():
     test_command = quick_start_commands()[1]
     ci = (REPO / ".ci" / "run").read_text()
     ci_commands = [line for line in ci.splitlines() if line and not line.startswith(("#", "set ", "cd ", "export "))]
+    # Before it, CI only installs the launchers the suite starts (never fatal, never a test run).
+    assert ci_commands[:-1] == [".ci/install-launchers"]
     # CI adds pip's -q only; the command is otherwise the README's, character for character.
-    assert [c.replace("pip install -q ", "pip install ") for c in ci_commands] == [test_command]
+    assert [c.replace("pip install -q ", "pip install ") for c in ci_commands[-1:]] == [test_command]
+
+
+def test_ci_launcher_install_is_guarded_and_never_fatal():
+    script = (REPO / ".ci" / "install-launchers").read_text()
+    assert "apt-get install -y slurm-wlm munge openmpi-bin iproute2" in script
+    assert "command -v apt-get" in script and script.rstrip().endswith("exit 0")
 
 
 def test_constraints_pin_the_cpu_torch():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from distdoctor.core.context import CheckContext
 from distdoctor.machine.launchers import (
+    ACCELERATE_SINGLE,
     DEPRECATED_LAUNCH,
     KUBEFLOW,
     MANUAL,
@@ -76,12 +77,145 @@ def how_launcher_sets(var: str, launch: LaunchInfo) -> str:
     )
 
 
+WORLD_DERIVED = finding_kind(
+    "launch.I011",
+    cause="env_missing",
+    title="The world was derived from the launcher's own variables",
+    hint="A plain torch script needs RANK / WORLD_SIZE / MASTER_* exported; Lightning and accelerate derive them",
+)
+ENDPOINT_NOT_DERIVED = finding_kind(
+    "launch.C012",
+    cause="env_missing",
+    title="The rendezvous endpoint of a multi-node world cannot be derived",
+    hint="Export MASTER_ADDR (rank 0's host) and MASTER_PORT on every node",
+)
+
+# Variables whose value differs from rank to rank (the report shows the source's name only).
+_PER_RANK = ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+_EXPORT_FROM = {
+    SLURM: ("RANK=$SLURM_PROCID", "WORLD_SIZE=$SLURM_NTASKS", "LOCAL_RANK=$SLURM_LOCALID"),
+    OPENMPI: ("RANK=$OMPI_COMM_WORLD_RANK", "WORLD_SIZE=$OMPI_COMM_WORLD_SIZE", "LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK"),
+    MPICH: ("RANK=$PMI_RANK", "WORLD_SIZE=$PMI_SIZE", "LOCAL_RANK=$MPI_LOCALRANKID"),
+}
+
+
+@check(stage="local", tags=("launch", "env"), emits=(WORLD_DERIVED, ENDPOINT_NOT_DERIVED))
+def derived_world(ctx: CheckContext):
+    """Rank, world size, local rank and endpoint derived from srun / mpirun / PMI / jsrun / PyTorchJob variables."""
+    launch = ctx.launch
+    if not launch.derived and not launch.endpoint_problem:
+        return
+    derived = dict(launch.derived)
+    # Title, detail and fix are the same on every rank, so rank 0's report shows one finding
+    # for the whole world; each rank's own values are in its data.
+    lines = [f"{var} <- {source.split('=', 1)[0] if var in _PER_RANK else source}" for var, source in launch.derived]
+    if launch.endpoint_problem:
+        yield ENDPOINT_NOT_DERIVED(
+            f"{launch.title} started a multi-node world, but which host runs rank 0 is unknown",
+            detail=f"{launch.endpoint_problem}. Every rank must connect to the store on rank 0's host; "
+            "without MASTER_ADDR the world cannot form." + (f" Derived so far: {'; '.join(lines)}." if lines else ""),
+            remediation=how_launcher_sets("MASTER_ADDR", launch).replace("<first host>", "<rank 0's host>")
+            + " (MASTER_PORT is derived from the job ID unless you set it too)",
+            data={"launcher": launch.launcher, "derived": derived, "problem": launch.endpoint_problem},
+        )
+        return
+    exports = _EXPORT_FROM.get(launch.launcher, ())
+    where = f"{launch.master_addr}:{launch.master_port.value}"
+    yield WORLD_DERIVED(
+        f"World of {launch.world_size.value} ranks from {launch.title}'s variables, endpoint {where}",
+        detail="Derived because the processes have no torch variables of their own: " + "; ".join(lines) + ". "
+        "distdoctor formed its world from these values. A training script that calls "
+        "init_process_group() with the default env:// does not derive them: it needs them exported.",
+        remediation=("accelerate derives them the same way (its scripts need no exports); a plain torch script "
+                     if launch.accelerate else "In a plain torch script, ")
+        + "export them before python starts"
+        + (f" ({', '.join(exports)}, MASTER_ADDR={launch.master_addr}, MASTER_PORT={launch.master_port.value})" if exports else "")
+        + ("" if launch.accelerate else ", or use a framework that derives them the same way (Lightning, accelerate)"),
+        data={"launcher": launch.launcher, "derived": derived, "rank": launch.rank.value,
+              "world_size": launch.world_size.value, "local_rank": launch.local_rank.value,
+              "local_world_size": launch.local_world_size.value, "master_addr": launch.master_addr,
+              "master_port": launch.master_port.value},
+    )
+
+
+ACCELERATE_ONE_PROCESS = finding_kind(
+    "launch.E014",
+    cause="launcher_misuse",
+    title="accelerate launch started one process, not a multi-process world",
+    hint="Use --multi_gpu (torchrun underneath, also on CPU-only nodes) or --cpu --mpirun_hostfile",
+)
+
+
+@check(stage="local", tags=("launch", "accelerate"), emits=(ACCELERATE_ONE_PROCESS,))
+def accelerate_single_process(ctx: CheckContext):
+    """accelerate launch --num_processes N (N > 1) in its simple mode: --cpu without --mpirun_hostfile, or no --multi_gpu."""
+    if ctx.launch.launcher != ACCELERATE_SINGLE:
+        return
+    cpu = ctx.launch.accelerate == "cpu"
+    mode = "--cpu mode runs the script once, in one process, unless --mpirun_hostfile is given" if cpu else (
+        "simple mode (no --multi_gpu, --cpu --mpirun_hostfile, --use_deepspeed or --use_fsdp) runs the script once, in one process")
+    where = f"{ctx.env.get('MASTER_ADDR')}:{ctx.env.get('MASTER_PORT')}"
+    yield ACCELERATE_ONE_PROCESS(
+        "accelerate launch " + ("--cpu " if cpu else "") + "started a single process, although --num_processes asked for more",
+        detail=f"accelerate's {mode}; it still sets MASTER_ADDR:MASTER_PORT ({where}) because --num_processes > 1, "
+        "but no RANK or WORLD_SIZE. The script trains alone (accelerate's state: one process, no distributed "
+        "backend): N times slower than intended, and nothing is synchronised.",
+        remediation="For N processes on this node: accelerate launch --multi_gpu --num_processes N script.py "
+        "(accelerate starts them with torchrun, with gloo on CPU-only nodes)"
+        + ("; or accelerate launch --cpu --mpirun_hostfile HOSTFILE --num_processes N script.py (HOSTFILE: "
+           "'localhost slots=N'; needs Open MPI or Intel MPI)" if cpu else ""),
+        data={"mode": ctx.launch.accelerate, "master_addr": ctx.env.get("MASTER_ADDR"), "master_port": ctx.env.get("MASTER_PORT")},
+    )
+
+
+LAUNCH_LINE = finding_kind(
+    "launch.I013",
+    cause="env_missing",
+    title="The launch line was checked before it runs",
+    hint="The findings beside it are what the launcher would hang or fail on",
+)
+
+
+def _plan_text(launch: LaunchInfo) -> str:
+    plan = launch.planned
+    size, local = launch.world_size.value, launch.local_world_size.value
+    parts = [f"a world of {size if size is not None else '?'} ranks, {local if local is not None else '?'} on this node"]
+    if launch.master_addr and launch.master_port.value:
+        torchrun = plan if plan.launcher == TORCHRUN else plan.inner
+        backend = f" ({torchrun.rdzv_backend} rendezvous)" if torchrun else ""
+        parts.append(f"rendezvous at {launch.master_addr}:{launch.master_port.value}{backend}")
+    elif launch.master_addr:
+        parts.append(f"rendezvous on {launch.master_addr}, port chosen at launch")
+    return ", ".join(parts)
+
+
+@check(stage="local", tags=("launch",), emits=(LAUNCH_LINE,))
+def launch_line(ctx: CheckContext):
+    """`distdoctor check -- <launch line>`: the world the line will form, checked before it runs."""
+    launch = ctx.launch
+    if launch.planned is None:
+        return
+    yield LAUNCH_LINE(
+        f"{launch.planned.command} will start {_plan_text(launch)}",
+        detail=f"Read from the launch line `{launch.planned.line}`. RANK, WORLD_SIZE and LOCAL_RANK are "
+        "set by the launcher for each worker, so they are not checked here; the endpoint, the port, "
+        "the interfaces, GPUs and CPUs for this many local ranks are.",
+        remediation="Fix the findings beside this one before starting the launcher; once the job "
+        "runs, `distdoctor check` under the same launcher checks the world itself",
+        data={"line": launch.planned.line, "world_size": launch.world_size.value,
+              "local_world_size": launch.local_world_size.value, "master_addr": launch.master_addr,
+              "master_port": launch.master_port.value},
+    )
+
+
 @check(stage="local", tags=("launch", "env"), emits=(ENV_MISSING, ENV_INVALID))
 def rendezvous_env(ctx: CheckContext):
     """RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: present and usable."""
     launch = ctx.launch
-    if launch.launcher == NONE:
-        return  # a plain process: nothing claims a world (the self-test world supplies one)
+    if launch.launcher in (NONE, ACCELERATE_SINGLE) or launch.planned is not None:
+        # A plain process: nothing claims a world (the self-test world supplies one). A launch
+        # line checked before it runs: the launcher has not set these yet.
+        return
 
     required = ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
     if launch.launcher not in (MANUAL, DEPRECATED_LAUNCH):
@@ -95,6 +229,8 @@ def rendezvous_env(ctx: CheckContext):
     }
     for var in required:
         present = launch.master_addr is not None if var == "MASTER_ADDR" else int_vars[var].present
+        if var == "MASTER_ADDR" and launch.endpoint_problem:
+            continue  # launch.C012 names what to export for a multi-node world
         if not present:
             yield ENV_MISSING(
                 f"{var} is not set (started by {launch.title})",
@@ -103,6 +239,8 @@ def rendezvous_env(ctx: CheckContext):
                 remediation=how_launcher_sets(var, launch),
                 data={"variable": var, "launcher": launch.launcher},
             )
+    if launch.node_rank is not None and launch.node_rank.name == "NODE_RANK":
+        int_vars["NODE_RANK"] = launch.node_rank
     for var, parsed in int_vars.items():
         if parsed.problem:
             yield ENV_INVALID(
@@ -256,9 +394,12 @@ def scheduler_consistency(ctx: CheckContext):
                 f"torchrun runs inside {scheduler} with {where}: every task starts its own torchrun",
                 detail=(
                     f"The scheduler started {where}, and each of them ran torchrun, which starts "
-                    f"--nproc-per-node workers of its own. The node gets (tasks x nproc) workers that "
-                    "fight over MASTER_PORT and GPUs, claim the same ranks, and the rendezvous "
-                    "fails or waits for a world size that never forms."
+                    "--nproc-per-node workers of its own: the node gets (tasks x nproc) workers. "
+                    "Single-node torchruns (torch 2.x, no --rdzv-endpoint) each pick a free port and "
+                    "form separate worlds that never meet: every world has its own rank 0, trains "
+                    "its own copy of the job on the same GPUs, and their checkpoints and logs "
+                    "overwrite each other. With a shared --rdzv-endpoint they join one rendezvous "
+                    "instead, which waits for (or rejects) the extra agents."
                 ),
                 remediation=fix,
                 data={"scheduler": scheduler, "tasks_per_node": per_node, "nodes": nodes, "tasks": tasks},

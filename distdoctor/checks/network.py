@@ -124,6 +124,8 @@ def interfaces(ctx: CheckContext) -> dict[str, Interface] | Unknown:
 def endpoint(ctx: CheckContext) -> tuple[str | None, int | None, str]:
     launch = ctx.launch
     host = launch.master_addr.strip() if launch.master_addr else None
+    if launch.planned is not None:
+        return host or None, launch.master_port.value, "the launch line's endpoint"
     return rendezvous_endpoint(ctx.config, host or None, launch.master_port.value)
 
 
@@ -317,15 +319,81 @@ def _why_unusable(nic: Interface | None, name: str) -> str:
     return f"{name} has no address"
 
 
-@check(stage="local", tags=("network", "interface"), emits=(IFNAME_UNUSABLE, IFNAME_SUSPICIOUS, VIRTUAL_INTERFACE, IFNAME_UNKNOWN))
-def socket_ifname(ctx: CheckContext):
-    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME against the interfaces that exist, are up and have an address."""
-    nics = interfaces(ctx)
+def _ifname_specs(ctx: CheckContext) -> list[Any]:
     specs = []
     if "GLOO_SOCKET_IFNAME" in ctx.env:
         specs.append(ifname.parse_gloo(ctx.env["GLOO_SOCKET_IFNAME"]))
     if "NCCL_SOCKET_IFNAME" in ctx.env:
         specs.append(ifname.parse_nccl(ctx.env["NCCL_SOCKET_IFNAME"]))
+    return specs
+
+
+def _chosen_interfaces(ctx: CheckContext, spec: Any, nics: dict[str, Interface], existing: str, suggestion: str):
+    """The interfaces a variable selects (list), or the finding that says none is usable."""
+    var = spec.variable
+    if spec.style == ifname.GLOO:
+        bad = [(n, _why_unusable(nics.get(n), n)) for n in spec.names if n not in nics or not _usable(nics[n])]
+        if bad:
+            return IFNAME_UNUSABLE(
+                f"{var}={spec.raw!r}: {'; '.join(why for _, why in bad)}",
+                detail=f"torch creates one Gloo device per listed interface; init_process_group fails with "
+                f"\"Unable to find address for: {bad[0][0]}\". Interfaces here: {existing}.",
+                remediation=remedies.set_env(ctx, var, suggestion),
+                data={"variable": var, "value": spec.raw, "unusable": [n for n, _ in bad], "interfaces": list(nics)},
+            )
+        return list(spec.names)
+    matched = spec.select(nics)
+    chosen = [n for n in matched if _usable(nics[n])]
+    if chosen:
+        return chosen
+    why = (f"it matches {', '.join(matched)}, none of them up with an address" if matched
+           else "it matches no interface here")
+    return IFNAME_UNUSABLE(
+        f"{var}={spec.raw!r}: {why}",
+        detail=f"{spec.describe()}. NCCL finds no socket interface and ncclCommInitRank fails "
+        f"(\"Bootstrap : no socket interface found\"). Interfaces here: {existing}.",
+        remediation=remedies.set_env(ctx, var, suggestion),
+        data={"variable": var, "value": spec.raw, "matched": matched, "interfaces": list(nics)},
+    )
+
+
+def _selection_findings(ctx: CheckContext, spec: Any, nics: dict[str, Interface], chosen: list[str], suggestion: str):
+    """A multi-host job whose variable selects only loopback, or a virtual interface first."""
+    var = spec.variable
+    if all(nics[n].is_loopback for n in chosen if n in nics):
+        yield IFNAME_UNUSABLE(
+            f"{var}={spec.raw!r} selects only loopback in a multi-host job",
+            detail="Peers on other hosts cannot reach a loopback address.",
+            remediation=remedies.set_env(ctx, var, suggestion),
+            data={"variable": var, "value": spec.raw, "selected": chosen},
+        )
+    elif ifname.is_virtual(chosen[0]):
+        yield VIRTUAL_INTERFACE(
+            f"{var}={spec.raw!r} selects {chosen[0]}, a virtual/bridge interface",
+            detail=f"{chosen[0]} is usually a container bridge or tunnel that other hosts cannot reach.",
+            remediation=remedies.set_env(ctx, var, suggestion),
+            data={"variable": var, "value": spec.raw, "selected": chosen},
+        )
+
+
+def _nccl_default_choice(ctx: CheckContext, nics: dict[str, Interface], good: Interface | None):
+    """NCCL_SOCKET_IFNAME unset: what would NCCL pick on its own?"""
+    order = [n for n in ifname.nccl_default_candidates(nics) if _usable(nics[n]) and not nics[n].is_loopback]
+    if order and ifname.is_virtual(order[0]):
+        yield VIRTUAL_INTERFACE(
+            f"NCCL_SOCKET_IFNAME is unset and NCCL would pick {order[0]}, a virtual/bridge interface",
+            detail=f"Without NCCL_SOCKET_IFNAME, NCCL takes ib* interfaces first, else the first interface "
+            f"that is not docker* or lo: here {', '.join(order)}. {order[0]} rarely reaches other hosts.",
+            remediation=remedies.set_env(ctx, "NCCL_SOCKET_IFNAME", good.name if good else "<interface>"),
+            data={"candidates": order},
+        )
+
+
+@check(stage="local", tags=("network", "interface"), emits=(IFNAME_UNUSABLE, IFNAME_SUSPICIOUS, VIRTUAL_INTERFACE, IFNAME_UNKNOWN))
+def socket_ifname(ctx: CheckContext):
+    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME against the interfaces that exist, are up and have an address."""
+    nics = interfaces(ctx)
+    specs = _ifname_specs(ctx)
     if not isinstance(nics, dict):
         if specs:
             yield IFNAME_UNKNOWN(
@@ -336,72 +404,25 @@ def socket_ifname(ctx: CheckContext):
         return
     existing = ", ".join(f"{n.name}({'up' if n.up else 'down'}{', ' + n.addresses[0] if n.addresses else ''})" for n in nics.values())
     good = routable_interface(ctx)
+    suggestion = good.name if good else "<interface>"
     multi = multi_host(ctx)
     for spec in specs:
-        var = spec.variable
-        suggestion = good.name if good else "<interface>"
         if spec.problems and not spec.ignored:
             yield IFNAME_SUSPICIOUS(
-                f"{var}={spec.raw!r}: {spec.problems[0]}",
+                f"{spec.variable}={spec.raw!r}: {spec.problems[0]}",
                 detail="; ".join(spec.problems) + f". Read as: {spec.describe()}.",
-                remediation=remedies.set_env(ctx, var, suggestion),
-                data={"variable": var, "value": spec.raw, "problems": list(spec.problems)},
+                remediation=remedies.set_env(ctx, spec.variable, suggestion),
+                data={"variable": spec.variable, "value": spec.raw, "problems": list(spec.problems)},
             )
         if spec.ignored:
             continue
-        if spec.style == ifname.GLOO:
-            bad = [(n, _why_unusable(nics.get(n), n)) for n in spec.names if n not in nics or not _usable(nics[n])]
-            if bad:
-                yield IFNAME_UNUSABLE(
-                    f"{var}={spec.raw!r}: {'; '.join(why for _, why in bad)}",
-                    detail=f"torch creates one Gloo device per listed interface; init_process_group fails with "
-                    f"\"Unable to find address for: {bad[0][0]}\". Interfaces here: {existing}.",
-                    remediation=remedies.set_env(ctx, var, suggestion),
-                    data={"variable": var, "value": spec.raw, "unusable": [n for n, _ in bad], "interfaces": list(nics)},
-                )
-                continue
-            chosen = list(spec.names)
-        else:
-            matched = spec.select(nics)
-            chosen = [n for n in matched if _usable(nics[n])]
-            if not chosen:
-                why = (
-                    f"it matches {', '.join(matched)}, none of them up with an address" if matched
-                    else "it matches no interface here"
-                )
-                yield IFNAME_UNUSABLE(
-                    f"{var}={spec.raw!r}: {why}",
-                    detail=f"{spec.describe()}. NCCL finds no socket interface and ncclCommInitRank fails "
-                    f"(\"Bootstrap : no socket interface found\"). Interfaces here: {existing}.",
-                    remediation=remedies.set_env(ctx, var, suggestion),
-                    data={"variable": var, "value": spec.raw, "matched": matched, "interfaces": list(nics)},
-                )
-                continue
-        if multi and all(nics[n].is_loopback for n in chosen if n in nics):
-            yield IFNAME_UNUSABLE(
-                f"{var}={spec.raw!r} selects only loopback in a multi-host job",
-                detail="Peers on other hosts cannot reach a loopback address.",
-                remediation=remedies.set_env(ctx, var, suggestion),
-                data={"variable": var, "value": spec.raw, "selected": chosen},
-            )
-        elif multi and ifname.is_virtual(chosen[0]):
-            yield VIRTUAL_INTERFACE(
-                f"{var}={spec.raw!r} selects {chosen[0]}, a virtual/bridge interface",
-                detail=f"{chosen[0]} is usually a container bridge or tunnel that other hosts cannot reach.",
-                remediation=remedies.set_env(ctx, var, suggestion),
-                data={"variable": var, "value": spec.raw, "selected": chosen},
-            )
-    # NCCL_SOCKET_IFNAME unset: what would NCCL pick on its own?
+        chosen = _chosen_interfaces(ctx, spec, nics, existing, suggestion)
+        if not isinstance(chosen, list):
+            yield chosen
+        elif multi:
+            yield from _selection_findings(ctx, spec, nics, chosen, suggestion)
     if "NCCL_SOCKET_IFNAME" not in ctx.env and ctx.backend == "nccl" and multi:
-        order = [n for n in ifname.nccl_default_candidates(nics) if _usable(nics[n]) and not nics[n].is_loopback]
-        if order and ifname.is_virtual(order[0]):
-            yield VIRTUAL_INTERFACE(
-                f"NCCL_SOCKET_IFNAME is unset and NCCL would pick {order[0]}, a virtual/bridge interface",
-                detail=f"Without NCCL_SOCKET_IFNAME, NCCL takes ib* interfaces first, else the first interface "
-                f"that is not docker* or lo: here {', '.join(order)}. {order[0]} rarely reaches other hosts.",
-                remediation=remedies.set_env(ctx, "NCCL_SOCKET_IFNAME", good.name if good else "<interface>"),
-                data={"candidates": order},
-            )
+        yield from _nccl_default_choice(ctx, nics, good)
 
 
 # -- the rendezvous port ----------------------------------------------------------------------
@@ -439,58 +460,133 @@ def _foreign_finding(ctx: CheckContext, host: str, port: int, identity: foreign.
     )
 
 
-@check(stage="local", tags=("network", "port"), emits=(MASTER_UNREACHABLE, FIREWALLED, PORT_IN_USE, FOREIGN_SERVICE, PORT_SERVICE_UNKNOWN))
-def rendezvous_port(ctx: CheckContext):
-    """The master host: is MASTER_PORT free (or held by the expected store)? Other hosts: can they connect?"""
-    host, port, source = endpoint(ctx)
-    if not host or port is None:
-        return
-    resolved = resolve(ctx, host)
-    if not isinstance(resolved, Resolution) or not resolved.addresses:
-        return  # net.C001 / net.I002 already say so
-    master_here = on_master_host(ctx, host)
-    rank = ctx.rank
-    expect_store = agent_store_expected(ctx)
+def _port_taken(ctx: CheckContext, port: int, holder: str, pids: list[int], error: str, is_store: bool):
+    """The same net.E013 on every rank that sees the holder: rank 0 cannot bind, the others reach
+    a listener that is not rank 0's store."""
+    return PORT_IN_USE(
+        f"MASTER_PORT={port} is already in use on the master host ({holder})",
+        detail=f"Rank 0 will fail to start the store: \"The server socket has failed to listen on any local "
+        f"network address ... address already in use\" ({error})."
+        + (" The holder answers as a c10d store: probably an earlier run (or another job) still alive." if is_store else ""),
+        remediation=_pick_port(ctx) + (f"; or end the holder: kill {' '.join(map(str, pids))}" if pids else ""),
+        data={"port": port, "pids": pids, "holder": holder, "is_c10d_store": is_store, "error": error},
+    )
 
-    if not expect_store and master_here and rank in (0, None):
-        # This process (as rank 0) will create the store: the port must be free.
-        free = ctx.probes.can_bind(port)
-        if isinstance(free, Unknown) or free[0]:
-            return
-        error = free[1]
-        if "denied" in error.lower():
-            yield PORT_IN_USE(
-                f"MASTER_PORT={port} cannot be bound: {error}",
-                detail="Ports below 1024 need privileges the job does not have.",
-                remediation=_pick_port(ctx).replace("<free port>", "29500"),
-                data={"port": port, "error": error},
-            )
-            return
-        holder, pids = _listeners_text(ctx.probes.listeners(port))
-        identity = ctx.probes.identify_port(host, port, IDENTIFY_TIMEOUT)
-        if isinstance(identity, foreign.PortIdentity) and identity.kind == foreign.FOREIGN:
-            yield _foreign_finding(ctx, host, port, identity, holder, pids)
-            return
-        is_store = isinstance(identity, foreign.PortIdentity) and identity.kind == foreign.C10D_STORE
+
+def _port_free_for_store(ctx: CheckContext, host: str, port: int, store_ok: bool = False):
+    """This process (as rank 0) will create the store: the port must be free (``store_ok``: or
+    held by a c10d store, which torchrun's c10d rendezvous joins as a client)."""
+    free = ctx.probes.can_bind(port)
+    if isinstance(free, Unknown) or free[0]:
+        return
+    error = free[1]
+    if "denied" in error.lower():
         yield PORT_IN_USE(
-            f"MASTER_PORT={port} is already in use on the master host ({holder})",
-            detail=f"Rank 0 will fail to start the store: \"The server socket has failed to listen on any local "
-            f"network address ... address already in use\" ({error})."
-            + (" The holder answers as a c10d store: probably an earlier run (or another job) still alive." if is_store else ""),
-            remediation=_pick_port(ctx) + (f"; or end the holder: kill {' '.join(map(str, pids))}" if pids else ""),
-            data={"port": port, "pids": pids, "holder": holder, "is_c10d_store": is_store, "error": error},
+            f"MASTER_PORT={port} cannot be bound: {error}",
+            detail="Ports below 1024 need privileges the job does not have.",
+            remediation=_pick_port(ctx).replace("<free port>", "29500"),
+            data={"port": port, "error": error},
         )
         return
-
-    if not expect_store and master_here:
-        # Another local process is (or will be) rank 0; only a foreign answer is certain to be wrong.
-        result = ctx.probes.connect(host, port, CONNECT_TIMEOUT)
-        if getattr(result, "status", None) == "open":
-            identity = ctx.probes.identify_port(host, port, IDENTIFY_TIMEOUT)
-            if isinstance(identity, foreign.PortIdentity) and identity.kind == foreign.FOREIGN:
-                yield _foreign_finding(ctx, host, port, identity)
+    holder, pids = _listeners_text(ctx.probes.listeners(port))
+    identity = ctx.probes.identify_port(host, port, IDENTIFY_TIMEOUT)
+    if isinstance(identity, foreign.PortIdentity) and identity.kind == foreign.FOREIGN:
+        yield _foreign_finding(ctx, host, port, identity, holder, pids)
         return
+    is_store = isinstance(identity, foreign.PortIdentity) and identity.kind == foreign.C10D_STORE
+    if is_store and store_ok:
+        return
+    yield _port_taken(ctx, port, holder, pids, error, is_store)
 
+
+def port_held_finding(ctx: CheckContext, host: str, port: int):
+    """For a rank other than 0 that could not reach the store on its own host: the process that
+    holds the port and does not answer as a c10d store (net.E013, the finding rank 0 reports),
+    or None when nothing here holds it (then the store's own finding stands)."""
+    if on_master_host(ctx, host) is not True:
+        return None
+    listeners = ctx.probes.listeners(port)
+    if not isinstance(listeners, list) or not listeners:
+        return None
+    identity = ctx.probes.identify_port(host, port, IDENTIFY_TIMEOUT)
+    if isinstance(identity, foreign.PortIdentity) and identity.kind == foreign.C10D_STORE:
+        return None
+    holder, pids = _listeners_text(listeners)
+    if isinstance(identity, foreign.PortIdentity) and identity.kind == foreign.FOREIGN:
+        return _foreign_finding(ctx, host, port, identity, holder, pids)
+    return _port_taken(ctx, port, holder, pids, "address already in use", False)
+
+
+def _port_not_foreign(ctx: CheckContext, host: str, port: int):
+    """Another local process is (or will be) rank 0; only a foreign answer is certain to be wrong."""
+    result = ctx.probes.connect(host, port, CONNECT_TIMEOUT)
+    if getattr(result, "status", None) == "open":
+        identity = ctx.probes.identify_port(host, port, IDENTIFY_TIMEOUT)
+        if isinstance(identity, foreign.PortIdentity) and identity.kind == foreign.FOREIGN:
+            yield _foreign_finding(ctx, host, port, identity)
+
+
+def _open_port(ctx: CheckContext, host: str, port: int, expect_store: bool, data: dict[str, Any]):
+    identity = ctx.probes.identify_port(host, port, IDENTIFY_TIMEOUT)
+    if not isinstance(identity, foreign.PortIdentity) or identity.kind == foreign.C10D_STORE:
+        return
+    if identity.kind == foreign.FOREIGN:
+        yield _foreign_finding(ctx, host, port, identity)
+    elif identity.kind == foreign.SILENT and expect_store:
+        yield PORT_SERVICE_UNKNOWN(
+            f"Could not tell whether the service on {host}:{port} is the c10d store: {identity.detail}",
+            detail="torchrun's agent store should answer a store ping at once; a silent listener may be "
+            "another program, or an overloaded store.",
+            remediation=f"On {host}: ss -ltnp 'sport = :{port}' to see which process listens",
+            data=data,
+        )
+
+
+def _refused(host: str, port: int, source: str, result: Any, data: dict[str, Any]):
+    return MASTER_UNREACHABLE(
+        f"Connection to {host}:{port} refused: torchrun's store is not listening there",
+        detail=f"torchrun (TORCHELASTIC_USE_AGENT_STORE=True) says its agent's store listens on {source} "
+        f"= {host}:{port}, but {result.address} refuses connections on that port: wrong address or port, "
+        "or the agent is gone.",
+        remediation="Check that MASTER_ADDR/MASTER_PORT are not overridden in the script or environment "
+        "(torchrun sets them), and that --rdzv-endpoint names rank 0's host; "
+        f"from this host: nc -vz {host} {port}",
+        data=data,
+    )
+
+
+def _timed_out(ctx: CheckContext, host: str, port: int, source: str, result: Any, data: dict[str, Any]):
+    if ctx.probes.arp_unanswered(result.address) is True:
+        # Nobody answers ARP for the address: no host holds it (a wrong MASTER_ADDR, a host
+        # that is down). A firewall would drop TCP but still let ARP through.
+        here = ""
+        if ctx.rank == 0:
+            here = (" This is rank 0, and rank 0 must run on the host MASTER_ADDR names: "
+                    f"{host} is not an address of this host.")
+        return MASTER_UNREACHABLE(
+            f"No host answers at {result.address} ({host}:{port}): its ARP requests get no reply",
+            detail=f"The connect got no answer within {CONNECT_TIMEOUT:g}s and the kernel's neighbour table "
+            f"holds {result.address} unresolved: nothing on this link has that address, so every rank "
+            "would wait for the rendezvous timeout." + here,
+            remediation=f"Set MASTER_ADDR ({source}) to the address of rank 0's host"
+            + (f" (this host: {_own_address_text(ctx)})" if ctx.rank == 0 else "")
+            + "; if that host should have it, check it is up",
+            data={**data, "arp": "unanswered"},
+        )
+    return FIREWALLED(
+        f"Connecting to {host}:{port} timed out after {CONNECT_TIMEOUT:g}s",
+        detail=f"{result.address} neither accepts nor refuses: packets are dropped (a firewall, a security "
+        "group, or an address that routes nowhere). Ranks block in the rendezvous until its timeout "
+        "(torch's default: 30 minutes for the store, 10-30 minutes for the process group).",
+        remediation=f"Allow TCP {port} (and the backend's ephemeral ports) between the nodes: "
+        f"e.g. firewall-cmd --add-port={port}/tcp, an inbound rule in the security group, or "
+        "iptables -I INPUT -s <cluster subnet> -j ACCEPT on the master",
+        data=data,
+    )
+
+
+def _port_reachable(ctx: CheckContext, host: str, port: int, source: str, expect_store: bool):
+    """A rank on another host (or under torchrun's agent store): can it connect, and to what?"""
     result = ctx.probes.connect(host, port, CONNECT_TIMEOUT)
     if isinstance(result, Unknown):
         yield PORT_SERVICE_UNKNOWN(
@@ -501,65 +597,14 @@ def rendezvous_port(ctx: CheckContext):
         return
     data = {"host": host, "port": port, "address": result.address, "status": result.status, "detail": result.detail, "source": source}
     if result.status == "open":
-        identity = ctx.probes.identify_port(host, port, IDENTIFY_TIMEOUT)
-        if not isinstance(identity, foreign.PortIdentity) or identity.kind == foreign.C10D_STORE:
-            return
-        if identity.kind == foreign.FOREIGN:
-            yield _foreign_finding(ctx, host, port, identity)
-        elif identity.kind == foreign.SILENT and expect_store:
-            yield PORT_SERVICE_UNKNOWN(
-                f"Could not tell whether the service on {host}:{port} is the c10d store: {identity.detail}",
-                detail="torchrun's agent store should answer a store ping at once; a silent listener may be "
-                "another program, or an overloaded store.",
-                remediation=f"On {host}: ss -ltnp 'sport = :{port}' to see which process listens",
-                data=data,
-            )
-        return
-    if result.status == "refused":
-        if not expect_store:
-            # Rank 0 starts its store only in init_process_group; refused now means the host is
-            # up and reachable, which is all this stage can know. The rendezvous stage names a
-            # store that never comes up.
-            return
-        yield MASTER_UNREACHABLE(
-            f"Connection to {host}:{port} refused: torchrun's store is not listening there",
-            detail=f"torchrun (TORCHELASTIC_USE_AGENT_STORE=True) says its agent's store listens on {source} "
-            f"= {host}:{port}, but {result.address} refuses connections on that port: wrong address or port, "
-            "or the agent is gone.",
-            remediation="Check that MASTER_ADDR/MASTER_PORT are not overridden in the script or environment "
-            "(torchrun sets them), and that --rdzv-endpoint names rank 0's host; "
-            f"from this host: nc -vz {host} {port}",
-            data=data,
-        )
+        yield from _open_port(ctx, host, port, expect_store, data)
+    elif result.status == "refused":
+        # Without torchrun's agent store, rank 0 starts its store only in init_process_group:
+        # refused now means the host is up and reachable, which is all this stage can know.
+        if expect_store:
+            yield _refused(host, port, source, result, data)
     elif result.status == "timeout":
-        if ctx.probes.arp_unanswered(result.address) is True:
-            # Nobody answers ARP for the address: no host holds it (a wrong MASTER_ADDR, a host
-            # that is down). A firewall would drop TCP but still let ARP through.
-            here = ""
-            if ctx.rank == 0:
-                here = (" This is rank 0, and rank 0 must run on the host MASTER_ADDR names: "
-                        f"{host} is not an address of this host.")
-            yield MASTER_UNREACHABLE(
-                f"No host answers at {result.address} ({host}:{port}): its ARP requests get no reply",
-                detail=f"The connect got no answer within {CONNECT_TIMEOUT:g}s and the kernel's neighbour table "
-                f"holds {result.address} unresolved: nothing on this link has that address, so every rank "
-                "would wait for the rendezvous timeout." + here,
-                remediation=f"Set MASTER_ADDR ({source}) to the address of rank 0's host"
-                + (f" (this host: {_own_address_text(ctx)})" if ctx.rank == 0 else "")
-                + "; if that host should have it, check it is up",
-                data={**data, "arp": "unanswered"},
-            )
-            return
-        yield FIREWALLED(
-            f"Connecting to {host}:{port} timed out after {CONNECT_TIMEOUT:g}s",
-            detail=f"{result.address} neither accepts nor refuses: packets are dropped (a firewall, a security "
-            "group, or an address that routes nowhere). Ranks block in the rendezvous until its timeout "
-            "(torch's default: 30 minutes for the store, 10-30 minutes for the process group).",
-            remediation=f"Allow TCP {port} (and the backend's ephemeral ports) between the nodes: "
-            f"e.g. firewall-cmd --add-port={port}/tcp, an inbound rule in the security group, or "
-            "iptables -I INPUT -s <cluster subnet> -j ACCEPT on the master",
-            data=data,
-        )
+        yield _timed_out(ctx, host, port, source, result, data)
     elif result.status in ("no_route", "unreachable", "error"):
         yield MASTER_UNREACHABLE(
             f"No route to {host}:{port}: {result.detail or result.status}",
@@ -568,6 +613,37 @@ def rendezvous_port(ctx: CheckContext):
             "use an address on a network both hosts share",
             data=data,
         )
+
+
+@check(stage="local", tags=("network", "port"), emits=(MASTER_UNREACHABLE, FIREWALLED, PORT_IN_USE, FOREIGN_SERVICE, PORT_SERVICE_UNKNOWN))
+def rendezvous_port(ctx: CheckContext):
+    """The master host: is MASTER_PORT free (or held by the expected store)? Other hosts: can they connect?"""
+    host, port, source = endpoint(ctx)
+    if not host or port is None:
+        return
+    resolved = resolve(ctx, host)
+    if not isinstance(resolved, Resolution) or not resolved.addresses:
+        return  # net.C001 / net.I002 already say so
+    master_here = on_master_host(ctx, host)
+    expect_store = agent_store_expected(ctx)
+    plan = ctx.launch.planned
+    if plan is not None:
+        # Before the launcher runs: on the endpoint's host its agent (or rank 0) will bind the
+        # port; elsewhere refused only means nobody started yet, while a timeout, no route or
+        # a foreign service is what the launcher would hang on.
+        torchrun = plan if plan.launcher == TORCHRUN else plan.inner
+        c10d = torchrun is not None and torchrun.rdzv_backend == "c10d"
+        if master_here:
+            yield from _port_free_for_store(ctx, host, port, store_ok=c10d)
+        else:
+            yield from _port_reachable(ctx, host, port, source, expect_store=False)
+        return
+    if not expect_store and master_here and ctx.rank in (0, None):
+        yield from _port_free_for_store(ctx, host, port)
+    elif not expect_store and master_here:
+        yield from _port_not_foreign(ctx, host, port)
+    else:
+        yield from _port_reachable(ctx, host, port, source, expect_store)
 
 
 # -- address families ---------------------------------------------------------------------------

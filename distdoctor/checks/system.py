@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from distdoctor.checks._support import remedies
 from distdoctor.core.context import CheckContext
+from distdoctor.machine.cpus import CpuBudget
+from distdoctor.machine.env_values import read_int
 from distdoctor.machine.launchers import KUBEFLOW, SLURM, TORCHRUN
 from distdoctor.machine.probes import Unknown
 from distdoctor.core.registry import check, finding_kind
@@ -227,36 +229,61 @@ def resource_limits(ctx: CheckContext):
         )
 
 
+def _threads_per_rank(ctx: CheckContext, budget) -> tuple[int | None, str]:
+    """Threads each rank's intra-op pool runs, and why: OMP_NUM_THREADS, else one per CPU of its
+    affinity (OpenMP's default follows the affinity mask, not the cgroup quota)."""
+    raw = ctx.env.get("OMP_NUM_THREADS")
+    if raw is None:
+        return budget.affinity, "OMP_NUM_THREADS unset: torch uses one thread per CPU of each rank's affinity"
+    parsed = read_int(ctx.env, "OMP_NUM_THREADS", minimum=1, maximum=1 << 16)
+    if parsed.value is None:
+        return None, ""
+    return parsed.value, f"OMP_NUM_THREADS={parsed.value}"
+
+
+def _oversubscription(ranks: int, threads: int, budget) -> tuple[int, int, str] | None:
+    """(threads competing, CPUs they compete for, what is shared) when they exceed the CPUs."""
+    quota = f" (cgroup CPU quota {budget.quota:g})" if budget.quota is not None and budget.quota < budget.affinity else ""
+    if budget.bound:
+        # The launcher pinned each rank to its own CPUs (mpirun's default --bind-to core, srun
+        # --cpu-bind): a rank competes only with its own threads.
+        if threads > budget.usable:
+            return threads, budget.usable, f"this rank's own CPU set ({budget.affinity} of {budget.shared} CPUs){quota}"
+        return None
+    if threads * ranks > budget.usable:
+        return threads * ranks, budget.usable, f"the {budget.usable} CPUs all {ranks} local ranks share{quota}"
+    return None
+
+
+def _oversubscription_fix(ctx: CheckContext, ranks: int, threads: int, usable: int, bound: bool) -> str:
+    per_rank = usable if bound else max(1, usable // ranks)
+    if threads > per_rank:
+        return remedies.set_env(ctx, "OMP_NUM_THREADS", str(per_rank)) + (
+            f"; with srun also --cpus-per-task={per_rank}" if ctx.launch.launcher == SLURM else "")
+    # One thread each is already the floor: only fewer ranks (or more cores) help.
+    return (f"Run at most {usable} ranks on this node ("
+            + ("torchrun --nproc-per-node" if ctx.launch.launcher == TORCHRUN else "tasks per node")
+            + f" <= {usable}), or give the job more cores"
+            + (" (srun --cpus-per-task)" if ctx.launch.launcher == SLURM else ""))
+
+
 @check(stage="local", tags=("system", "cpu"), emits=(THREADS_OVERSUBSCRIBED, MEMORY_PER_RANK_LOW))
 def cpu_and_memory(ctx: CheckContext):
-    """Threads x local ranks vs cores; memory per local rank."""
+    """Threads x local ranks vs the CPUs each rank really has (affinity, cgroup quota, binding); memory per local rank."""
     ranks = local_ranks(ctx)
-    cores = ctx.probes.cpu_count()
-    if isinstance(cores, int) and cores > 0 and ranks > 1:
-        raw = ctx.env.get("OMP_NUM_THREADS")
-        threads = None
-        if raw is not None and raw.strip().isdigit() and int(raw) > 0:
-            threads, source = int(raw), f"OMP_NUM_THREADS={raw}"
-        elif raw is None:
-            # torch's intra-op pool defaults to the cores available to each process.
-            threads, source = cores, "OMP_NUM_THREADS unset: torch uses every core in every rank"
-        if threads is not None and threads * ranks > cores:
-            per_rank = max(1, cores // ranks)
-            if threads > per_rank:
-                fix = remedies.set_env(ctx, "OMP_NUM_THREADS", str(per_rank)) + (
-                    f"; with srun also --cpus-per-task={per_rank}" if ctx.launch.launcher == SLURM else "")
-            else:
-                # One thread each is already the floor: only fewer ranks (or more cores) help.
-                fix = (f"Run at most {cores} ranks on this node ("
-                       + ("torchrun --nproc-per-node" if ctx.launch.launcher == TORCHRUN else "tasks per node")
-                       + f" <= {cores}), or give the job more cores"
-                       + (" (srun --cpus-per-task)" if ctx.launch.launcher == SLURM else ""))
+    budget = ctx.memo("cpu_budget", ctx.probes.cpu_budget)
+    if isinstance(budget, CpuBudget) and ranks > 1:
+        threads, source = _threads_per_rank(ctx, budget)
+        over = _oversubscription(ranks, threads, budget) if threads is not None else None
+        if over is not None:
+            total, cpus, shared = over
             yield THREADS_OVERSUBSCRIBED(
-                f"{ranks} local ranks x {threads} threads = {threads * ranks} threads on {cores} cores",
+                f"{ranks} local ranks x {threads} threads: {total} threads on {shared}",
                 detail=f"{source}. Oversubscribed ranks time-slice each other: steps slow down many-fold and "
                 "collectives see stragglers (and may time out).",
-                remediation=fix,
-                data={"local_ranks": ranks, "threads": threads, "cores": cores},
+                remediation=_oversubscription_fix(ctx, ranks, threads, cpus, budget.bound),
+                data={"local_ranks": ranks, "threads": threads, "cores": cpus, "affinity": budget.affinity,
+                      "shared_cpus": budget.shared, "quota": budget.quota, "bound": budget.bound},
             )
     memory = ctx.probes.memory_total()
     if isinstance(memory, int) and memory > 0 and ranks > 1 and memory / ranks < MEMORY_PER_LOCAL_RANK:

@@ -19,6 +19,8 @@ from distdoctor.core.registry import STAGES
 ENV_PREFIX = "DISTDOCTOR_"
 BACKENDS = ("nccl", "gloo", "mpi", "ucc", "xccl")
 FORMATS = ("rich", "json", "markdown")
+# Sub-tables of [tool.distdoctor] that belong to one command and are not options of `check`.
+SUBTABLES = frozenset({"lint"})
 
 
 class ConfigError(Exception):
@@ -38,28 +40,51 @@ def _as_list(value: Any) -> list[str]:
     raise ValueError(f"expected a string or a list of strings, got {value!r}")
 
 
+# The longest deadline accepted: one week. Far beyond any diagnosis, and far below what the
+# platform's timers take (threading refuses ~9e9 s; time_t overflows near 1e300).
+MAX_SECONDS = 7 * 24 * 3600.0
+# The most ranks a self-test starts on one node.
+MAX_NPROC = 1024
+
+
+def _short(value: Any) -> str:
+    """A bad value quoted in an error message, cut to a readable length."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}… ({len(text)} characters)"
+
+
 def _positive_float(value: Any) -> float:
     if isinstance(value, bool):
-        raise ValueError(f"expected a number of seconds, got {value!r}")
+        raise ValueError(f"expected a number of seconds, got {_short(value)}")
     try:
         number = float(value)
+    except OverflowError:  # an integer too large for a float: far beyond the bound
+        number = float("inf")
     except (TypeError, ValueError):
-        raise ValueError(f"expected a number of seconds, got {value!r}") from None
-    if not (number > 0) or number == float("inf"):
-        raise ValueError(f"expected a positive number of seconds, got {value!r}")
+        raise ValueError(f"expected a number of seconds, got {_short(value)}") from None
+    if not (number > 0):
+        raise ValueError(f"expected a positive number of seconds, got {_short(value)}")
+    if not (number <= MAX_SECONDS):
+        raise ValueError(f"expected at most {MAX_SECONDS:g} seconds (one week), got {_short(value)}")
     return number
 
 
-def _positive_int(value: Any) -> int:
+def _positive_int(value: Any, maximum: int | None = None) -> int:
     if isinstance(value, bool):
-        raise ValueError(f"expected a positive integer, got {value!r}")
-    try:
-        number = int(str(value).strip())
-    except (TypeError, ValueError):
-        raise ValueError(f"expected a positive integer, got {value!r}") from None
+        raise ValueError(f"expected a positive integer, got {_short(value)}")
+    text = str(value).strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
+        raise ValueError(f"expected a positive integer, got {_short(value)}")
+    number = int(text)
     if number < 1:
-        raise ValueError(f"expected a positive integer, got {value!r}")
+        raise ValueError(f"expected a positive integer, got {_short(value)}")
+    if maximum is not None and number > maximum:
+        raise ValueError(f"expected at most {maximum}, got {number}")
     return number
+
+
+def _nproc(value: Any) -> int:
+    return _positive_int(value, MAX_NPROC)
 
 
 def _bool(value: Any) -> bool:
@@ -77,7 +102,7 @@ def _choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
     def parse(value: Any) -> str:
         text = str(value).strip().lower()
         if text not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
+            raise ValueError(f"expected one of {', '.join(choices)}, got {_short(value)}")
         return text
 
     return parse
@@ -86,9 +111,12 @@ def _choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
 def _choices(choices: tuple[str, ...]) -> Callable[[Any], tuple[str, ...]]:
     def parse(value: Any) -> tuple[str, ...]:
         items = _as_list(value)
+        if not items:
+            # An empty selection would run no check and say "ok".
+            raise ValueError(f"expected at least one of {', '.join(choices)}, got none")
         for item in items:
             if item not in choices:
-                raise ValueError(f"expected some of {', '.join(choices)}, got {item!r}")
+                raise ValueError(f"expected some of {', '.join(choices)}, got {_short(item)}")
         return tuple(items)
 
     return parse
@@ -133,7 +161,7 @@ OPTIONS: dict[str, Option] = {
         Option("checks_dirs", _str_tuple, (), "Directories of site checks (plain .py files) to load."),
         Option("backend", _choice(BACKENDS), None,
                "The backend the job will use (nccl, gloo, mpi, ucc, xccl); default: nccl with GPUs, else gloo."),
-        Option("nproc", _positive_int, None,
+        Option("nproc", _nproc, None,
                "Ranks for the local self-test world when no launcher started us (default: GPUs, at least 2)."),
         Option("format", _choice(FORMATS), "rich", "Report format: rich (terminal), json or markdown."),
         # Two facts about the job that its environment does not show; checks validate them.
@@ -178,6 +206,9 @@ def _read_pyproject_table(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot be read ({exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: is not valid TOML ({exc})") from None
+    except RecursionError:
+        # tomllib recurses once per level of nesting: thousands of levels exhaust the stack.
+        raise ConfigError(f"{path}: is nested too deeply to read") from None
     table = data.get("tool", {})
     table = table.get("distdoctor", {}) if isinstance(table, dict) else {}
     if not isinstance(table, dict):
@@ -214,6 +245,8 @@ def load_config(
     path = (pyproject or find_pyproject(cwd or Path.cwd())) if use_pyproject else None
     if path is not None:
         for key, raw in _read_pyproject_table(path).items():
+            if key in SUBTABLES and isinstance(raw, dict):
+                continue  # a command's own table ([tool.distdoctor.lint]), read by that command
             apply(_config_key(key), raw, f"{path} [tool.distdoctor] {key}")
 
     for key, raw in env.items():

@@ -6,12 +6,13 @@ of a world: distdoctor.dispatch does that.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 from distdoctor.core.config import Config
 from distdoctor.core.context import CheckContext
 from distdoctor.core.redact import secret_values
-from distdoctor.core.registry import REGISTRY, Registry
+from distdoctor.core.registry import REGISTRY, Registry, RegistryError
 from distdoctor.core.report import Report, WorldSummary, build_report
 from distdoctor.core.runner import Runner
 
@@ -22,8 +23,30 @@ def load_registry(config: Config, registry: Registry | None = None) -> Registry:
     registry.load_builtins()
     registry.load_entry_points()
     for directory in config.checks_dirs:
-        registry.load_checks_dir(directory)
+        # Site files are vetted in a child process first, under the per-check deadline (at most
+        # a quarter of the run's), so a file that blocks at import cannot hang this process and
+        # the checks keep most of the run's time (docs/writing-checks.md).
+        registry.load_checks_dir(directory, vet_timeout=min(config.check_timeout, config.timeout / 4))
     return registry
+
+
+def select_checks(config: Config, registry: Registry, skip_tags: Sequence[str] = ()) -> list:
+    """The checks a run will execute; RegistryError (a usage error) when there are none, since a
+    run of zero checks would say "ok" about nothing (a mistyped --tag, an empty stage list)."""
+    chosen = registry.select(config.stages, config.tags, skip_tags)
+    if chosen or (skip_tags and registry.select(config.stages, config.tags)):
+        return chosen  # a caller's skip_tags (preflight's network probes) may leave nothing: fine
+    known = sorted({tag for c in registry.checks.values() for tag in c.tags})
+    unknown = [t for t in config.tags if t not in known]
+    if unknown:
+        import difflib
+
+        close = sorted({m for t in unknown for m in difflib.get_close_matches(t, known, n=2)})
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise RegistryError(f"--tag {', '.join(unknown)}: no check has this tag{hint}; known tags: {', '.join(known)}")
+    raise RegistryError(
+        f"no check matches stages {', '.join(config.stages)} and tags {', '.join(config.tags) or '(any)'}"
+    )
 
 
 def local_world_summary(ctx: CheckContext) -> WorldSummary:
@@ -54,9 +77,17 @@ def diagnose(
     *,
     registry: Registry | None = None,
     skip_tags: Sequence[str] = (),
+    started: float | None = None,
 ) -> Report:
-    """Run the selected stages on ``ctx`` and return the report (never prints)."""
+    """Run the selected stages on ``ctx`` and return the report (never prints).
+
+    ``started`` (time.monotonic) is when the run's deadline starts counting: the process's
+    start for the CLI, so that interpreter start-up and loading are inside ``--timeout``.
+    """
+    started = time.monotonic() if started is None else started
     registry = load_registry(config, registry)
     runner = Runner(registry, timeout=config.timeout, check_timeout=config.check_timeout, silence=config.silence)
-    runner.run(ctx, registry.select(config.stages, config.tags, skip_tags), config.stages)
+    # Loading (and vetting site files) is inside the run's deadline.
+    runner.started, runner.deadline = started, started + config.timeout
+    runner.run(ctx, select_checks(config, registry, skip_tags), config.stages)
     return report_from_runner(runner, ctx)

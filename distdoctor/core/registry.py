@@ -126,8 +126,13 @@ class Registry:
                 source=self._source,
             )
             old = self.checks.get(check_name)
-            if old is not None and getattr(old.func, "__qualname__", None) != fn.__qualname__:
-                raise RegistryError(f"check name {check_name} is registered twice")
+            if old is not None and _origin(old.func) != _origin(fn):
+                # A site file named like a built-in module (network.py defining rendezvous_port)
+                # must not silently replace the built-in check: the clash is reported instead.
+                raise RegistryError(
+                    f"check name {check_name} is already registered by {old.source}; "
+                    f"rename the function or the file ({self._source} would replace it)"
+                )
             self.checks[check_name] = new
             return fn
 
@@ -175,14 +180,27 @@ class Registry:
         for ep in eps:
             self._load(f"entry point {ep.name} ({ep.value})", ep.load)
 
-    def load_checks_dir(self, directory: str | Path) -> None:
-        path = Path(directory)
-        if not path.is_dir():
-            raise RegistryError(f"checks directory {str(path)!r} does not exist or is not a directory")
-        for file in sorted(path.glob("*.py")):
-            if file.name.startswith("_"):
+    def load_checks_dir(self, directory: str | Path, *, vet_timeout: float | None = None) -> None:
+        """Load the site checks of a directory.
+
+        With ``vet_timeout``, each file is first imported in a child process under that deadline
+        (distdoctor.core.plugin_vetting): a file that blocks at import, holds the interpreter
+        lock or ends its process is reported (core.E002) and never imported here.
+        """
+        files = _site_files(directory)
+        verdicts = {}
+        if vet_timeout is not None and files:
+            from distdoctor.core.plugin_vetting import vet_files
+
+            verdicts = vet_files(files, vet_timeout)
+        for file in files:
+            source = f"file {file}"
+            problem = verdicts.get(file)
+            if problem is not None and source not in self._loaded_sources:
+                self._loaded_sources.add(source)
+                self._problem(source, PluginVetoed(problem))
                 continue
-            self._load(f"file {file}", lambda f=file: _import_file(f))
+            self._load(source, lambda f=file: _import_quietly(f))
 
     def _load(self, source: str, loader: Callable[[], Any]) -> None:
         if source in self._loaded_sources:
@@ -209,6 +227,35 @@ class Registry:
                 check="registry",
             )
         )
+
+
+class PluginVetoed(Exception):
+    """A site file that failed its import in the vetting child (hung, ended its process)."""
+
+
+def _origin(func: Callable[..., Any]) -> tuple[str, str]:
+    return (getattr(func, "__module__", "") or "", getattr(func, "__qualname__", "") or "")
+
+
+def _site_files(directory: str | Path) -> list[Path]:
+    """The .py files of a --checks-dir (not starting with _), or RegistryError for a bad path."""
+    path = Path(directory)
+    shown = str(path) if len(str(path)) <= 80 else f"{str(path)[:60]}… ({len(str(path))} characters)"
+    try:
+        if not path.is_dir():
+            raise RegistryError(f"checks directory {shown!r} does not exist or is not a directory")
+        return [f for f in sorted(path.glob("*.py")) if not f.name.startswith("_")]
+    except OSError as exc:  # a name too long, a directory we may not read
+        raise RegistryError(f"checks directory {shown!r} cannot be read: {exc.strerror or exc}") from None
+
+
+def _import_quietly(file: Path) -> Any:
+    """Import a site file with its prints kept off stdout/stderr (they would corrupt a JSON report)."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return _import_file(file)
 
 
 def _import_file(file: Path) -> Any:

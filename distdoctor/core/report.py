@@ -179,12 +179,13 @@ def build_report(
 ) -> Report:
     """Merge across ranks, apply silencing and scrub secret values out of every string."""
     merged = merge_findings(findings)
-    if secrets:
-        merged = [Finding.from_dict(scrub(f.to_dict(), list(secrets))) for f in merged]
+    # The last word on secrets and on JSON: every string is redacted (known values and secret
+    # shapes, in linear time) and anything JSON cannot carry becomes its repr.
+    merged = [Finding.from_dict(scrub(f.to_dict(), list(secrets))) for f in merged]
     kept, silenced = split_silenced(merged, silence)
     return Report(
         findings=kept,
-        checks=[dict(c) for c in checks],
+        checks=[scrub(dict(c), list(secrets)) for c in checks],
         world=world or WorldSummary(),
         duration_s=duration_s,
         incomplete=incomplete,

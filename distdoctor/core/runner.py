@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from distdoctor.core.context import CheckContext
+from distdoctor.core.muted_output import muted_thread
 from distdoctor.core.kinds import CHECK_CRASHED, CHECK_TIMED_OUT, RUN_DEADLINE
 from distdoctor.core.findings import Finding, Severity
 from distdoctor.core.registry import STAGES, Check, Registry, SkipCheck
@@ -58,6 +60,16 @@ class RunState:
 
     def blocking_findings(self) -> list[Finding]:
         return [f for f in self.findings if f.severity >= Severity.CRITICAL]
+
+
+def runs_in_child(check: Check) -> bool:
+    """Local-stage checks that are not distdoctor's own run in a forked child (a thread cannot
+    stop a check that holds the interpreter lock or ends the process). Cross-rank site checks
+    stay in this process: they use the live process groups, which a child cannot share."""
+    import os
+
+    return check.stage == "local" and check.source != "builtin" and not check.source.startswith("builtin ") \
+        and hasattr(os, "fork")
 
 
 def _consume(value: Any) -> list[Finding]:
@@ -102,21 +114,31 @@ class Runner:
             return CheckResult(check.name, check.stage, TIMEOUT, reason="the run's deadline had passed")
         box: dict[str, Any] = {}
 
+        quiet = muted_thread if check.source != "builtin" and not check.source.startswith("builtin ") else nullcontext
+
         def target() -> None:
             try:
-                box["findings"] = _consume(check.func(ctx))
+                with quiet():  # a plugin's print() must not land inside the report
+                    box["findings"] = _consume(check.func(ctx))
             except SkipCheck as skip:
                 box["skip"] = skip.reason
             except BaseException as exc:  # isolation: a broken check never ends the run
                 box["error"] = exc
 
         start = self.clock()
-        thread = threading.Thread(target=target, name=f"distdoctor-check-{check.name}", daemon=True)
-        thread.start()
-        thread.join(limit)
+        if runs_in_child(check):
+            from distdoctor.core.check_child import run_in_child
+
+            alive = run_in_child(check, ctx, limit, box, _consume)
+        else:
+            thread = threading.Thread(target=target, name=f"distdoctor-check-{check.name}", daemon=True)
+            thread.start()
+            thread.join(limit)
+            alive = thread.is_alive()
+            if alive:
+                self.abandoned.append(thread)
         duration = self.clock() - start
-        if thread.is_alive():
-            self.abandoned.append(thread)
+        if alive:
             run_deadline_hit = self.remaining() <= 0
             reason = "the run's deadline passed" if run_deadline_hit else f"still running after {limit:g}s"
             finding = CHECK_TIMED_OUT(
@@ -132,7 +154,7 @@ class Runner:
             exc = box["error"]
             import traceback
 
-            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4))
+            tb = box.get("traceback") or "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4))
             finding = CHECK_CRASHED(
                 f"Check {check.name} raised {type(exc).__name__}: {exc}",
                 detail=tb.strip(),

@@ -28,6 +28,7 @@ import io
 import json
 import logging
 import os
+import sys
 import time
 from datetime import timedelta
 from typing import Any, Mapping
@@ -77,13 +78,20 @@ def preflight(
     local_checks: bool = True,
     max_samples: int | None = None,
     rtol: float | None = None,
+    wrap: str | None = None,
 ) -> Report:
     """Compare the model (and ``tensors``) across ranks and check the DDP set-up.
 
     Returns the Report when nothing reaches ``fail_level``; otherwise raises PreflightError on
     every rank. ``timeout`` (seconds) bounds the whole call. ``silence`` takes finding IDs or
     patterns ("spec.E004", "pre.*"). ``max_samples``/``rtol`` tune the value fingerprint
-    (see distdoctor.checks._support.tensor_specs).
+    (see distdoctor.checks._support.tensor_specs). ``wrap`` says what happens to a model that
+    is not yet wrapped in DDP/FSDP: ``"later"`` (preflight runs before the wrap: differing values
+    are expected, spec.I007) or ``"never"`` (no wrapper on purpose); left out, a plain module in
+    a world of N > 1 gets warning pre.W011.
+
+    Findings below ``fail_level`` at warning or above are logged at WARNING on rank 0 (logger
+    ``distdoctor``), so they reach stderr without any logging set-up.
     """
     from distdoctor.embedded import setup_checks as pc
     from distdoctor.checks._support import tensor_specs as ts
@@ -101,6 +109,8 @@ def preflight(
         report = build_report([pc.NOT_INITIALIZED(check=pc.CHECK)], duration_s=time.monotonic() - started)
         raise PreflightError(report)
 
+    if wrap not in (None, pc.WRAP_LATER, pc.WRAP_NEVER):
+        raise ValueError(f"preflight(wrap=...) expects None, {pc.WRAP_LATER!r} or {pc.WRAP_NEVER!r}, got {wrap!r}")
     if model is not None and not hasattr(model, "named_parameters"):
         raise TypeError(f"preflight(model=...) expects a torch.nn.Module, got {type(model).__name__}")
     bad = [k for k, v in (tensors or {}).items() if not isinstance(v, torch.Tensor)]
@@ -120,6 +130,7 @@ def preflight(
         table = pc.model_spec_table(model, max_samples)
         local += pc.model_findings(model, rank=rank, world_size=world, local_rank=local_rank, backend=backend,
                                    expected_cuda_index=cuda_index)
+        local += pc.wrap_findings(model, rank=rank, world_size=world, wrap=wrap)
     if tensors:
         named = [(f"tensors[{k!r}]", v) for k, v in tensors.items()]
         table = ts.SpecTable(table.specs + ts.spec_table(named, max_samples=max_samples).specs)
@@ -162,8 +173,9 @@ def preflight(
         if item.get("delta"):
             tables[r] = _apply_delta(ref_table, item["delta"])
     # With one table this only says which tensors could not be compared (sharded, meta).
-    findings += ts.compare_tables(tables, rtol=rtol, label="parameter" if model is not None else "tensor",
-                                  check=pc.CHECK)
+    compared = ts.compare_tables(tables, rtol=rtol, label="parameter" if model is not None else "tensor",
+                                 check=pc.CHECK)
+    findings += ts.values_findings_for_wrap(compared, pc.wrappers_of(model), wrap) if model is not None else compared
     findings += pc.batch_count_findings(counts) if dataloader is not None else []
     checks.append({"name": "preflight.exchange", "stage": "collective", "status": "fail" if findings else "pass",
                    "duration_s": round(time.monotonic() - started, 4)})
@@ -175,7 +187,16 @@ def preflight(
         logger.info("distdoctor preflight: %s on %d ranks, %d tensors compared, %d finding(s) below the fail level%s (%.2f s)",
                     report.status, world, len(table), len(below), f" ({', '.join(sorted(set(below)))})" if below else "",
                     report.duration_s)
+        _log_warnings(report)
     return report
+
+
+def _log_warnings(report: Report) -> None:
+    """Warnings below the fail level must still reach the user: logged at WARNING, which Python's
+    last-resort handler prints to stderr when the script configured no logging."""
+    for finding in report.findings:
+        if finding.severity >= Severity.WARNING:
+            logger.warning("distdoctor preflight: %s %s\n  fix: %s", finding.id, finding.title, finding.remediation)
 
 
 class _Exchange:
@@ -391,7 +412,12 @@ def _local_checks(deadline: float, started: float, timeout: float) -> tuple[list
         config = load_config(cli={"stages": ("local",), "timeout": budget, "check_timeout": min(2.0, budget)})
     except Exception:
         config = Config(stages=("local",), timeout=budget, check_timeout=min(2.0, budget))
-    report = diagnose_here(config, skip_tags=PREFLIGHT_SKIPPED_TAGS)
+    from distdoctor.core.registry import RegistryError
+
+    try:
+        report = diagnose_here(config, skip_tags=PREFLIGHT_SKIPPED_TAGS)
+    except RegistryError:  # DISTDOCTOR_TAGS selecting no local check: nothing to add here
+        return [], []
     return list(report.findings), report.checks
 
 
@@ -502,4 +528,8 @@ def _init_local_checks(backend: Any, budget: float) -> Report:
     cli: dict[str, Any] = {"stages": ("local",), "timeout": max(1.0, budget), "check_timeout": max(0.5, min(5.0, budget))}
     if isinstance(backend, str) and backend.lower() in ("nccl", "gloo", "mpi", "ucc", "xccl"):
         cli["backend"] = backend.lower()
-    return diagnose_here(load_config(cli=cli))
+    from distdoctor.machine.launchers import detect
+
+    # torch's env:// derives nothing from srun/mpirun variables: check what it will read.
+    env = dict(os.environ)
+    return diagnose_here(load_config(cli=cli), env=env, launch=detect(env, tuple(sys.argv), derive=False))

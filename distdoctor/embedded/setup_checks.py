@@ -26,7 +26,7 @@ DATAPARALLEL_IN_MULTIPROCESS = finding_kind(
     "pre.E002",
     cause="launcher_misuse",
     title="nn.DataParallel is used inside a multi-process job",
-    hint="Drop nn.DataParallel; wrap the model in DistributedDataParallel(model, device_ids=[local_rank])",
+    hint="Drop nn.DataParallel; wrap the model in DistributedDataParallel (device_ids=[local_rank] on a GPU, none on the CPU)",
 )
 NO_DISTRIBUTED_SAMPLER = finding_kind(
     "pre.W003",
@@ -50,7 +50,7 @@ UNEVEN_BATCHES = finding_kind(
     "pre.E006",
     cause="uneven_inputs",
     title="Ranks get different numbers of batches",
-    hint="Use DistributedSampler(drop_last=True) or wrap the loop in torch.distributed.algorithms.Join",
+    hint="Wrap the training loop in torch.distributed.algorithms.join.Join([ddp_model]), or give every rank as many batches",
 )
 BATCHES_UNKNOWN = finding_kind(
     "pre.I007",
@@ -76,6 +76,17 @@ VERSION_DIFFERS = finding_kind(
     title="torch or CUDA versions differ from rank 0",
     hint="Install the same torch build on every node (one container image or one environment for the whole job)",
 )
+
+MODEL_NOT_WRAPPED = finding_kind(
+    "pre.W011",
+    cause="param_divergence",
+    title="The model is not wrapped in DistributedDataParallel or FSDP",
+    hint="Wrap it (DistributedDataParallel(model)); if preflight runs before the wrap pass wrap='later', if no wrapper is intended wrap='never'",
+)
+
+# What preflight(wrap=...) accepts: the model is wrapped after preflight, or never on purpose.
+WRAP_LATER, WRAP_NEVER = "later", "never"
+DDP_WRAPPERS = ("DistributedDataParallel", "FullyShardedDataParallel")
 
 
 # -- unwrapping ---------------------------------------------------------------------------------
@@ -139,23 +150,69 @@ def model_findings(model: Any, *, rank: int, world_size: int, local_rank: int | 
     """The classic DDP placement mistakes of one rank's model."""
     findings: list[Finding] = []
     wrappers = wrappers_of(model)
-    if "DataParallel" in wrappers and world_size > 1:
-        findings.append(DATAPARALLEL_IN_MULTIPROCESS(
-            f"nn.DataParallel wraps the model in a {world_size}-process job",
-            detail=("nn.DataParallel replicates the model over every visible GPU inside this process; "
-                    "with one process per GPU the ranks then share GPUs and gradients are not synchronised "
-                    f"across processes. Wrappers found: {' > '.join(wrappers)}."),
-            ranks=(rank,), check=CHECK,
-        ))
     try:
         devices = _devices(unwrap(model))
     except Exception as exc:  # an exotic module whose parameters cannot be listed
         return findings + [MODEL_WRONG_DEVICE(
             f"Could not tell where the model's parameters are: {type(exc).__name__}: {exc}",
             ranks=(rank,), check=CHECK, remediation="Nothing to do unless the model is misplaced.")]
+    if "DataParallel" in wrappers and world_size > 1:
+        findings.append(DATAPARALLEL_IN_MULTIPROCESS(
+            f"nn.DataParallel wraps the model in a {world_size}-process job",
+            detail=("nn.DataParallel replicates the model over every visible GPU inside this process; "
+                    "with one process per GPU the ranks then share GPUs and gradients are not synchronised "
+                    f"across processes. Wrappers found: {' > '.join(wrappers)}."),
+            remediation=ddp_advice(devices),
+            ranks=(rank,), check=CHECK,
+        ))
     findings += _placement_findings(devices, "The model", rank=rank, local_rank=local_rank, backend=backend,
                                     expected_cuda_index=expected_cuda_index)
     return findings
+
+
+def ddp_advice(devices: Mapping[str, list[str]]) -> str:
+    """How to wrap this model in DDP, for the device its parameters are on: device_ids only for
+    a single GPU (on the CPU, device_ids=[local_rank] raises ValueError)."""
+    cuda = sorted(d for d in devices if d.startswith("cuda"))
+    if len(cuda) == 1 and len(devices) == 1:
+        return ("Drop nn.DataParallel and use DistributedDataParallel(model.to(local_rank), device_ids=[local_rank]) "
+                "with local_rank = int(os.environ['LOCAL_RANK'])")
+    if cuda:
+        return ("Drop nn.DataParallel and use DistributedDataParallel(model) without device_ids: the model spans "
+                f"several devices ({', '.join(sorted(devices))}), so DDP must not be given one")
+    return ("Drop nn.DataParallel and use DistributedDataParallel(model) without device_ids: the model is on the "
+            "CPU, where device_ids must be None (device_ids=[local_rank] raises ValueError)")
+
+
+def wrap_findings(model: Any, *, rank: int, world_size: int, wrap: str | None) -> list[Finding]:
+    """A plain module in a world of N > 1: its gradients are never synchronised unless it is
+    wrapped after preflight. Silent when the user said so (wrap='later' or 'never')."""
+    if model is None or world_size <= 1 or wrap is not None:
+        return []
+    wrappers = wrappers_of(model)
+    if any(w in DDP_WRAPPERS for w in wrappers) or _is_fsdp2_or_sharded(model):
+        return []
+    what = f"nn.DataParallel around a {type(unwrap(model)).__name__}" if wrappers else type(model).__name__
+    return [MODEL_NOT_WRAPPED(
+        f"The model passed to preflight ({what}) is not wrapped in DistributedDataParallel or FSDP "
+        f"in a {world_size}-rank job",
+        detail=("Unless it is wrapped after preflight, each rank trains its own copy: gradients are never "
+                "averaged across ranks, and the copies drift apart even when they start equal (a shared seed "
+                "hides this at start). Manual gradient all-reduce or parameter averaging is the exception."),
+        ranks=(rank,), check=CHECK,
+    )]
+
+
+def _is_fsdp2_or_sharded(model: Any) -> bool:
+    """FSDP2 (fully_shard) changes the module's class in place (FSDPModule in its MRO) and makes
+    its parameters DTensors; tensor parallelism leaves DTensors too: both synchronise by design."""
+    if any(cls.__name__ == "FSDPModule" for cls in type(model).__mro__):
+        return True
+    try:
+        first = next(iter(model.parameters()), None)
+    except Exception:
+        return False
+    return first is not None and type(first).__name__ == "DTensor"
 
 
 def tensors_findings(tensors: Mapping[str, Any], *, rank: int, backend: str, local_rank: int | None,
@@ -287,7 +344,12 @@ def batch_count_findings(counts: Mapping[int, int | None]) -> list[Finding]:
     return [UNEVEN_BATCHES(
         f"Ranks get different numbers of batches per epoch: {spread}",
         detail=("The ranks that run out first stop joining DDP's gradient all-reduce; the others then wait "
-                "in it until the collective times out."),
+                "in it until the collective times out. drop_last does not help when the ranks' datasets differ "
+                "in size: it only drops each rank's own incomplete last batch."),
+        remediation=("Wrap the training loop in the Join context manager, which shadows the collectives of the "
+                     "ranks that ran out: from torch.distributed.algorithms.join import Join; "
+                     "with Join([ddp_model]): for batch in loader: ... . Or give every rank the same number of "
+                     "samples (one dataset shared through a DistributedSampler)."),
         ranks=differing, data={"batches": {str(r): c for r, c in sorted(known.items())}}, check=CHECK,
     )]
 

@@ -1,12 +1,11 @@
-"""`distdoctor explain`: name the cause of a failed job from its logs.
+"""`distdoctor explain`: name the cause of a failed job from its logs."""
 
-    from distdoctor.explain import explain_files
-    report = explain_files(["rank0.log", "rank1.log"])   # a distdoctor.core.report.Report
-
-The signature catalog (catalog.toml) is data; scan.py matches it against the logs in bounded
-memory; reason.py turns the matches into findings with a cause, a confidence and the evidence.
-Importing this package registers the catalog's finding IDs (area ``log``). Nothing here prints.
-"""
+#     from distdoctor.explain import explain_files
+#     report = explain_files(["rank0.log", "rank1.log"])   # a distdoctor.core.report.Report
+#
+# The signature catalog (catalog.toml) is data; scan.py matches it against the logs in bounded
+# memory; reason.py turns the matches into findings with a cause, a confidence and the evidence.
+# Importing this package registers the catalog's finding IDs (area ``log``). Nothing here prints.
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ import time
 from typing import BinaryIO, Iterable, Sequence
 
 from distdoctor.explain.catalog import Catalog, CatalogError, load_catalog
+from distdoctor.explain.own_reports import read_reports
 from distdoctor.explain.reader import LogInputError, LogSource, open_sources
 from distdoctor.explain.reason import findings_from
 from distdoctor.explain.scan import Accumulator, Scanner
@@ -44,7 +44,15 @@ def explain_files(
     for index, source in enumerate(sources):
         t0 = time.monotonic()
         before = sum(g.count for g in acc.groups.values())
+        reports = read_reports(source)
+        if reports is not None:
+            acc.own_reports += [(source.name, r) for r in reports]
+            found = sum(len(r.get("findings", [])) for r in reports)
+            checks.append(_read_check(source, found, time.monotonic() - t0, kind="distdoctor report"))
+            continue
         scanner.scan(source, index)
+        if source.empty:
+            _record_empty(acc, source)
         matched = sum(g.count for g in acc.groups.values()) - before
         checks.append(_read_check(source, matched, time.monotonic() - t0))
     findings = findings_from(acc, catalog)
@@ -69,7 +77,15 @@ def explain_text(text: str, **kwargs) -> Report:
     return explain_files(["-"], stdin=io.BytesIO(text.encode("utf-8")), **kwargs)
 
 
-def _read_check(source: LogSource, matched: int, duration: float) -> dict:
+def _record_empty(acc: Accumulator, source: LogSource) -> None:
+    """An empty log is evidence: its rank printed nothing (hung or killed before its first line)."""
+    acc.empty_files.append(source.name)
+    if source.rank_hint is not None:
+        acc.empty_ranks.add(source.rank_hint)
+        acc.ranks_seen.add(source.rank_hint)
+
+
+def _read_check(source: LogSource, matched: int, duration: float, kind: str = "log") -> dict:
     """Each log read is listed as a pseudo-check, so --verbose shows what was read."""
     check = {
         "name": f"read {source.name}",
@@ -84,4 +100,8 @@ def _read_check(source: LogSource, matched: int, duration: float) -> dict:
         check["rank_hint"] = source.rank_hint
     if source.replaced_bytes:
         check["reason"] = "some bytes were not UTF-8 and were replaced"
+    if source.empty:
+        check["reason"] = "empty: the process printed nothing"
+    if kind != "log":
+        check["reason"] = f"read as a {kind}"
     return check

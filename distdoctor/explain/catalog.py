@@ -1,10 +1,9 @@
-"""Load the signature catalog (catalog.toml) into validated, compiled objects.
+"""Load the signature catalog (catalog.toml) into validated, compiled objects."""
 
-The catalog is data: adding a signature means adding a TOML table, not code. Loading checks
-everything a typo could break (an unknown kind, a cause outside the vocabulary, a regex that does
-not compile, a template naming a field no pattern extracts) so that a bad catalog fails at import,
-in the tests, rather than at a user's terminal.
-"""
+# The catalog is data: adding a signature means adding a TOML table, not code. Loading checks
+# everything a typo could break (an unknown kind, a cause outside the vocabulary, a regex that does
+# not compile, a template naming a field no pattern extracts) so that a bad catalog fails at import,
+# in the tests, rather than at a user's terminal.
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from distdoctor.core.causes import CAUSES
 from distdoctor.core.findings import FindingKind
 from distdoctor.core.registry import finding_kind
 
@@ -35,17 +35,50 @@ def _signal_name(value: str) -> str:
         return f"signal {value}"
 
 
+def _shape(value: str) -> str:
+    """DETAIL prints dims as '2 3', fingerprints as '2, 3': both render as [2, 3]."""
+    dims = value.replace(",", " ").split()
+    return "[" + ", ".join(dims) + "]"
+
+
+def _more_joined(value: str) -> str:
+    """'world_size=2, worker_count=4' -> 'yes' when more workers joined than the world has."""
+    numbers = [int(n) for n in re.findall(r"\d{1,7}", value)[:2]]
+    return "yes" if len(numbers) == 2 and numbers[1] > numbers[0] else ""
+
+
 # Named transforms a `derive` entry may apply: "src1,src2:transform".
 DERIVATIONS: dict[str, Callable[[str], str]] = {
     "signal": _signal_name,
+    "shape": _shape,
+    "more_joined": _more_joined,
+    "seq_tag": lambda value: f" #{value}",
+    # A hang in the first collectives after init (where blocked P2P shows) rather than mid-training.
+    "first_collectives": lambda value: "yes" if value.isdigit() and len(value) < 4 and int(value) <= 2 else "",
 }
 
 
 @dataclass(frozen=True)
 class Candidate:
+    """One alternative cause of a generic text: how likely, why, and the observation that decides."""
+
     kind: FindingKind
     confidence: float
     why: str
+    tell: str = ""
+
+
+@dataclass(frozen=True)
+class Cue:
+    """A line that names no failure itself but makes some candidate causes likelier (or less likely)
+    for every generic message in the same logs: an OOM-killer line, an NCCL INFO line naming the
+    interface, a loopback address."""
+
+    name: str
+    tokens: tuple[str, ...]
+    regex: re.Pattern[str]
+    boost: Mapping[str, float]
+    note: str
 
 
 @dataclass(frozen=True)
@@ -64,7 +97,9 @@ class Derivation:
         for source in self.sources:
             value = fields.get(source)
             if value:
-                fields[self.target] = self.transform(value) if self.transform else value
+                derived = self.transform(value) if self.transform else value
+                if derived:
+                    fields[self.target] = derived
                 return
 
 
@@ -95,6 +130,12 @@ class Signature:
     tell_apart: str = ""
     fields: Mapping[str, str] = field(default_factory=dict)
     derive: tuple[Derivation, ...] = ()
+    # For a generic text: the observation that confirms the signature's own (first) cause.
+    tell: str = ""
+    # More patterns searched in the same line, for fields the main pattern cannot reach.
+    also: tuple[re.Pattern[str], ...] = ()
+    # Candidate boosts that apply when the message itself shows a field: (field, cause, delta, note).
+    boost_if: tuple[tuple[str, str, float, str], ...] = ()
 
     @property
     def cause(self) -> str:
@@ -103,6 +144,10 @@ class Signature:
     def extract(self, match: re.Match[str]) -> dict[str, str]:
         """The named groups that matched, plus constant and derived fields."""
         fields = {k: v.strip() for k, v in match.groupdict().items() if v}
+        for extra in self.also:
+            found = extra.search(match.string)
+            if found:
+                fields.update({k: v.strip() for k, v in found.groupdict().items() if v and k not in fields})
         for k, v in self.fields.items():
             fields.setdefault(k, v)
         for derivation in self.derive:
@@ -115,8 +160,9 @@ class Catalog:
     kinds: Mapping[str, FindingKind]
     contexts: tuple[Context, ...]
     signatures: tuple[Signature, ...]
-    # token -> the contexts and signatures it may announce (the scanner's fast path)
-    token_index: Mapping[str, tuple[Context | Signature, ...]]
+    # token -> the contexts, cues and signatures it may announce (the scanner's fast path)
+    token_index: Mapping[str, tuple[Context | Cue | Signature, ...]]
+    cues: tuple[Cue, ...] = ()
 
     def signature(self, name: str) -> Signature:
         for sig in self.signatures:
@@ -150,77 +196,22 @@ def parse_catalog(raw: Mapping[str, Any], register: Callable[..., FindingKind] =
             raise CatalogError(f"{where}: kind {kind_id!r} is not declared in the catalog")
         return kinds[kind_id]
 
-    contexts = []
-    for entry in raw.get("context", []):
-        where = f"context {entry['name']}"
-        contexts.append(
-            Context(
-                name=entry["name"],
-                tokens=tuple(entry["tokens"]),
-                regex=_compile(where, entry["pattern"]),
-                fields=dict(entry.get("fields", {})),
-                reset=tuple(entry.get("reset", ())),
-            )
-        )
-
+    contexts = [_parse_context(entry) for entry in raw.get("context", [])]
     signatures: list[Signature] = []
     names: set[str] = set()
     for entry in raw.get("signature", []):
-        where = f"signature {entry['name']}"
         if entry["name"] in names:
-            raise CatalogError(f"{where}: declared twice")
+            raise CatalogError(f"signature {entry['name']}: declared twice")
         names.add(entry["name"])
-        if entry["role"] not in ROLES:
-            raise CatalogError(f"{where}: role {entry['role']!r} is not one of {ROLES}")
-        confidence = float(entry["confidence"])
-        if not 0 < confidence <= 1:
-            raise CatalogError(f"{where}: confidence {confidence} is not in (0, 1]")
-        if not entry.get("tokens"):
-            raise CatalogError(f"{where}: no tokens (every signature needs a cheap prefilter)")
-        regex = _compile(where, entry["pattern"])
-        derive = []
-        for target, spec in entry.get("derive", {}).items():
-            sources, _, transform = spec.partition(":")
-            if transform and transform not in DERIVATIONS:
-                raise CatalogError(f"{where}: unknown derivation {transform!r}")
-            derive.append(Derivation(target, tuple(s.strip() for s in sources.split(",")), DERIVATIONS.get(transform)))
-        candidates = tuple(
-            Candidate(kind_of(where, c["kind"]), float(c["confidence"]), c["why"]) for c in entry.get("candidates", ())
-        )
-        sig = Signature(
-            name=entry["name"],
-            kind=kind_of(where, entry["kind"]),
-            role=entry["role"],
-            tokens=tuple(entry["tokens"]),
-            regex=regex,
-            confidence=confidence,
-            title=entry["title"],
-            remediation=entry["remediation"],
-            key=tuple(entry.get("key", ())),
-            explains=tuple(entry.get("explains", ())),
-            candidates=candidates,
-            tell_apart=entry.get("tell_apart", ""),
-            fields=dict(entry.get("fields", {})),
-            derive=tuple(derive),
-        )
-        known = set(regex.groupindex) | set(sig.fields) | {d.target for d in derive} | CONTEXT_FIELDS
-        texts = [sig.title, sig.remediation, sig.tell_apart] + [c.why for c in candidates]
-        unknown = set().union(*(_template_fields(t) for t in texts)) - known
-        if unknown:
-            raise CatalogError(f"{where}: templates name fields the pattern never extracts: {sorted(unknown)}")
-        if set(sig.key) - known:
-            raise CatalogError(f"{where}: key names unknown fields {sorted(set(sig.key) - known)}")
-        if candidates and not sig.tell_apart:
-            raise CatalogError(f"{where}: candidates without tell_apart (say how to decide between them)")
-        signatures.append(sig)
-
+        signatures.append(_parse_signature(entry, kind_of))
     for sig in signatures:
         missing = set(sig.explains) - names
         if missing:
             raise CatalogError(f"signature {sig.name}: explains unknown signatures {sorted(missing)}")
 
-    index: dict[str, list[Context | Signature]] = {}
-    for item in [*contexts, *signatures]:
+    cues = _parse_cues(raw.get("cue", []))
+    index: dict[str, list[Context | Cue | Signature]] = {}
+    for item in [*contexts, *cues, *signatures]:
         for token in item.tokens:
             index.setdefault(token, []).append(item)
     return Catalog(
@@ -228,7 +219,109 @@ def parse_catalog(raw: Mapping[str, Any], register: Callable[..., FindingKind] =
         contexts=tuple(contexts),
         signatures=tuple(signatures),
         token_index={t: tuple(items) for t, items in index.items()},
+        cues=tuple(cues),
     )
+
+
+def _parse_context(entry: Mapping[str, Any]) -> Context:
+    return Context(
+        name=entry["name"],
+        tokens=tuple(entry["tokens"]),
+        regex=_compile(f"context {entry['name']}", entry["pattern"]),
+        fields=dict(entry.get("fields", {})),
+        reset=tuple(entry.get("reset", ())),
+    )
+
+
+def _parse_derivations(where: str, entry: Mapping[str, Any]) -> tuple[Derivation, ...]:
+    derive = []
+    for target, spec in entry.get("derive", {}).items():
+        sources, _, transform = spec.partition(":")
+        if transform and transform not in DERIVATIONS:
+            raise CatalogError(f"{where}: unknown derivation {transform!r}")
+        derive.append(Derivation(target, tuple(s.strip() for s in sources.split(",")), DERIVATIONS.get(transform)))
+    return tuple(derive)
+
+
+def _parse_signature(entry: Mapping[str, Any], kind_of: Callable[[str, str], FindingKind]) -> Signature:
+    where = f"signature {entry['name']}"
+    if entry["role"] not in ROLES:
+        raise CatalogError(f"{where}: role {entry['role']!r} is not one of {ROLES}")
+    confidence = float(entry["confidence"])
+    if not 0 < confidence <= 1:
+        raise CatalogError(f"{where}: confidence {confidence} is not in (0, 1]")
+    if not entry.get("tokens"):
+        raise CatalogError(f"{where}: no tokens (every signature needs a cheap prefilter)")
+    sig = Signature(
+        name=entry["name"],
+        kind=kind_of(where, entry["kind"]),
+        role=entry["role"],
+        tokens=tuple(entry["tokens"]),
+        regex=_compile(where, entry["pattern"]),
+        confidence=confidence,
+        title=entry["title"],
+        remediation=entry["remediation"],
+        key=tuple(entry.get("key", ())),
+        explains=tuple(entry.get("explains", ())),
+        candidates=tuple(Candidate(kind_of(where, c["kind"]), float(c["confidence"]), c["why"], c.get("tell", ""))
+                         for c in entry.get("candidates", ())),
+        tell_apart=entry.get("tell_apart", ""),
+        fields=dict(entry.get("fields", {})),
+        derive=_parse_derivations(where, entry),
+        tell=entry.get("tell", ""),
+        also=tuple(_compile(where, p) for p in entry.get("also", ())),
+        boost_if=tuple((b["field"], b["cause"], float(b["delta"]), b.get("note", "")) for b in entry.get("boost_if", ())),
+    )
+    _check_templates(where, sig)
+    if sig.candidates and not sig.tell_apart:
+        raise CatalogError(f"{where}: candidates without tell_apart (say how to decide between them)")
+    _check_candidates(where, sig)
+    return sig
+
+
+def _check_templates(where: str, sig: Signature) -> None:
+    """Every field a template or key names is one the patterns, constants or derivations give."""
+    known = set(sig.regex.groupindex).union(*(a.groupindex for a in sig.also)) | set(sig.fields) \
+        | {d.target for d in sig.derive} | CONTEXT_FIELDS
+    texts = [sig.title, sig.remediation, sig.tell_apart, sig.tell] + [c.why for c in sig.candidates] \
+        + [c.tell for c in sig.candidates]
+    unknown = set().union(*(_template_fields(t) for t in texts)) - known
+    if unknown:
+        raise CatalogError(f"{where}: templates name fields the pattern never extracts: {sorted(unknown)}")
+    if set(sig.key) - known:
+        raise CatalogError(f"{where}: key names unknown fields {sorted(set(sig.key) - known)}")
+
+
+# A generic text names at least this many distinct causes (its own and its candidates').
+MIN_GENERIC_CAUSES = 3
+
+
+def _check_candidates(where: str, sig: Signature) -> None:
+    """A generic text lists >= 3 distinct causes, each with the observation that tells it apart."""
+    if not sig.candidates:
+        return
+    causes = [sig.cause] + [c.kind.cause for c in sig.candidates]
+    if len(set(causes)) != len(causes):
+        raise CatalogError(f"{where}: a cause is listed twice among the candidates")
+    if len(causes) < MIN_GENERIC_CAUSES:
+        raise CatalogError(f"{where}: a generic text needs at least {MIN_GENERIC_CAUSES} distinct candidate causes")
+    if not sig.tell or any(not c.tell for c in sig.candidates):
+        raise CatalogError(f"{where}: every candidate needs `tell` (the observation that tells it apart)")
+
+
+def _parse_cues(entries: list[Mapping[str, Any]]) -> list[Cue]:
+    cues = []
+    for entry in entries:
+        where = f"cue {entry['name']}"
+        boost = {str(k): float(v) for k, v in entry.get("boost", {}).items()}
+        unknown = set(boost) - set(CAUSES)
+        if unknown:
+            raise CatalogError(f"{where}: boosts causes outside the vocabulary: {sorted(unknown)}")
+        if not entry.get("tokens"):
+            raise CatalogError(f"{where}: no tokens")
+        cues.append(Cue(entry["name"], tuple(entry["tokens"]), _compile(where, entry["pattern"]), boost,
+                        entry.get("note", "")))
+    return cues
 
 
 @lru_cache(maxsize=1)
@@ -238,10 +331,11 @@ def load_catalog(path: Path = CATALOG_PATH) -> Catalog:
 
 
 class SafeFields(dict):
-    """format_map mapping: a field the log did not show renders as <field>."""
+    """format_map mapping: a field the log did not show renders as <field> (an optional one,
+    named *_opt, as nothing)."""
 
     def __missing__(self, key: str) -> str:
-        return f"<{key}>"
+        return "" if key.endswith("_opt") else f"<{key}>"
 
 
 def render_template(template: str, fields: Mapping[str, Any]) -> str:

@@ -1,15 +1,16 @@
-"""Read log files (or stdin) as text blocks, in bounded memory, refusing what is not a text log.
+"""Read log files (or stdin) as text blocks, in bounded memory, refusing what is not a text log."""
 
-A log is read in blocks of about BLOCK_SIZE bytes cut at a line end, so memory does not grow with
-the file: a 100 MB log costs one block plus the partial line carried to the next. A single line
-longer than a block is cut (nobody's error message is a megabyte long; a binary blob would be).
-
-What is refused, with a message for the user (LogInputError, which the CLI turns into exit 2):
-a missing path, a directory, an unreadable file, an empty input, binary data (NUL bytes or
-mostly control characters) and text that is not UTF-8 in its first block (a latin-1 or UTF-16
-file: converting it is the user's call, guessing would quote garbled evidence). After the first
-block, stray undecodable bytes (a progress bar cut mid-character) are replaced and counted.
-"""
+# A log is read in blocks of about BLOCK_SIZE bytes cut at a line end, so memory does not grow with
+# the file: a 100 MB log costs one block plus the partial line carried to the next. A single line
+# longer than a block is cut (nobody's error message is a megabyte long; a binary blob would be).
+#
+# What is refused, with a message for the user (LogInputError, which the CLI turns into exit 2):
+# a missing path, a directory, a FIFO or device (reading one could block forever: pipe it into
+# `-` instead), an unreadable file, binary data (NUL bytes or mostly control characters) and text
+# that is not UTF-8 in its first block (a latin-1 or UTF-16 file: converting it is the user's
+# call, guessing would quote garbled evidence). After the first block, stray undecodable bytes (a
+# progress bar cut mid-character) are replaced and counted. An empty log is not refused: a rank
+# that printed nothing is evidence (it hung or was killed before its first line).
 
 from __future__ import annotations
 
@@ -22,9 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from distdoctor.explain.sanitize import strip_controls
+
 BLOCK_SIZE = 1 << 20
 STDIN_NAME = "<stdin>"
-_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_-]?(\d+)(?!\d)", re.I)
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_-]?([0-9]{1,7})(?![0-9])", re.I)
+MAX_RANK_DIGITS = 7
 
 
 class LogInputError(Exception):
@@ -42,7 +46,11 @@ class LogSource:
     lines: int = 0
     bytes: int = 0
     replaced_bytes: bool = False
+    empty: bool = False
     stream: BinaryIO | None = field(default=None, repr=False)
+    # Bytes already read from the stream (to tell a JSON report from a log) and not yet scanned.
+    prefix: bytes = field(default=b"", repr=False)
+    owns_stream: bool = False
 
 
 def rank_from_name(path: Path) -> int | None:
@@ -50,9 +58,26 @@ def rank_from_name(path: Path) -> int | None:
     match = _RANK_IN_NAME.search(path.name)
     if match:
         return int(match.group(1))
-    if path.name in ("stdout.log", "stderr.log", "error.json") and path.parent.name.isdigit():
-        return int(path.parent.name)
+    parent = path.parent.name
+    if path.name in ("stdout.log", "stderr.log", "error.json") and parent.isascii() and parent.isdigit() \
+            and len(parent) <= MAX_RANK_DIGITS:
+        return int(parent)
     return None
+
+
+def peek(source: LogSource, size: int) -> bytes:
+    """The first bytes of an input, kept so that iter_blocks still yields them."""
+    if source.stream is None:
+        try:
+            source.stream = open(source.path, "rb")  # type: ignore[arg-type]
+            source.owns_stream = True
+        except OSError as exc:
+            raise LogInputError(f"{source.name}: cannot open ({exc.strerror or exc})") from None
+    try:
+        source.prefix = source.stream.read(size)
+    except OSError as exc:
+        raise LogInputError(f"{source.name}: read failed ({exc.strerror or exc})") from None
+    return source.prefix
 
 
 def open_sources(inputs: list[str], stdin: BinaryIO | None = None) -> list[LogSource]:
@@ -70,6 +95,8 @@ def open_sources(inputs: list[str], stdin: BinaryIO | None = None) -> list[LogSo
             sources.append(LogSource(name=STDIN_NAME, stream=stream))
             continue
         path = Path(item)
+        # The name is shown (evidence, messages): a file name can carry escape sequences too.
+        item = strip_controls(item)
         try:
             info = path.stat()
         except FileNotFoundError:
@@ -80,8 +107,10 @@ def open_sources(inputs: list[str], stdin: BinaryIO | None = None) -> list[LogSo
             raise LogInputError(f"{item}: cannot read ({exc.strerror or exc})") from None
         if stat.S_ISDIR(info.st_mode):
             raise LogInputError(f"{item}: is a directory; pass the log files in it (e.g. {item.rstrip('/')}/*.log)")
-        if stat.S_ISREG(info.st_mode) and info.st_size == 0:
-            raise LogInputError(f"{item}: is empty")
+        if not stat.S_ISREG(info.st_mode):
+            # A FIFO with no writer (or a device) would block or never end: refuse, say how instead.
+            raise LogInputError(f"{item}: is not a regular file (a pipe, socket or device); "
+                                f"feed it through stdin instead: cat {item} | distdoctor explain -")
         if not os.access(path, os.R_OK):
             raise LogInputError(f"{item}: permission denied")
         sources.append(LogSource(name=item, path=path, rank_hint=rank_from_name(path)))
@@ -97,8 +126,6 @@ def _looks_binary(sample: bytes) -> bool:
 
 
 def _check_first_block(source: LogSource, data: bytes) -> None:
-    if not data.strip():
-        raise LogInputError(f"{source.name}: is empty" + (" (only whitespace)" if data else ""))
     sample = data[:65536]
     if _looks_binary(sample):
         raise LogInputError(f"{source.name}: looks like binary data, not a text log")
@@ -118,7 +145,7 @@ def iter_blocks(source: LogSource, block_size: int = BLOCK_SIZE) -> Iterator[tup
 
     Raises LogInputError for input that is not a text log (checked on the first block).
     """
-    opened = source.stream is None
+    opened = source.stream is None or source.owns_stream
     try:
         stream = source.stream if source.stream is not None else open(source.path, "rb")  # type: ignore[arg-type]
     except OSError as exc:
@@ -133,9 +160,14 @@ def iter_blocks(source: LogSource, block_size: int = BLOCK_SIZE) -> Iterator[tup
                 chunk = stream.read(block_size)
             except OSError as exc:
                 raise LogInputError(f"{source.name}: read failed ({exc.strerror or exc})") from None
+            if source.prefix:
+                chunk, source.prefix = source.prefix + chunk, b""
             if first:
-                _check_first_block(source, chunk)
                 first = False
+                if not chunk.strip() and len(chunk) < block_size:
+                    source.empty = True  # evidence, not an error: the caller records it
+                    return
+                _check_first_block(source, chunk)
             if not chunk:
                 if carry:
                     yield from _emit(source, decoder, carry, line_no, final=True)

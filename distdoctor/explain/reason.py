@@ -1,30 +1,35 @@
-"""Weigh the matches of a scan into findings: causes first, consequences folded into them.
+"""Weigh the matches of a scan into findings: causes first, consequences folded into them."""
 
-The rules, in order:
-1. A signature that `explains` another (catalog data) absorbs it: a host name that does not
-   resolve explains the store connect timeout that follows; a rank killed by SIGKILL explains the
-   "Connection reset by peer" its peers see.
-2. Symptoms (a peer vanished, a wait timed out) that no rule absorbed become consequences of the
-   first cause or crash in time, when there is one: the first failure is the cause, what other
-   ranks saw afterwards is its consequence.
-3. What is left is ranked by confidence (a crash that its peers' symptoms corroborate, or that
-   torchrun's summary calls the first observed failure, gains a little), then by time.
-4. A text with several possible causes yields its candidates too, each with its confidence, and
-   the finding says what to run to tell them apart.
-5. Several ranks timing out in NCCL collectives with different op types at one sequence number is
-   a collective mismatch, whatever each line alone suggests.
-6. Ranks lost a peer ("Connection reset by peer") and one rank's own log stops without any error
-   line: that rank died without a word, which a Python exception never does; a signal did it,
-   most often SIGKILL from the out-of-memory killer. It is named, with moderate confidence.
-7. Nothing matched: cause `unknown`, quoting the lines that looked most relevant.
-"""
+# The rules, in order:
+# 1. A signature that `explains` another (catalog data) absorbs it: a host name that does not
+#    resolve explains the store connect timeout that follows; a rank killed by SIGKILL explains the
+#    "Connection reset by peer" its peers see.
+# 2. Symptoms (a peer vanished, a wait timed out) that no rule absorbed become consequences of the
+#    first cause or crash in time, when there is one: the first failure is the cause, what other
+#    ranks saw afterwards is its consequence.
+# 3. What is left is ranked by confidence (a crash that its peers' symptoms corroborate, or that
+#    torchrun's summary calls the first observed failure, gains a little), then by time.
+# 4. A text with several possible causes (a generic text) yields one finding whose cause is the
+#    first of its ranked candidates (candidates.py): the other lines of the logs reorder them,
+#    and the finding lists them all as alternatives, each with the observation that decides.
+# 5. Several ranks timing out in NCCL collectives with different op types at one sequence number is
+#    a collective mismatch, whatever each line alone suggests.
+# 6. Ranks lost a peer ("Connection reset by peer") and one rank's own log stops without any error
+#    line: that rank died without a word, which a Python exception never does; a signal did it,
+#    most often SIGKILL from the out-of-memory killer. It is named, with moderate confidence.
+# 7. Nothing matched: cause `unknown`, quoting the lines that looked most relevant; or, when some
+#    per-rank logs are empty, that those ranks printed nothing (hung or killed before their first line).
+# 8. distdoctor's own JSON reports among the inputs: their findings are shown again, as they were.
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from distdoctor.explain.candidates import Ranked, describe, rank_candidates
 from distdoctor.explain.catalog import Catalog, render_template
+from distdoctor.explain.own_reports import findings_of_report
+from distdoctor.explain.sanitize import clean_quote
 from distdoctor.explain.scan import MAX_EVIDENCE, Accumulator, Group
 from distdoctor.core.findings import Finding
 from distdoctor.core.report import format_ranks
@@ -33,9 +38,8 @@ CHECK_NAME = "explain"
 CORROBORATION_BONUS = 0.1
 FIRST_FAILURE_BONUS = 0.05
 MAX_CONFIDENCE = 0.95
-# Candidates never look surer than this: the text alone cannot decide between them.
-CANDIDATE_CEILING = 0.55
 EVIDENCE_IN_DETAIL = 3
+EMPTY_LOG_CONFIDENCE = 0.4
 
 
 @dataclass
@@ -146,34 +150,43 @@ def watchdog_mismatch(roots: list[Root]) -> Root | None:
 
 def findings_from(acc: Accumulator, catalog: Catalog) -> list[Finding]:
     """Every finding of a scan, most likely cause first."""
+    reported = [f for file, report in acc.own_reports for f in findings_of_report(report, file)]
     groups = list(acc.groups.values())
     if not groups:
+        if acc.empty_files:
+            return reported + [_empty_logs_finding(acc, catalog)]
+        if acc.own_reports:
+            return reported
         return [_unknown_finding(acc, catalog)]
     roots = assign_roots(groups)
-    findings: list[Finding] = []
+    findings: list[Finding] = list(reported)
     mismatch = watchdog_mismatch(roots)
     if mismatch is not None:
         findings.append(_watchdog_mismatch_finding(mismatch, catalog))
         involved = {id(mismatch.group), *(id(g) for g in mismatch.consequences)}
         roots = [r for r in roots if id(r.group) not in involved]
     for root in roots:
-        if root.group.signature.name in PEER_LOST and acc.quiet_ranks - root.group.ranks:
+        if root.group.signature.name in PEER_LOST and _silent(acc) - root.group.ranks:
             findings.append(_silent_death_finding(root, acc, catalog))
-            findings += _candidate_findings(root, ranks=acc.quiet_ranks - root.group.ranks)
             continue
-        findings.append(_finding(root, acc))
-        findings += _candidate_findings(root)
+        findings.append(_finding(root, acc, catalog))
     return findings
 
 
-PEER_LOST = ("gloo_peer_lost", "nccl_remote_error")
+def _silent(acc: Accumulator) -> set[int]:
+    """Ranks whose own log is empty or holds no error-looking line."""
+    return acc.quiet_ranks | acc.empty_ranks
+
+
+PEER_LOST = ("gloo_peer_lost", "nccl_remote_error", "nccl_peer_closed")
 SILENT_DEATH_CONFIDENCE = 0.55
 
 
 def _silent_death_finding(root: Root, acc: Accumulator, catalog: Catalog) -> Finding:
     group = root.group
-    quiet = sorted(acc.quiet_ranks - group.ranks)
+    quiet = sorted(_silent(acc) - group.ranks)
     kind = catalog.kinds["log.E025"]
+    ranked = rank_candidates(group.signature, _fields_for(group), acc, catalog, quiet)
     who = format_ranks(quiet)
     lost = format_ranks(group.ranks) or "other ranks"
     detail = [
@@ -182,6 +195,7 @@ def _silent_death_finding(root: Root, acc: Accumulator, catalog: Catalog) -> Fin
         *_quote(group.evidence),
         "A Python exception or a failed assertion always prints; a process that stops silently was killed by a "
         "signal (SIGKILL from the OOM killer or the scheduler) or crashed in native code.",
+        *describe(_with_first(ranked, kind, SILENT_DEATH_CONFIDENCE)),
     ]
     return kind(
         f"Rank {who} stopped without an error while rank{'s' if len(group.ranks) > 1 else ''} {lost} lost their peer",
@@ -194,6 +208,8 @@ def _silent_death_finding(root: Root, acc: Accumulator, catalog: Catalog) -> Fin
         data={
             "signature": "silent_rank_death",
             "quiet_ranks": quiet,
+            "empty_logs": sorted(acc.empty_ranks - group.ranks),
+            "candidates": [r.to_dict() for r in _with_first(ranked, kind, SILENT_DEATH_CONFIDENCE)],
             "evidence": list(group.evidence),
             "consequences": [_consequence(group)] + [_consequence(c) for c in root.consequences],
         },
@@ -202,9 +218,10 @@ def _silent_death_finding(root: Root, acc: Accumulator, catalog: Catalog) -> Fin
     )
 
 
-def _finding(root: Root, acc: Accumulator) -> Finding:
+def _finding(root: Root, acc: Accumulator, catalog: Catalog) -> Finding:
     group, sig = root.group, root.group.signature
     fields = _fields_for(group)
+    quoted = {(e["file"], e["line"]) for e in group.evidence[:EVIDENCE_IN_DETAIL]}
     detail = [f"{_where(group)}; first:"] + _quote(group.evidence)
     data: dict[str, Any] = {
         "signature": sig.name,
@@ -223,34 +240,62 @@ def _finding(root: Root, acc: Accumulator) -> Finding:
         data["consequences"] = [_consequence(c) for c in root.consequences]
         detail.append("What followed (consequences, not causes):")
         for c in root.consequences:
-            who = f"rank{'s' if len(c.ranks) > 1 else ''} {format_ranks(c.ranks)}: " if c.ranks else ""
-            detail.append(f"  {who}{c.evidence[0]['text'] if c.evidence else c.signature.name}"
-                          f" ({c.count}x, {c.signature.name})")
+            detail.append(_consequence_line(c, quoted))
     silent = _silent_ranks(root, acc)
     if silent:
         data["ranks_without_error"] = silent
         detail.append(f"Ranks seen in the logs that reported no such error: {format_ranks(silent)} — "
                       "look at their logs first: the rank that did not join is usually the cause.")
+    empty = sorted(acc.empty_ranks - group.ranks)
+    if empty:
+        data["empty_logs"] = empty
+        detail.append(f"The log of rank {format_ranks(empty)} is empty: that rank printed nothing (hung, or killed "
+                      "before its first line).")
+    kind, confidence, remediation = sig.kind, root.confidence, render_template(sig.remediation, fields)
     if sig.candidates:
-        data["candidates"] = [
-            {"id": c.kind.id, "cause": c.kind.cause, "confidence": min(c.confidence, CANDIDATE_CEILING)}
-            for c in sig.candidates
-        ]
+        quiet = sorted((_silent(acc) | set(silent)) - group.ranks)
+        ranked = rank_candidates(sig, fields, acc, catalog, quiet, base=root.confidence)
+        top = ranked[0]
+        kind, confidence = top.kind, top.confidence
+        if top.kind is not sig.kind:
+            remediation = f"{top.kind.hint}. To confirm: {top.tell}\n(If it is not that: {remediation})"
+        data["candidates"] = [r.to_dict() for r in ranked]
         data["tell_apart"] = render_template(sig.tell_apart, fields)
-        detail.append("This text has several possible causes; the others are listed as candidates.")
+        detail += describe(ranked)
         detail.append("To tell them apart: " + data["tell_apart"])
     if group.count > len(group.evidence) and len(group.evidence) == MAX_EVIDENCE:
         data["evidence_truncated"] = True
-    return sig.kind(
+    return kind(
         render_template(sig.title, fields),
         detail="\n".join(detail),
-        remediation=render_template(sig.remediation, fields),
+        remediation=remediation,
         ranks=group.ranks,
         hosts=group.hosts,
         data=data,
         check=CHECK_NAME,
-        confidence=root.confidence,
+        confidence=confidence,
     )
+
+
+def _consequence_line(c: Group, quoted: set) -> str:
+    """One line per consequence; a line already quoted above is named, not quoted again."""
+    who = f"rank{'s' if len(c.ranks) > 1 else ''} {format_ranks(c.ranks)}: " if c.ranks else ""
+    first = c.evidence[0] if c.evidence else None
+    if first is None:
+        text = c.signature.name
+    elif (first["file"], first["line"]) in quoted:
+        text = f"(the line quoted above, {first['file']}:{first['line']})"
+    else:
+        quoted.add((first["file"], first["line"]))
+        text = first["text"]
+    return f"  {who}{text} ({c.count}x, {c.signature.name})"
+
+
+def _with_first(ranked: list[Ranked], kind, confidence: float) -> list[Ranked]:
+    """The silent-death answer first, then the signature's own ranked alternatives (its cause once)."""
+    head = Ranked(kind, confidence, "the rank whose log stops without an error was killed (SIGKILL: the OOM "
+                  "killer or the scheduler)", "dmesg -T | grep -i 'killed process' on that rank's host", [])
+    return [head] + [r for r in ranked if r.cause != kind.cause]
 
 
 def _silent_ranks(root: Root, acc: Accumulator) -> list[int]:
@@ -271,38 +316,6 @@ def _consequence(group: Group) -> dict[str, Any]:
         "occurrences": group.count,
         "evidence": list(group.evidence[:2]),
     }
-
-
-def _candidate_findings(root: Root, ranks: set[int] | None = None) -> list[Finding]:
-    group, sig = root.group, root.group.signature
-    if not sig.candidates:
-        return []
-    fields = _fields_for(group)
-    out = []
-    for cand in sig.candidates:
-        why = render_template(cand.why, fields)
-        out.append(
-            cand.kind(
-                f"Possible cause ({cand.kind.cause}): {why}",
-                detail="\n".join(
-                    [f"Candidate explanation of: {render_template(sig.title, fields)}", f"Why: {why}"]
-                    + _quote(group.evidence, 1)
-                    + ["To tell apart: " + render_template(sig.tell_apart, fields)]
-                ),
-                remediation=cand.kind.hint,
-                ranks=group.ranks if ranks is None else ranks,
-                hosts=group.hosts,
-                data={
-                    "signature": sig.name,
-                    "candidate_of": sig.kind.id,
-                    "why": why,
-                    "evidence": list(group.evidence[:1]),
-                },
-                check=CHECK_NAME,
-                confidence=min(cand.confidence, CANDIDATE_CEILING, root.confidence),
-            )
-        )
-    return out
 
 
 def _watchdog_mismatch_finding(root: Root, catalog: Catalog) -> Finding:
@@ -333,7 +346,7 @@ def _watchdog_mismatch_finding(root: Root, catalog: Catalog) -> Finding:
 def _unknown_finding(acc: Accumulator, catalog: Catalog) -> Finding:
     kind = catalog.kinds["log.W030"]
     lines = sorted(acc.relevant, key=lambda item: (item[1], item[2]))
-    evidence = [{"file": f, "line": n, "text": t} for _, _, n, f, t in lines]
+    evidence = [{"file": f, "line": n, "text": clean_quote(t)} for _, _, n, f, t in lines]
     if evidence:
         detail = ["No known failure signature matched. The lines that look most relevant:"] + _quote(evidence, len(evidence))
     else:
@@ -346,4 +359,40 @@ def _unknown_finding(acc: Accumulator, catalog: Catalog) -> Finding:
         data={"evidence": evidence, "signature": None},
         check=CHECK_NAME,
         confidence=0.0,
+    )
+
+
+def _empty_logs_finding(acc: Accumulator, catalog: Catalog) -> Finding:
+    """Nothing matched, and some logs are empty: an empty per-rank log is what a hung rank leaves."""
+    files = acc.empty_files
+    ranks = sorted(acc.empty_ranks)
+    if not ranks:
+        kind = catalog.kinds["log.W030"]
+        return kind(
+            f"{', '.join(files[:4])}: the log is empty",
+            detail="The log holds no text at all: the process printed nothing (it hung or was killed before its "
+            "first line, or its output went elsewhere), or this is not the file the job wrote.",
+            remediation="Check where the job's output goes (the scheduler's --output, torchrun --log-dir, "
+            "kubectl logs --previous); for a hung process, py-spy dump --pid <pid> shows where it waits.",
+            data={"signature": "empty_log", "empty_files": files, "evidence": []},
+            check=CHECK_NAME,
+            confidence=0.0,
+        )
+    kind = catalog.kinds["log.E006"]
+    who = format_ranks(ranks)
+    others = sorted(acc.ranks_seen - set(ranks))
+    detail = [f"The log of rank {who} is empty: that rank printed nothing — it hung before its first line, was "
+              "killed early, or never started."]
+    if others:
+        detail.append(f"The other ranks' logs ({format_ranks(others)}) name no known failure.")
+    return kind(
+        f"Rank {who} printed nothing: hung, killed early or never started",
+        detail="\n".join(detail + [f"  {f}: 0 lines" for f in files[:8]]),
+        remediation=f"On rank {who}'s host: is the process alive (ps, py-spy dump --pid <pid> shows where it "
+        "waits)? dmesg -T | grep -i 'killed process' for an OOM kill; the scheduler's record for a task that "
+        "never started.",
+        ranks=ranks,
+        data={"signature": "empty_rank_log", "empty_logs": ranks, "empty_files": files, "evidence": []},
+        check=CHECK_NAME,
+        confidence=EMPTY_LOG_CONFIDENCE,
     )

@@ -1,10 +1,9 @@
-"""Match the catalog against text blocks: tokens first (whole-block str.find), regexes on hits only.
+"""Match the catalog against text blocks: tokens first (whole-block str.find), regexes on hits only."""
 
-Most lines of a training log say nothing about a failure. Instead of testing every line against
-every signature, each catalog token is searched in the whole block with str.find (C speed), and
-only the lines a token lands on are split out and matched against the regexes that token
-announces. Matches become Observations, folded into an Accumulator of bounded size.
-"""
+# Most lines of a training log say nothing about a failure. Instead of testing every line against
+# every signature, each catalog token is searched in the whole block with str.find (C speed), and
+# only the lines a token lands on are split out and matched against the regexes that token
+# announces. Matches become Observations, folded into an Accumulator of bounded size.
 
 from __future__ import annotations
 
@@ -13,15 +12,24 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from distdoctor.explain.catalog import Catalog, Context, Signature
+from distdoctor.explain.catalog import Catalog, Context, Cue, Signature
 from distdoctor.explain.reader import LogSource, iter_blocks
+from distdoctor.explain.sanitize import clean_quote, strip_controls
 
 MAX_EVIDENCE = 5  # quoted lines kept per group (the first ones: the start of a failure matters)
 MAX_GROUPS = 512  # distinct (signature, key) groups; beyond it, occurrences are only counted
 MAX_LINE_CHARS = 400  # evidence lines are quoted up to this length
 RELEVANT_LINES = 8  # lines kept for the "nothing matched" answer
+# A regex sees at most this many characters around the token that announced it, so a pattern's
+# work per line is bounded whatever the line's length (a 200 kB line of hex is not a message).
+WINDOW_BEFORE = 1024
+WINDOW_AFTER = 2048
+CUE_LINES_PER_BLOCK = 8  # lines a cue-only token is tried on per block (it counts once anyway)
+MAX_FIELD_CHARS = 200  # an extracted field longer than this is cut (a 5000-digit "rank")
+MAX_RANK_DIGITS = 7  # ranks are < 10 million; a longer number is not a rank
 
-_RANK_PREFIX = re.compile(r"\[(?:rank|default)(\d+)\]:")
+_RANK_PREFIX = re.compile(r"\[(?:rank|default)(\d{1,7})\]:")
+_RANK_NUMBER = re.compile(r"(?<!\d)\d{1,7}(?!\d)")
 # NCCL's own lines start with host:pid:tid [cuda device].
 _NCCL_PREFIX = re.compile(r"^(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[(?P<cuda_device>\d+)\] ")
 _GLOG_TIME = re.compile(r"(?:^|\]:?\[?)[EWIF](\d{4}) (\d\d:\d\d:\d\d(?:\.\d+)?)")
@@ -36,7 +44,19 @@ RELEVANCE_TOKENS: dict[str, int] = {
 _EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]: )?[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b:?")
 
 
+def small_int(value: str | None) -> int | None:
+    """A rank-sized decimal number, or None (a 5000-digit or non-ASCII "number" is not a rank)."""
+    if value and value.isascii() and value.isdigit() and len(value) <= MAX_RANK_DIGITS:
+        return int(value)
+    return None
+
+
 def quote_line(text: str, span: tuple[int, int] | None = None) -> str:
+    """The line as explain may show it: cut around the match, control sequences and secrets removed."""
+    return clean_quote(_cut_line(text, span))
+
+
+def _cut_line(text: str, span: tuple[int, int] | None = None) -> str:
     """The line, or for a long one its start and the part around the match (what it is about)."""
     if len(text) <= MAX_LINE_CHARS:
         return text
@@ -121,7 +141,7 @@ def _ranks_of(obs: Observation) -> list[int]:
     """The ranks an observation is about: ranks the message names, else the rank that printed it."""
     named = obs.fields.get("ranks")
     if named:
-        return [int(r) for r in re.findall(r"\d+", named)]
+        return [int(r) for r in _RANK_NUMBER.findall(named)]
     return [obs.rank] if obs.rank is not None else []
 
 
@@ -137,6 +157,20 @@ class Accumulator:
     # Ranks whose own log (a per-rank file) holds no error-looking line at all: they stopped
     # without a word, which a Python exception never does.
     quiet_ranks: set[int] = field(default_factory=set)
+    # Per-rank logs that are empty: the rank printed nothing at all (hung or killed early).
+    empty_ranks: set[int] = field(default_factory=set)
+    empty_files: list[str] = field(default_factory=list)
+    # Cue name -> (occurrences, first evidence line).
+    cues: dict[str, list] = field(default_factory=dict)
+    # distdoctor's own JSON reports found among the inputs: (file, parsed report).
+    own_reports: list[tuple[str, dict]] = field(default_factory=list)
+
+    def add_cue(self, cue: Cue, evidence: dict[str, Any]) -> None:
+        entry = self.cues.get(cue.name)
+        if entry is None:
+            self.cues[cue.name] = [1, evidence]
+        else:
+            entry[0] += 1
 
     def add(self, obs: Observation) -> None:
         sig = obs.signature
@@ -178,8 +212,18 @@ class Scanner:
     def __init__(self, catalog: Catalog, accumulator: Accumulator | None = None) -> None:
         self.catalog = catalog
         self.acc = accumulator or Accumulator()
-        self._tokens = search_tokens(catalog)
-        self._relevance = list(RELEVANCE_TOKENS.items())
+        tokens = [(t, items, _cue_only(items)) for t, items in search_tokens(catalog)]
+        # Tokens that contain a relevance word are tried only on the lines that word is on (the
+        # relevance pass finds them anyway): one block pass fewer per such token.
+        self._gated: dict[str, list] = {}
+        self._tokens = []
+        for entry in tokens:
+            word = next((w for w in GATE_WORDS if w in entry[0].lower()), None)
+            if word is None:
+                self._tokens.append(entry)
+            else:
+                self._gated.setdefault(word, []).append(entry)
+        self._relevance = list(RELEVANCE_TOKENS.items()) + [(w, 0) for w in GATE_ONLY if w in self._gated]
 
     def scan(self, source: LogSource, source_index: int) -> int:
         """Scan one input; return how many lines in it matched a signature or looked like an error."""
@@ -187,38 +231,40 @@ class Scanner:
         self._noticed = 0
         for block, first_line in iter_blocks(source):
             self._scan_block(block, first_line, source, source_index, context)
+            self._drop_seen_cues()
         if source.rank_hint is not None:
             self.acc.ranks_seen.add(source.rank_hint)
             if self._noticed == 0:
                 self.acc.quiet_ranks.add(source.rank_hint)
         return self._noticed
 
+    def _drop_seen_cues(self) -> None:
+        """A cue counts once: its tokens stop being searched after it was seen (NCCL INFO chatter
+        repeats them on every line)."""
+        if not self.acc.cues:
+            return
+        self._tokens = _without_seen_cues(self._tokens, self.acc.cues)
+        self._gated = {w: _without_seen_cues(t, self.acc.cues) for w, t in self._gated.items()}
+
     def _scan_block(self, block: str, first_line: int, source: LogSource, source_index: int, context: dict) -> None:
         hits: dict[int, list] = {}
+        _find_tokens(block, self._tokens, hits)
+        lower = block.lower()
         relevance: dict[int, int] = {}
-        find = block.find
-        for token, items in self._tokens:
-            i = find(token)
-            while i != -1:
-                start = block.rfind("\n", 0, i) + 1
-                hits.setdefault(start, []).extend(items)
-                end = find("\n", i)
-                i = find(token, end) if end != -1 else -1
-        lower = block.lower()  # lower() can change the length of some non-ASCII text; then positions would not align
-        if len(lower) != len(block):
-            lower = block
-        lfind = lower.find
-        for token, weight in self._relevance:
-            i = lfind(token)
-            while i != -1:
-                start = block.rfind("\n", 0, i) + 1
-                relevance[start] = relevance.get(start, 0) + weight
-                end = find("\n", i)
-                i = lfind(token, end) if end != -1 else -1
+        word_lines: dict[str, list[int]] = {}
+        if len(lower) == len(block):
+            _find_relevance(block, lower, self._relevance, relevance, word_lines)
+            _find_gated(block, self._gated, word_lines, hits)
+        else:
+            # lower() changed the length of some non-ASCII text, so positions would not align:
+            # search this block the plain way.
+            _find_relevance(block, block, self._relevance, relevance, word_lines)
+            _find_tokens(block, [t for toks in self._gated.values() for t in toks], hits)
         if not hits and not relevance:
             return
         line_no, pos = first_line, 0
         self._noticed += len(relevance)
+        find = block.find
         for start in sorted(hits.keys() | relevance.keys()):
             line_no += block.count("\n", pos, start)
             pos = start
@@ -228,48 +274,48 @@ class Scanner:
                 self._match_line(text, line_no, hits[start], source, source_index, context)
             if start in relevance:
                 score = relevance[start] + (2 if _EXCEPTION_LINE.match(text) else 0)
-                self.acc.add_relevant(score, source_index, line_no, source.name, quote_line(text))
+                # Cut now (bounded memory), clean only the few kept (cleaning every warning line costs).
+                self.acc.add_relevant(score, source_index, line_no, source.name, _cut_line(text))
 
-    def _match_line(self, text: str, line_no: int, items: Iterable, source: LogSource, source_index: int,
+    def _match_line(self, line: str, line_no: int, items: Iterable, source: LogSource, source_index: int,
                     context: dict) -> None:
         seen: set[int] = set()
         line_rank: int | None = None
         line_host: str | None = None
-        prefix = _RANK_PREFIX.match(text)
+        head = strip_controls(line[:256])
+        prefix = _RANK_PREFIX.match(head)
         if prefix:
             line_rank = int(prefix.group(1))
             self.acc.ranks_seen.add(line_rank)
         else:
-            nccl = _NCCL_PREFIX.match(text)
+            nccl = _NCCL_PREFIX.match(head)
             if nccl:
-                line_host = nccl.group("host")
-        for item in items:
+                line_host = clean_quote(nccl.group("host")[:MAX_FIELD_CHARS])
+        for item, offset in items:
             if id(item) in seen:
                 continue
             seen.add(id(item))
+            text = strip_controls(_window(line, offset))
             match = item.regex.search(text)
             if match is None:
                 continue
             if isinstance(item, Context):
-                for name in item.reset:
-                    context.pop(name, None)
-                context.update({k: v for k, v in match.groupdict().items() if v})
-                context.update(item.fields)
-                if "rank" in context:
-                    self.acc.ranks_seen.add(int(context["rank"]))
-                if "host" in context:
-                    self.acc.hosts_seen.add(context["host"])
+                self._set_context(item, match, context)
+                continue
+            if isinstance(item, Cue):
+                self.acc.add_cue(item, {"file": source.name, "line": line_no, "text": quote_line(text, match.span())})
                 continue
             sig: Signature = item
             self._noticed += 1
-            fields = sig.extract(match)
+            # Fields reach titles and remediations: they are cleaned like quotes (secrets, controls).
+            fields = {k: clean_quote(v[:MAX_FIELD_CHARS]) for k, v in sig.extract(match).items()}
             rank = line_rank
-            if rank is None and context.get("rank"):
-                rank = int(context["rank"])
+            if rank is None:
+                rank = small_int(context.get("rank"))
             if rank is None:
                 rank = source.rank_hint
-            if fields.get("rank"):
-                rank = int(fields["rank"])
+            if fields.get("rank") and small_int(fields["rank"]) is not None:
+                rank = small_int(fields["rank"])
             for name in ("host", "local_rank", "ifname", "nccl_version", "first_failure", "summary_time"):
                 if name in context and name not in fields:
                     fields[name] = context[name]
@@ -286,3 +332,82 @@ class Scanner:
                     source_index=source_index,
                 )
             )
+
+    def _set_context(self, item: Context, match: re.Match[str], context: dict) -> None:
+        for name in item.reset:
+            context.pop(name, None)
+        context.update({k: clean_quote(v[:MAX_FIELD_CHARS]) for k, v in match.groupdict().items() if v})
+        context.update(item.fields)
+        rank = small_int(context.get("rank"))
+        if rank is None:
+            context.pop("rank", None)
+        else:
+            self.acc.ranks_seen.add(rank)
+        if "host" in context:
+            self.acc.hosts_seen.add(context["host"])
+
+
+GATE_WORDS = ("error", "exception", "failed", "timed out", "timeout", "killed", "fatal", "abort",
+              "exit", "memory", "nccl", "cuda", "connect")
+# Gate words that are not relevance words: their lines are collected for the gated tokens only.
+GATE_ONLY = {"exit": 0, "memory": 0, "nccl": 0, "cuda": 0, "connect": 0}
+
+
+def _find_tokens(block: str, tokens: list, hits: dict[int, list]) -> None:
+    find = block.find
+    for token, items, cue_only in tokens:
+        i = find(token)
+        budget = CUE_LINES_PER_BLOCK if cue_only else -1
+        while i != -1 and budget != 0:
+            start = block.rfind("\n", 0, i) + 1
+            hits.setdefault(start, []).extend((item, i - start) for item in items)
+            budget -= 1  # a cue counts once: a few candidate lines per block are enough
+            end = find("\n", i)
+            i = find(token, end) if end != -1 else -1
+
+
+def _find_relevance(block: str, lower: str, words: list, relevance: dict[int, int],
+                    word_lines: dict[str, list[int]]) -> None:
+    find, lfind = block.find, lower.find
+    for word, weight in words:
+        lines = word_lines.setdefault(word, [])
+        i = lfind(word)
+        while i != -1:
+            start = block.rfind("\n", 0, i) + 1
+            if weight:
+                relevance[start] = relevance.get(start, 0) + weight
+            lines.append(start)
+            end = find("\n", i)
+            i = lfind(word, end) if end != -1 else -1
+
+
+def _find_gated(block: str, gated: dict[str, list], word_lines: dict[str, list[int]], hits: dict[int, list]) -> None:
+    find = block.find
+    for word, tokens in gated.items():
+        for start in word_lines.get(word, ()):
+            end = find("\n", start)
+            line = block[start:end if end != -1 else len(block)]
+            for token, items, _ in tokens:
+                j = line.find(token)
+                if j != -1:
+                    hits.setdefault(start, []).extend((item, j) for item in items)
+
+
+def _without_seen_cues(tokens: list, seen: dict) -> list:
+    kept = []
+    for token, items, _ in tokens:
+        items = tuple(i for i in items if not (isinstance(i, Cue) and i.name in seen))
+        if items:
+            kept.append((token, items, _cue_only(items)))
+    return kept
+
+
+def _cue_only(items: tuple) -> bool:
+    return all(isinstance(i, Cue) for i in items)
+
+
+def _window(line: str, offset: int) -> str:
+    """The part of a long line a regex may look at: around the token that announced the pattern."""
+    if len(line) <= WINDOW_BEFORE + WINDOW_AFTER:
+        return line
+    return line[max(0, offset - WINDOW_BEFORE):offset + WINDOW_AFTER]

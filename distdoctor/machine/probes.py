@@ -311,6 +311,13 @@ class Probes:
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
     @never_raises
+    def cpu_budget(self) -> Any:
+        """This process's affinity, its cgroup's cpuset and CPU quota (distdoctor.machine.cpus)."""
+        from distdoctor.machine.cpus import cpu_budget
+
+        return cpu_budget()
+
+    @never_raises
     def memory_total(self) -> int:
         import psutil
 

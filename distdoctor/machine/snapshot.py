@@ -15,7 +15,7 @@ from typing import Any
 from distdoctor.core.context import CheckContext
 from distdoctor.machine.launchers import RENDEZVOUS_VARS
 from distdoctor.machine.probes import Unknown
-from distdoctor.core.redact import redact_env
+from distdoctor.core.redact import redact_env, scrub, secret_values
 
 # Variables that shape a distributed job, shown by name prefix.
 ENV_PREFIXES = ("NCCL_", "TORCH_", "GLOO_", "TORCHELASTIC_", "CUDA_", "UCC_", "UCX_", "OMP_", "PET_",
@@ -79,7 +79,7 @@ def collect_snapshot(ctx: CheckContext) -> dict[str, Any]:
         "pid": os.getpid(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "launcher": ctx.launch.summary(),
+        "launcher": scrub(ctx.launch.summary(), secret_values(ctx.env)),  # MASTER_ADDR=user:pw@host
         "torch": _plain(ctx.torch_info()),
         "backend": ctx.backend,
         "env": relevant_env(ctx.env),

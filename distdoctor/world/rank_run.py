@@ -23,6 +23,7 @@ report: somebody must.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -102,10 +103,8 @@ def device_mapping(ctx: CheckContext) -> dict[str, Any] | None:
 
 def node_rank(ctx: CheckContext) -> int | None:
     launch = ctx.launch
-    if launch.node_rank is not None and launch.node_rank.value is not None:
-        return launch.node_rank.value
-    raw = ctx.env.get("NODE_RANK", "").strip()
-    return int(raw) if raw.isdigit() else None
+    # machine.launchers reads GROUP_RANK / SLURM_NODEID / NODE_RANK, bounded: never a ValueError.
+    return launch.node_rank.value if launch.node_rank is not None else None
 
 
 def checkin_payload(ctx: CheckContext, runner: Runner) -> dict[str, Any]:
@@ -192,6 +191,7 @@ class RankRun:
         exit: Callable[[int], None] = os._exit,
         watchdog: bool = True,
         teardown: bool = False,
+        note: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -216,6 +216,8 @@ class RankRun:
         # Embedded runs (diagnose() from the API or the pytest plugin) leave no process group
         # behind; the CLI ends the process right after the report instead.
         self.teardown = teardown
+        # Where a rank other than 0 writes its one line instead of a report (see _render).
+        self.note = note
         self.world: World | None = None
         self.progress = _Progress()
         self.rank = self.ctx.rank if self.ctx.rank is not None else 0
@@ -256,6 +258,12 @@ class RankRun:
                 return False
             self._reported_code = report.exit_code(self.config.fail_level) if code is None else code
         try:
+            if self._defers_report():
+                # One report per world, rank 0's: this rank says in one line why it has none of its own.
+                if self.note is not None:
+                    self.note(pointer_line(self.rank, self.ctx.world_size, self._host_text(), report))
+                    flush_std_streams()
+                return False
             if self.emit is None:
                 return False
             self.emit(report)
@@ -263,6 +271,17 @@ class RankRun:
             return True
         finally:
             self._emitted.set()
+
+    def _defers_report(self) -> bool:
+        """Whether another process prints the report this rank's results belong to."""
+        if self.all_ranks or self.ctx.rank is None:
+            return False
+        if self.rank != 0:
+            return True
+        # torchrun inside a multi-task srun/mpirun step (launch.E004): each task's torchrun forms
+        # a world of its own; the world of the scheduler's task 0 prints the one report.
+        scheduler_rank = self.ctx.launch.scheduler_rank
+        return self.ctx.launch.launcher == "torchrun" and scheduler_rank is not None and bool(scheduler_rank.value)
 
     def _finish_alone(self, extra: Iterable[Finding] = ()) -> RankOutcome:
         """This rank could not hand its results to rank 0: it reports for itself."""
@@ -359,6 +378,14 @@ class RankRun:
                 **exc.data}
         common = {"detail": str(exc), "ranks": (spec.rank,), "hosts": self._host(), "data": data}
         probe = exc.data.get("probe")
+        if spec.rank != 0 and exc.reason not in ("port_taken", "host_failed", "master_not_here"):
+            # A process on this host holds the port and is not rank 0's store: say what rank 0
+            # says (net.E013 naming the holder), not "unreachable" or "firewall".
+            from distdoctor.checks.network import port_held_finding
+
+            held = port_held_finding(self.ctx, spec.master_addr, spec.master_port)
+            if held is not None:
+                return dataclasses.replace(held, ranks=(spec.rank,), hosts=self._host())
         if exc.reason == "port_taken":
             return STORE_PORT_TAKEN(f"Rank 0 could not host the store: port {spec.master_port} is taken", **common)
         if exc.reason == "host_failed":
@@ -773,6 +800,18 @@ class RankRun:
                     fh.write(str(os.getpid()))
             while True:
                 time.sleep(3600)
+
+
+def pointer_line(rank: int, size: int | None, host: str, report: Report) -> str:
+    """The one line a rank other than 0 prints: what stopped it, and where the report is."""
+    of = f" of {size}" if size is not None else ""
+    worst = max(report.findings, key=lambda f: f.severity, default=None)
+    if worst is None or worst.severity < Severity.WARNING:
+        why = "its run ended without a word from rank 0" if report.incomplete else "finished"
+    else:
+        why = f"{worst.id}: {worst.title}"
+    return (f"distdoctor: rank {rank}{of} on {host}: {why}. Only rank 0 prints a report "
+            "(--all-ranks: every rank).")
 
 
 def run_rank(config: Config, **kwargs: Any) -> RankOutcome:

@@ -13,7 +13,7 @@ width = 64 if rank == 1 else 32  # the bug: rank 1 reads another config
 model = nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, 1))
 
 try:
-    distdoctor.preflight(model=model, timeout=30)
+    distdoctor.preflight(model=model, timeout=30, wrap="later")  # DDP(model) comes after preflight
 except distdoctor.PreflightError as error:
     # Raised on every rank, with the same report: no rank is left waiting in a collective.
     if rank == 0:

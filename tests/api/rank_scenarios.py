@@ -28,6 +28,8 @@ def build(width: int = 32, seed: int = 0, dtype: torch.dtype = torch.float32) ->
 
 
 def expect_raise(timeout: float = 20, **kwargs) -> PreflightError:
+    # These scenarios wrap their plain models after preflight (pre.W011 is tested on its own).
+    kwargs.setdefault("wrap", "later")
     try:
         distdoctor.preflight(timeout=timeout, local_checks=False, **kwargs)
     except PreflightError as exc:
@@ -57,19 +59,43 @@ def model_mismatches() -> None:
     assert dtype.cause == "dtype_mismatch" and dtype.ranks == (1,) and "'2.weight'" in dtype.title
     assert [f.id for f in err.report.findings] == ["spec.E002"]
 
-    # different seeds: param_divergence, every parameter, rank 1
-    err = expect_raise(model=build(seed=rank))
+    # different seeds on a model that is never wrapped: param_divergence, every parameter, rank 1
+    err = expect_raise(model=build(seed=rank), wrap="never")
     values = only(err, "spec.E004")
     assert values.cause == "param_divergence" and values.ranks == (1,) and values.data["count"] == 6
     assert "'0.weight'" in values.title
+    assert "wrap the model" not in values.remediation and "or wrap" not in values.remediation, values.remediation
+
+    # before the DDP wrap (the tutorial's order, unseeded): expected, DDP broadcasts rank 0's
+    # weights -> info spec.I007, no raise
+    report = distdoctor.preflight(model=build(seed=rank), wrap="later", timeout=20, local_checks=False)
+    assert [f.id for f in report.findings] == ["spec.I007"], report.findings
+    assert report.findings[0].severity.label == "info" and report.exit_code() == 0
+    # not said: the same, plus the warning that a plain module never synchronises gradients
+    report = distdoctor.preflight(model=build(seed=rank), timeout=20, local_checks=False)
+    assert sorted(f.id for f in report.findings) == ["pre.W011", "spec.I007"], report.findings
+
+    # after the wrap the values can only diverge through code that changes them: the fix must
+    # not say "wrap it in DDP"
+    ddp = nn.parallel.DistributedDataParallel(build(seed=rank))
+    if rank == 1:
+        with torch.no_grad():
+            ddp.module[0].weight.add_(1.0)
+    err = expect_raise(model=ddp)
+    values = only(err, "spec.E004")
+    assert "already wrapped" in values.remediation and "or wrap" not in values.remediation, values.remediation
 
     # user tensors are compared the same way
     err = expect_raise(tensors={"buffer": torch.zeros(3 if rank == 0 else 4)})
     assert "tensors['buffer']" in only(err, "spec.E001").title
 
     # the same model everywhere, also wrapped: clean, returns the report
-    report = distdoctor.preflight(model=build(), timeout=20, local_checks=False)
+    report = distdoctor.preflight(model=build(), wrap="later", timeout=20, local_checks=False)
     assert report.status == "ok" and report.findings == []
+    # ... but a plain module that is never wrapped is said to be one, even with a shared seed
+    report = distdoctor.preflight(model=build(), timeout=20, local_checks=False)
+    assert [f.id for f in report.findings] == ["pre.W011"] and report.findings[0].ranks == (0, 1), report.findings
+    assert distdoctor.preflight(model=build(), wrap="never", timeout=20, local_checks=False).findings == []
     ddp = nn.parallel.DistributedDataParallel(build())
     assert distdoctor.preflight(model=ddp, timeout=20, local_checks=False).findings == []
 
@@ -96,15 +122,22 @@ def setup_mistakes() -> None:
     uneven = only(err, "pre.E006")
     assert uneven.cause == "uneven_inputs" and uneven.ranks == (1,) and uneven.data["batches"] == {"0": 5, "1": 6}
 
-    # nn.DataParallel inside a multi-process job
+    assert "Join" in uneven.remediation and "drop_last" not in uneven.remediation, uneven.remediation
+
+    # nn.DataParallel inside a multi-process job; on the CPU the advice must not pass
+    # device_ids (DistributedDataParallel(cpu_model, device_ids=[0]) raises ValueError)
     err = expect_raise(model=nn.DataParallel(build()))
-    assert only(err, "pre.E002").cause == "launcher_misuse"
+    dp = only(err, "pre.E002")
+    assert dp.cause == "launcher_misuse" and "device_ids=[local_rank])" not in dp.remediation, dp.remediation
+    assert "use DistributedDataParallel(model) without device_ids" in dp.remediation
+    nn.parallel.DistributedDataParallel(build())  # what the advice says works here
 
     # the fail level decides: with critical, the warnings and errors are returned, not raised
     report = distdoctor.preflight(model=nn.DataParallel(build()), fail_level="critical", timeout=20, local_checks=False)
     assert report.status == "error"
     # silencing an ID
-    report = distdoctor.preflight(model=build(seed=rank), silence=("spec.E004",), timeout=20, local_checks=False)
+    report = distdoctor.preflight(model=build(seed=rank), wrap="never", silence=("spec.E004",), timeout=20,
+                                  local_checks=False)
     assert report.findings == [] and [f.id for f in report.silenced] == ["spec.E004"]
     assert world == 2
 
@@ -114,7 +147,7 @@ def clean_logs_one_line(log_path: str) -> None:
     logger.setLevel(logging.INFO)
     handler = logging.FileHandler(f"{log_path}.{dist.get_rank()}")
     logger.addHandler(handler)
-    report = distdoctor.preflight(model=build(), timeout=20)  # with the local registry checks
+    report = distdoctor.preflight(model=build(), wrap="later", timeout=20)  # with the local registry checks
     handler.close()
     assert report.exit_code() == 0, report.findings
     assert any(c["name"] == "preflight.exchange" for c in report.checks)
@@ -157,3 +190,24 @@ def fsdp_models() -> None:
     fully_shard(model)
     err = expect_raise(model=model)
     assert "spec.E002" in [f.id for f in err.report.findings], err.report.findings
+
+
+def warnings_reach_stderr_by_default() -> None:
+    """No logging set up in the script: a warning below the fail level still reaches stderr."""
+    import contextlib
+    import io
+
+    for handler in list(logging.getLogger().handlers):  # a script that configured nothing
+        logging.getLogger().removeHandler(handler)
+    rank = dist.get_rank()
+    data = TensorDataset(torch.arange(40.0).unsqueeze(1))
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        report = distdoctor.preflight(dataloader=DataLoader(data, batch_size=4, shuffle=True), timeout=20,
+                                      local_checks=False)
+    assert [f.id for f in report.findings] == ["pre.W003"] and report.exit_code() == 0
+    text = stderr.getvalue()
+    if rank == 0:
+        assert "pre.W003" in text and "DistributedSampler" in text, text
+    else:
+        assert text == "", text  # one voice: rank 0 speaks for the world

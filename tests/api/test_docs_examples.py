@@ -56,7 +56,7 @@ def test_train_preflight_example_runs_clean_under_torchrun():
 def test_catch_mismatch_example_raises_on_both_ranks():
     out = torchrun("catch_mismatch.py")
     for rank in (0, 1):
-        assert f"rank {rank}: preflight raised ['spec.E001', 'spec.E004']" in out
+        assert f"rank {rank}: preflight raised ['spec.E001', 'spec.I007']" in out
     assert "0.weight: rank 0: [32, 16]; rank 1: [64, 16]" in out
 
 

@@ -32,10 +32,23 @@ def test_each_signature_is_sound(sig):
     assert sig.kind.id in CATALOG.kinds
     assert sig.tokens and all(t for t in sig.tokens)
     if sig.candidates:
-        # An ambiguous text never states its top cause with high confidence.
-        assert sig.confidence < 0.8
-        assert sig.tell_apart
-        assert all(c.confidence < sig.confidence + 0.01 for c in sig.candidates)
+        # A generic text never states any cause with high confidence, lists >= 3 distinct causes,
+        # and says for each one what observation tells it apart.
+        assert sig.confidence < 0.8 and all(c.confidence < 0.8 for c in sig.candidates)
+        assert sig.tell_apart and sig.tell and all(c.tell for c in sig.candidates)
+        causes = [sig.cause] + [c.kind.cause for c in sig.candidates]
+        assert len(set(causes)) == len(causes) >= 3
+
+
+GENERIC = ["nccl_watchdog_timeout", "bare_socket_timeout", "nccl_unhandled_system_error", "child_failed_generic",
+           "gloo_peer_lost", "gloo_io_timeout", "store_client_connect_timeout", "nccl_internal_error",
+           "store_peer_closed", "nccl_remote_error"]
+
+
+@pytest.mark.parametrize("name", GENERIC)
+def test_generic_messages_have_ranked_candidates(name):
+    sig = CATALOG.signature(name)
+    assert len({sig.cause, *(c.kind.cause for c in sig.candidates)}) >= 3
 
 
 def test_every_declared_kind_is_used():
@@ -56,6 +69,8 @@ def test_a_bad_catalog_is_rejected_at_load():
         ({"tokens": []}, "prefilter"),
         ({"explains": ["ghost"]}, "explains unknown"),
         ({"candidates": [{"kind": "tst.E001", "confidence": 0.2, "why": "w"}]}, "tell_apart"),
+        ({"candidates": [{"kind": "tst.E001", "confidence": 0.2, "why": "w", "tell": "t"}], "tell_apart": "x",
+          "tell": "t"}, "listed twice"),
     ]:
         with pytest.raises(CatalogError, match=message):
             parse_catalog({**base, "signature": [{**good, **bad}]}, register=Registry().finding_kind)

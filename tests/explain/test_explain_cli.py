@@ -59,14 +59,12 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[str, str]]:
     return {
         "missing": (str(tmp_path / "nope.log"), "no such file"),
         "directory": (str(tmp_path / "adir"), "is a directory"),
-        "empty": (str(tmp_path / "empty.log"), "is empty"),
-        "blank": (str(tmp_path / "blank.log"), "is empty"),
         "binary": (str(tmp_path / "binary.log"), "binary"),
         "latin1": (str(tmp_path / "latin1.log"), "not UTF-8"),
     }
 
 
-@pytest.mark.parametrize("case", ["missing", "directory", "empty", "blank", "binary", "latin1"])
+@pytest.mark.parametrize("case", ["missing", "directory", "binary", "latin1"])
 def test_bad_input_exits_2_with_a_clear_message(tmp_path, case):
     path, message = _bad_inputs(tmp_path)[case]
     result = invoke(path)
@@ -84,7 +82,53 @@ def test_bad_input_through_the_real_command_line(tmp_path):
     assert proc.stderr.startswith("distdoctor: error:") and "Traceback" not in proc.stderr
     empty = subprocess.run([sys.executable, "-m", "distdoctor", "explain", "-"], input="", capture_output=True,
                            text=True, timeout=60)
-    assert empty.returncode == 2 and "<stdin>: is empty" in empty.stderr
+    # An empty log is evidence (the process printed nothing), never a usage error.
+    assert empty.returncode == 0 and "the log is empty" in empty.stdout and "Traceback" not in empty.stderr
+
+
+@pytest.mark.parametrize("content", [b"", b"\n  \n"], ids=["empty", "blank"])
+def test_an_empty_log_alone_is_a_warning_not_exit_2(tmp_path, content):
+    path = tmp_path / "job.log"
+    path.write_bytes(content)
+    result = invoke(str(path), "--format", "json")
+    assert result.exit_code == 0, result.output
+    finding = json.loads(result.stdout)["findings"][0]
+    assert finding["id"] == "log.W030" and "empty" in finding["title"]
+
+
+def test_an_empty_rank_log_is_evidence(tmp_path):
+    # What a hung rank leaves: an empty log; the other ranks timed out waiting for it.
+    line = ("[rank{r}]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank {r}] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+            "ran for 600081 milliseconds before timing out.\n")
+    for r in range(2):
+        (tmp_path / f"rank{r}.log").write_text(line.format(r=r))
+    (tmp_path / "rank2.log").write_bytes(b"")
+    result = invoke(*sorted(str(p) for p in tmp_path.glob("*.log")), "--format", "json")
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.stdout)
+    top = data["findings"][0]
+    assert top["cause"] == "rank_missing" and top["data"]["empty_logs"] == [2]
+    assert len(data["findings"]) == 1
+    assert 2 in data["world"]["ranks_reported"]
+
+
+def test_only_empty_rank_logs_name_those_ranks(tmp_path):
+    (tmp_path / "rank0.log").write_text("step 1 loss 0.5\nstep 2 loss 0.4\n")
+    (tmp_path / "rank1.log").write_bytes(b"")
+    result = invoke(str(tmp_path / "rank0.log"), str(tmp_path / "rank1.log"), "--format", "json")
+    top = json.loads(result.stdout)["findings"][0]
+    assert result.exit_code == 1 and top["cause"] == "rank_missing" and top["ranks"] == [1]
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path):
+    import os
+
+    fifo = tmp_path / "pipe.log"
+    os.mkfifo(fifo)
+    proc = subprocess.run([sys.executable, "-m", "distdoctor", "explain", str(fifo)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "not a regular file" in proc.stderr
 
 
 def test_no_file_at_all_is_a_usage_error():

@@ -76,6 +76,12 @@ SPEC_VALUES = finding_kind(
     title="A tensor has different values on some ranks (unsynchronised initialisation)",
     hint="Seed every rank identically (torch.manual_seed) or wrap the model in DDP, which broadcasts rank 0's weights",
 )
+SPEC_VALUES_BEFORE_WRAP = finding_kind(
+    "spec.I007",
+    cause="param_divergence",
+    title="Parameter values differ across ranks before the DDP/FSDP wrap (expected: the wrap broadcasts rank 0's)",
+    hint="Nothing to do if the model is wrapped in DDP/FSDP after preflight; seed every rank identically to compare values",
+)
 SPEC_PRESENCE = finding_kind(
     "spec.E005",
     cause="shape_mismatch",
@@ -518,3 +524,41 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_jsonable(v) for v in value]
     return value
+
+
+# What spec.E004 advises when the model is already wrapped: DDP broadcast rank 0's weights at
+# construction, so values that differ now were changed after the wrap.
+AFTER_WRAP_ADVICE = ("The model is already wrapped (DDP broadcast rank 0's weights when it was built), so the "
+                     "values changed after the wrap: look for rank-dependent code that touches parameters after "
+                     "DistributedDataParallel(...) (a load_state_dict or re-initialisation on some ranks only)")
+
+
+NEVER_WRAPPED_ADVICE = ("Nothing synchronises an unwrapped model's parameters: seed every rank identically "
+                        "(torch.manual_seed) or broadcast rank 0's parameters (dist.broadcast) before training")
+
+
+def values_findings_for_wrap(findings: Sequence[Finding], wrappers: Sequence[str], wrap: str | None) -> list[Finding]:
+    """spec.E004 judged with what preflight knows about the model's wrapping.
+
+    A plain module that will be wrapped (wrap='later', or not said): divergence is expected, DDP
+    broadcasts rank 0's weights at construction -> spec.I007. A wrapped model: the advice must
+    not say "wrap it in DDP". wrap='never': spec.E004 as it is (nothing will synchronise them).
+    """
+    wrapped = any(w in ("DistributedDataParallel", "FullyShardedDataParallel") for w in wrappers)
+    out: list[Finding] = []
+    for finding in findings:
+        if finding.id != SPEC_VALUES.id:
+            out.append(finding)
+        elif wrapped:
+            out.append(finding.with_(remediation=AFTER_WRAP_ADVICE))
+        elif wrap != "never":
+            out.append(SPEC_VALUES_BEFORE_WRAP(
+                finding.title,
+                detail=finding.detail + ("\nThe model is not wrapped yet: DistributedDataParallel and FSDP broadcast "
+                                         "rank 0's parameters when they are built, so this difference disappears "
+                                         "at the wrap. It is an error only if the model is never wrapped."),
+                ranks=finding.ranks, data=dict(finding.data), check=finding.check,
+            ))
+        else:
+            out.append(finding.with_(remediation=NEVER_WRAPPED_ADVICE))
+    return out

@@ -1,0 +1,93 @@
+"""Rank the candidate causes of a generic message, using what the other lines of the logs show."""
+
+# A generic text (a watchdog timeout, "Socket Timeout", "unhandled system error", a bare
+# ChildFailedError, "Connection closed by peer") fits several causes. The catalog lists them with
+# a prior confidence — the order in which they turned out to be the real cause in the public
+# threads of the development corpus (tests/explain/corpus) — and the observation that tells each
+# apart. The rest of the logs then reorders them: a cue line (an OOM kill, an NCCL INFO line naming
+# docker0, a loopback address) adds to or takes from the causes it bears on, and a per-rank log
+# that is empty, or that ends without any error, makes "that rank died or never came" likelier.
+# The result is one ranked list: alternatives of one finding, never separate errors.
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distdoctor.explain.catalog import Catalog, Signature, render_template
+from distdoctor.explain.scan import Accumulator
+from distdoctor.core.findings import FindingKind
+
+# A generic text never reaches this: its answer stays a ranked guess, however strong the cues.
+GENERIC_CEILING = 0.75
+FLOOR = 0.02
+# An empty per-rank log, or one without any error line, while other ranks report a failure.
+SILENT_RANK_BOOST = {"rank_missing": 0.2, "oom_killed_rank": 0.15, "straggler_rank": 0.05}
+
+
+@dataclass
+class Ranked:
+    kind: FindingKind
+    confidence: float
+    why: str
+    tell: str
+    reasons: list[str]
+
+    @property
+    def cause(self) -> str:
+        return self.kind.cause
+
+    def to_dict(self) -> dict:
+        out = {"id": self.kind.id, "cause": self.cause, "confidence": round(self.confidence, 3), "why": self.why,
+               "tell": self.tell}
+        if self.reasons:
+            out["reordered_by"] = list(self.reasons)
+        return out
+
+
+def rank_candidates(sig: Signature, fields: dict, acc: Accumulator, catalog: Catalog, silent_ranks: list[int],
+                    base: float | None = None) -> list[Ranked]:
+    """The signature's own cause and its candidates, adjusted by the evidence, most likely first."""
+    cues = {c.name: c for c in catalog.cues}
+    own_conf = sig.confidence if base is None else base
+    ranked = [Ranked(sig.kind, own_conf, render_template(sig.title, fields), render_template(sig.tell, fields), [])]
+    ranked += [Ranked(c.kind, c.confidence, render_template(c.why, fields), render_template(c.tell, fields), [])
+               for c in sig.candidates]
+    for name, (count, evidence) in acc.cues.items():
+        cue = cues.get(name)
+        if cue is None:
+            continue
+        for r in ranked:
+            delta = cue.boost.get(r.cause)
+            if delta:
+                r.confidence += delta
+                r.reasons.append(f"{cue.note} ({evidence['file']}:{evidence['line']})")
+    for field_name, cause, delta, note in sig.boost_if:
+        if fields.get(field_name):
+            for r in ranked:
+                if r.cause == cause:
+                    r.confidence += delta
+                    r.reasons.append(note)
+    if silent_ranks:
+        who = ", ".join(map(str, silent_ranks[:8]))
+        for r in ranked:
+            delta = SILENT_RANK_BOOST.get(r.cause)
+            if delta:
+                r.confidence += delta
+                r.reasons.append(f"rank {who}'s log is empty or ends without an error")
+    for r in ranked:
+        r.confidence = round(min(GENERIC_CEILING, max(FLOOR, r.confidence)), 3)
+    # Stable: equal confidences keep the catalog's (prior) order.
+    return sorted(ranked, key=lambda r: -r.confidence)
+
+
+def describe(ranked: list[Ranked]) -> list[str]:
+    """Detail lines: the ranked alternatives, each with the observation that decides."""
+    lines = ["Possible causes, most likely first (alternatives of this one finding):"]
+    for i, r in enumerate(ranked, 1):
+        lines.append(f"  {i}. {r.cause} ({round(r.confidence * 100)}%): {r.why}")
+        if r.tell:
+            lines.append(f"     tells it apart: {r.tell}")
+    reasons = list(dict.fromkeys(reason for r in ranked for reason in r.reasons))
+    if reasons:
+        lines.append("Reordered by what else the logs show: " + "; ".join(reasons[:4]))
+    return lines

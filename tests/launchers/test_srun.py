@@ -1,0 +1,129 @@
+"""`distdoctor check` under a real srun: one world from SLURM's variables, one report, no recipe."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import child_env
+
+# The run's own deadline; the subprocess gets this plus srun's start-up and slack.
+TIMEOUT_S = 40
+
+
+def srun(cluster, *args: str, timeout: float = TIMEOUT_S + 60, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["srun", "--kill-on-bad-exit=0", *args], env=cluster.env(**child_env(**env)),
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def check(*extra: str) -> list[str]:
+    return [sys.executable, "-m", "distdoctor", "check", "--format", "json", "--timeout", str(TIMEOUT_S), *extra]
+
+
+def one_report(result: subprocess.CompletedProcess) -> dict:
+    """stdout holds exactly one JSON report (rank 0's)."""
+    decoder = json.JSONDecoder()
+    text = result.stdout.strip()
+    report, end = decoder.raw_decode(text)
+    assert text[end:].strip() == "", f"more than one report on stdout:\n{text[end:][:2000]}"
+    return report
+
+
+@pytest.mark.parametrize("ntasks", [2, 4])
+def test_zero_config_srun_forms_one_world_with_one_report(slurm_cluster, ntasks):
+    result = srun(slurm_cluster, "-n", str(ntasks), *check())
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = one_report(result)
+    assert report["world"]["size"] == ntasks and report["world"]["launcher"] == "slurm"
+    assert report["world"]["ranks_missing"] == []
+    ids = [f["id"] for f in report["findings"]]
+    assert "launch.C001" not in ids
+    (derived,) = [f for f in report["findings"] if f["id"] == "launch.I011"]
+    assert derived["data"]["derived"]["RANK"].startswith("SLURM_PROCID=")
+    assert derived["data"]["derived"]["MASTER_ADDR"].startswith("first host of SLURM_STEP_NODELIST=")
+    assert derived["data"]["master_port"] == 15000 + int(derived["data"]["derived"]["MASTER_PORT"].rsplit("=", 1)[1][-4:])
+    collective = [c for c in report["checks"] if c["stage"] == "collective" and c["status"] == "pass"]
+    assert collective and all(sorted(c["ranks"]) == list(range(ntasks)) for c in collective)
+
+
+def only_task(skip: int, command: list[str]) -> list[str]:
+    """A step in which task `skip` never starts distdoctor (it exits at once; the others exec it)."""
+    quoted = " ".join(f"'{c}'" for c in command)
+    return ["bash", "-c", f'if [ "$SLURM_PROCID" = {skip} ]; then exit 0; fi; exec {quoted}']
+
+
+def test_srun_task_that_never_starts_is_named_in_one_report(slurm_cluster):
+    deadline = 15
+    result = srun(slurm_cluster, "-n", "2", *only_task(1, check("--timeout", str(deadline))), timeout=deadline + 60)
+    report = one_report(result)
+    assert result.returncode != 0
+    assert report["world"]["size"] == 2 and report["world"]["ranks_missing"] == [1], report["world"]
+    assert any(f["severity"] in ("error", "critical") and 1 in f["ranks"] for f in report["findings"])
+
+
+def test_srun_rank_0_that_never_starts_leaves_one_line_from_the_others(slurm_cluster):
+    deadline = 12
+    result = srun(slurm_cluster, "-n", "2", *only_task(0, check("--timeout", str(deadline))), timeout=deadline + 60)
+    assert result.returncode != 0
+    assert result.stdout.strip() == "", "a rank other than 0 printed a report"
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("distdoctor: rank 1 of 2")]
+    assert len(lines) == 1, result.stderr[-2000:]
+    assert "Only rank 0 prints a report" in lines[0] and "rdzv." in lines[0], lines[0]
+
+
+def test_torchrun_inside_a_multi_task_srun_gives_one_report_naming_the_misuse(slurm_cluster):
+    # torch 2.13: each task's single-node torchrun picks its own free port, so two worlds of two
+    # form side by side; only the world of SLURM task 0 reports.
+    result = srun(slurm_cluster, "-n", "2", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                  *check()[1:])
+    report = one_report(result)
+    assert result.returncode == 1
+    assert report["world"]["size"] == 2 and report["world"]["launcher"] == "torchrun"
+    assert "launch.E004" in [f["id"] for f in report["findings"]]
+    pointers = [ln for ln in result.stderr.splitlines() if ln.startswith("distdoctor: rank 0 of 2") and "launch.E004" in ln]
+    assert len(pointers) == 1, result.stderr[-3000:]
+
+
+def test_a_port_held_by_a_process_that_never_accepts_is_named_alike_by_every_rank(slurm_cluster):
+    holder = socket.socket()
+    holder.bind(("0.0.0.0", 0))
+    holder.listen(0)  # never accepts: connects queue up, then time out
+    port = holder.getsockname()[1]
+    try:
+        result = srun(slurm_cluster, "-n", "2", *check("--all-ranks"), MASTER_PORT=str(port))
+        decoder, text, reports = json.JSONDecoder(), result.stdout.strip(), []
+        while text:
+            report, end = decoder.raw_decode(text)
+            reports.append(report)
+            text = text[end:].strip()
+        assert len(reports) == 2, result.stderr[-3000:]
+        for report in reports:
+            held = [f for f in report["findings"] if f["id"] == "net.E013"]
+            assert held and f"PID {os.getpid()}" in held[0]["title"], report["findings"]
+            assert not any(f["cause"] in ("firewall", "master_unreachable") for f in report["findings"])
+        # Without --all-ranks, rank 1's one line says the same.
+        result = srun(slurm_cluster, "-n", "2", *check(), MASTER_PORT=str(port))
+        one_report(result)
+        (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("distdoctor: rank 1 of 2")]
+        assert "net.E013" in line, line
+    finally:
+        holder.close()
+
+
+def test_in_a_batch_script_without_srun_the_self_test_runs(slurm_cluster, tmp_path):
+    # SLURM_PROCID=0 and SLURM_NTASKS=2 describe the allocation, not processes: no world of 2 to wait for.
+    out = tmp_path / "batch.json"
+    tmp_path.chmod(0o777)
+    command = " ".join([sys.executable, "-m", "distdoctor", "check", "--format", "json", "--timeout", str(TIMEOUT_S)])
+    result = subprocess.run(["sbatch", "--wait", "-n", "2", "-o", str(out), "--wrap", command],
+                            env=slurm_cluster.env(**child_env()), capture_output=True, text=True, timeout=TIMEOUT_S + 90)
+    report = json.loads(out.read_text())
+    assert result.returncode == 0, out.read_text()[-3000:] + result.stderr
+    assert report["world"]["launcher"] == "mp_spawn" and report["status"] == "ok", report["findings"]
