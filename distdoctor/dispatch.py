@@ -74,7 +74,7 @@ def check_entry(
         # limits) run: the local stage then costs about one `import torch`.
         start_torch_import()
         PROGRESS.set_stage("local")
-        report = diagnose_here(config, env=env, argv=argv)
+        report = diagnose_here(config, env=env, argv=argv, started=started)
         render(report)
         return report.exit_code(config.fail_level)
     if launch.launcher == NONE:

@@ -142,5 +142,21 @@ class SignalWatcher:
 
     def _end(self, signum: int) -> None:
         _flush()
+        end_children()
         self._exit(exit_code_for(signum))
+
+
+def end_children() -> None:
+    """SIGKILL, by PID, the processes this one started and that are still alive (a site check
+    running in a forked child, say): none outlives an interrupted run."""
+    try:
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+    except Exception:
+        pass  # the exit must happen whatever this could not do
 

@@ -15,12 +15,29 @@ from typing import Any, Callable
 CHECK_THREAD_PREFIX = "distdoctor-check-"
 
 
+# Checks running in a forked child (site checks of the local stage): no thread here names them.
+_in_children: set[str] = set()
+
+
+class running_in_child:
+    """``with running_in_child(name):`` around the wait for a check run in a child process."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        _in_children.add(self.name)
+
+    def __exit__(self, *exc: object) -> None:
+        _in_children.discard(self.name)
+
+
 def running_checks(done: set[str] | frozenset[str] = frozenset()) -> list[str]:
-    """The checks whose threads are still running in this process, less those in ``done``
-    (already reported, e.g. abandoned after their own deadline)."""
+    """The checks still running for this process (in its threads, or in a child it waits for),
+    less those in ``done`` (already reported, e.g. abandoned after their own deadline)."""
     names = {t.name[len(CHECK_THREAD_PREFIX):] for t in threading.enumerate()
              if t.name.startswith(CHECK_THREAD_PREFIX) and t.is_alive()}
-    return sorted(names - set(done))
+    return sorted((names | set(_in_children)) - set(done))
 
 
 class RunProgress:

@@ -128,8 +128,10 @@ class Runner:
         start = self.clock()
         if runs_in_child(check):
             from distdoctor.core.check_child import run_in_child
+            from distdoctor.core.progress import running_in_child
 
-            alive = run_in_child(check, ctx, limit, box, _consume)
+            with running_in_child(check.name):  # named in the status line and on a signal
+                alive = run_in_child(check, ctx, limit, box, _consume)
         else:
             thread = threading.Thread(target=target, name=f"distdoctor-check-{check.name}", daemon=True)
             thread.start()

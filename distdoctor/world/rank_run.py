@@ -253,10 +253,12 @@ class RankRun:
     def _render(self, report: Report, code: int | None = None) -> bool:
         """Emit the report unless this process already emitted one (the first one wins)."""
         with self._report_lock:
-            if self._reported_code is not None:
-                self._emitted.wait(EMIT_WAIT_S)
-                return False
-            self._reported_code = report.exit_code(self.config.fail_level) if code is None else code
+            lost = self._reported_code is not None
+            if not lost:
+                self._reported_code = report.exit_code(self.config.fail_level) if code is None else code
+        if lost:
+            self._emitted.wait(EMIT_WAIT_S)  # outside the lock: the winner is writing
+            return False
         try:
             if self._defers_report():
                 # One report per world, rank 0's: this rank says in one line why it has none of its own.

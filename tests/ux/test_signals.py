@@ -63,12 +63,13 @@ def test_signal_in_a_local_run_names_the_stage_and_check(env, tmp_path, startup_
     plugins = tmp_path / "checks"
     plugins.mkdir()
     (plugins / "slow.py").write_text(textwrap.dedent(f"""
+        import os
         import time
         from distdoctor import check
 
         @check(stage="local")
         def slow_probe(ctx):
-            open({str(mark)!r}, "w").write("1")
+            open({str(mark)!r}, "w").write(str(os.getpid()))
             time.sleep(120)
     """))
     proc = subprocess.Popen(distdoctor_cmd("check", "--stage", "local", "--checks-dir", str(plugins),
@@ -79,6 +80,14 @@ def test_signal_in_a_local_run_names_the_stage_and_check(env, tmp_path, startup_
     assert proc.returncode == 143, (out, err)
     assert "interrupted by SIGTERM in the local stage" in err and "slow_probe" in err
     assert "Traceback" not in err
+    # The site check ran in a forked child (sleeping 120 s): it did not outlive the run.
+    import psutil
+
+    checker = int(mark.read_text())
+    until = time.monotonic() + 5
+    while psutil.pid_exists(checker) and psutil.Process(checker).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < until, f"the check's process {checker} outlived the run"
+        time.sleep(0.1)
 
 
 def test_signal_while_starting_is_one_line(env, startup_s):
