@@ -37,6 +37,7 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "preflight": ("bench_preflight.py", "<= 1.10x", "preflight(model) on 2 ranks vs the bare script, small and large model"),
     "exchange": ("bench_exchange.py", "a few s at 1024 ranks", "exchange + aggregation at rank 0 for 1-1024 simulated ranks"),
     "explain": ("bench_explain.py", "", "distdoctor explain on a large synthetic log"),
+    "guard": ("bench_guard.py", "<= 1.03x", "DDP tutorial step time with the runtime guard vs without; hang to named cause"),
     "collectives": ("bench_collectives.py", "<= 30 s / <= 10 s", "distdoctor bench: default 2-rank CPU sweep; 8-rank link matrix"),
     "lint": ("bench_lint.py", ">= 50,000 lines/s", "distdoctor lint vs ast.parse of the same files"),
 }

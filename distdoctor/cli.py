@@ -489,6 +489,42 @@ def explain(
     raise typer.Exit(report.exit_code(config.fail_level))
 
 
+@app.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+def guard(
+    command: Annotated[list[str], typer.Argument(help="The launcher line, after --: torchrun ... train.py, python train.py, srun ...", show_default=False)],
+    hang_timeout: Annotated[Optional[float], typer.Option("--hang-timeout", help="Seconds a call may run before the hang diagnosis (default 120; DISTDOCTOR_HANG_TIMEOUT).")] = None,
+    report_dir: Annotated[Optional[Path], typer.Option("--report-dir", help="Write the guard's JSON reports here (DISTDOCTOR_REPORT_DIR).")] = None,
+    verify: Annotated[Optional[str], typer.Option("--verify", help="sample (default: the first 8 collectives of each group, then samples costing at most 1 % of the time), all, or off.")] = None,
+    on_hang: Annotated[Optional[str], typer.Option("--on-hang", help="exit (default: end the job once the hang is named) or report (keep waiting).")] = None,
+) -> None:
+    """Run a launcher line with the runtime guard on in every worker, the script unmodified.
+
+    distdoctor guard -- torchrun --nproc-per-node 2 train.py. Collectives are verified across
+    ranks before they run; a hang is named (rank, cause, line) after --hang-timeout instead of
+    torch's 10-30 minutes. The exit code is the command's. See docs/guard.md.
+    """
+    import os
+    import shutil
+
+    from distdoctor.embedded.guard_launch import guard_environment
+
+    try:
+        env = guard_environment(os.environ, hang_timeout=hang_timeout, verify=verify, on_hang=on_hang,
+                                report_dir=str(report_dir) if report_dir is not None else None)
+    except ValueError as exc:
+        fail_usage(str(exc))
+    program = shutil.which(command[0], path=env.get("PATH"))
+    if program is None:
+        fail_usage(f"command not found: {command[0]}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        # exec: the launcher takes this process's place, so signals and the exit code are its own.
+        os.execve(program, command, env)
+    except OSError as exc:
+        fail_usage(f"cannot run {command[0]}: {exc.strerror or exc}")
+
+
 LINT_FORMATS = ("rich", "json", "markdown", "sarif")
 
 

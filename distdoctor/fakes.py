@@ -19,6 +19,7 @@ from distdoctor.core.context import CheckContext
 from distdoctor.machine.host import build_context
 from distdoctor.machine.service_identity import SILENT, PortIdentity
 from distdoctor.machine.probes import GPU, ConnectResult, Interface, Probes, Resolution, Route, Unknown
+from distdoctor.machine.cpus import CpuBudget
 
 
 @dataclass
@@ -144,7 +145,6 @@ class FakeProbes(Probes):
         return self.cpus
 
     def cpu_budget(self) -> Any:
-        from distdoctor.machine.cpus import CpuBudget
 
         if self.cpu_set is not None or isinstance(self.cpus, Unknown):
             return self.cpu_set if self.cpu_set is not None else self.cpus

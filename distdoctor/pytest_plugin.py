@@ -6,7 +6,9 @@
   ``--distdoctor-fail-level``.
 - ``distdoctor_report``: a session-scoped fixture with the Report (the checks run on first use).
 - ``@pytest.mark.distributed(world_size=2, backend="gloo", timeout=60)``: the test body runs in
-  ``world_size`` fresh processes with an initialized process group (distdoctor.testing).
+  ``world_size`` fresh processes with an initialized process group (distdoctor.testing) and the
+  runtime guard on (every collective verified; a hang named at a third of the timeout);
+  ``guard=False`` turns it off, a dict passes distdoctor.guard's arguments.
 - ``pytest --distdoctor-lint`` (or ``distdoctor_lint = true``) runs ``distdoctor lint`` once per
   session over ``distdoctor_lint_paths`` (default: the rootdir), with [tool.distdoctor.lint],
   and fails the session on a finding at or above the lint fail level (error by default).
@@ -20,6 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pathlib import Path
+import pickle
 
 MARKER = "distributed"
 _REPORT_KEY = pytest.StashKey[Any]()
@@ -64,8 +68,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(world_size=2, backend='gloo', timeout=60): run the test in world_size processes, each a rank "
-        "of an initialized torch.distributed process group (distdoctor)",
+        f"{MARKER}(world_size=2, backend='gloo', timeout=60, guard=True): run the test in world_size processes, each "
+        "a rank of an initialized torch.distributed process group, with distdoctor's runtime guard on (distdoctor)",
     )
 
 
@@ -80,7 +84,7 @@ def _settings(config: pytest.Config) -> dict[str, Any]:
     Each value is parsed here with the option's own parser so that an error names the pytest
     option or ini key it came from.
     """
-    from distdoctor.core.config import OPTIONS
+    from distdoctor.core.config import OPTIONS  # loaded only on this path, to keep start-up light
 
     cli: dict[str, Any] = {}
 
@@ -108,8 +112,8 @@ def _session_report(config: pytest.Config) -> Any:
     cached = config.stash.get(_REPORT_KEY, None)
     if cached is not None:
         return cached
-    from distdoctor.core.config import ConfigError, load_config
-    from distdoctor.dispatch import diagnose
+    from distdoctor.core.config import ConfigError, load_config  # loaded only on this path, to keep start-up light
+    from distdoctor.dispatch import diagnose  # loaded only on this path, to keep start-up light
 
     try:
         settings = load_config(cli=_settings(config), cwd=config.rootpath)
@@ -130,7 +134,7 @@ def _lint_report(config: pytest.Config) -> Any:
     cached = config.stash.get(_LINT_KEY, None)
     if cached is not None:
         return cached
-    from distdoctor.lint import LintInputError, LintSettingsError, all_ids, lint_paths, load_settings
+    from distdoctor.lint import LintInputError, LintSettingsError, all_ids, lint_paths, load_settings  # loaded only when linting is asked for
 
     paths = [str(config.rootpath / p) for p in config.getini("distdoctor_lint_paths")] or [str(config.rootpath)]
     try:
@@ -145,7 +149,7 @@ def _lint_report(config: pytest.Config) -> Any:
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     lines = []
     if _enabled(config) or _lint_enabled(config):
-        from distdoctor.core.render import summary_line
+        from distdoctor.core.render import summary_line  # loaded only on this path, to keep start-up light
     if _enabled(config):
         report, settings = _session_report(config)
         lines.append(f"distdoctor: {summary_line(report)} (fail level {settings.fail_level.label})")
@@ -178,7 +182,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     code = report.exit_code(settings.fail_level)
     if code == 0:
         return
-    from distdoctor.core.report import format_where
+    from distdoctor.core.report import format_where  # loaded only on this path, to keep start-up light
 
     terminalreporter.section("distdoctor", sep="=", red=True, bold=True)
     worst = [f for f in report.findings if f.severity >= settings.fail_level]
@@ -211,7 +215,6 @@ def _lint_summary(terminalreporter: Any, config: pytest.Config) -> None:
 
 def _relative(path: str, config: pytest.Config) -> str:
     """A finding's path relative to the rootdir, as pytest shows test paths."""
-    from pathlib import Path
 
     try:
         return Path(path).relative_to(config.rootpath).as_posix()
@@ -230,10 +233,24 @@ def distdoctor_report(request: pytest.FixtureRequest) -> Any:
 
 
 def _marker_settings(mark: pytest.Mark) -> dict[str, Any]:
-    def _distributed(world_size: int = 2, backend: str = "gloo", timeout: float = 60.0, grace: float = 3.0) -> dict[str, Any]:
-        return {"world_size": int(world_size), "backend": str(backend), "timeout": float(timeout), "grace": float(grace)}
+    def _distributed(world_size: int = 2, backend: str = "gloo", timeout: float = 60.0, grace: float = 3.0,
+                     guard: Any = True) -> dict[str, Any]:
+        return {"world_size": int(world_size), "backend": str(backend), "timeout": float(timeout), "grace": float(grace),
+                "guard": _guard_settings(guard, float(timeout))}
 
     return _distributed(*mark.args, **mark.kwargs)
+
+
+def _guard_settings(guard: Any, timeout: float) -> dict[str, Any] | None:
+    """The runtime guard in the test body: every call verified, a hang named well before the timeout."""
+    if guard is False or guard is None:
+        return None
+    settings: dict[str, Any] = {"verify": "all", "hang_timeout": min(120.0, max(2.0, timeout / 3))}
+    if isinstance(guard, dict):
+        settings.update(guard)
+    elif guard is not True:
+        raise TypeError(f"guard= takes True, False or a dict of distdoctor.guard's arguments, got {guard!r}")
+    return settings
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -241,9 +258,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     mark = pyfuncitem.get_closest_marker(MARKER)
     if mark is None:
         return None
-    import pickle
 
-    from distdoctor.testing import run_distributed
+    from distdoctor.testing import run_distributed  # loaded only on this path, to keep start-up light
 
     try:
         settings = _marker_settings(mark)

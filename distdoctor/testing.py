@@ -41,6 +41,10 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+import importlib
+import importlib.util
+from datetime import timedelta
+from distdoctor.core.report import format_ranks
 
 STATUS_PASSED, STATUS_FAILED, STATUS_SKIPPED = "passed", "failed", "skipped"
 STATUS_DIED, STATUS_TIMEOUT, STATUS_KILLED = "died", "timeout", "killed"
@@ -87,7 +91,6 @@ class DistributedResult:
         return sorted(r for r, res in self.ranks.items() if res.status in (STATUS_TIMEOUT, STATUS_KILLED))
 
     def failure_message(self) -> str:
-        from distdoctor.core.report import format_ranks
 
         lines: list[str] = []
         failed = self.failed_ranks()
@@ -121,7 +124,6 @@ class DistributedResult:
 
 
 def _label(ranks: list[int]) -> str:
-    from distdoctor.core.report import format_ranks
 
     return ("Rank " if len(ranks) == 1 else "Ranks ") + format_ranks(ranks)
 
@@ -140,8 +142,12 @@ def run_distributed(
     module_file: str | None = None,
     env: dict[str, str] | None = None,
     grace: float = 3.0,
+    guard: dict[str, Any] | None = None,
 ) -> DistributedResult:
-    """Run ``target`` ("module:qualname" or an importable function) on ``world_size`` ranks."""
+    """Run ``target`` ("module:qualname" or an importable function) on ``world_size`` ranks.
+
+    ``guard``: distdoctor.guard's arguments, to run the function with the runtime guard on.
+    """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     module, qualname, file = _locate(target, module_file)
@@ -163,7 +169,7 @@ def run_distributed(
                 "rank": rank, "world_size": world_size, "backend": backend, "host": "127.0.0.1",
                 "port": port, "listen_fd": listener.fileno() if rank == 0 else None,
                 "timeout": float(timeout), "deadline_epoch": time.time() + float(timeout),
-                "result": str(workdir / f"result-{rank}.json"), "args": str(payload),
+                "result": str(workdir / f"result-{rank}.json"), "args": str(payload), "guard": guard,
             }
             spec_path = workdir / f"spec-{rank}.json"
             spec_path.write_text(json.dumps(spec))
@@ -314,6 +320,11 @@ def _child(spec_path: str) -> int:
         fn = _find_function(spec["module"], spec["qualname"], spec.get("file"))
         args, kwargs = pickle.loads(Path(spec["args"]).read_bytes())
         store = _init_group(spec)
+        _report_guard_hangs(write)
+        if spec.get("guard"):
+            from distdoctor.embedded.guard import guard  # the embedded modules import torch; loaded only on this path
+
+            guard(**spec["guard"])
         fn(*args, **kwargs)
         write(STATUS_PASSED)
     except BaseException as exc:  # noqa: BLE001 - every outcome must be reported to the parent
@@ -330,9 +341,19 @@ def _child(spec_path: str) -> int:
     os._exit(0)
 
 
+def _report_guard_hangs(write: Callable[..., None]) -> None:
+    """When the runtime guard ends this rank after a hang, the rank fails with the guard's report."""
+    from distdoctor.embedded.guard import on_hang_exit, render_text  # the embedded modules import torch; loaded only on this path
+
+    def failed(report: Any) -> None:
+        first = report.findings[0] if report.findings else None
+        headline = f"{first.id} [{first.cause}] {first.title}" if first else "a hang"
+        write(STATUS_FAILED, message=f"GuardError: {headline}\n" + render_text(report, "the guard diagnosed a hang:"))
+
+    on_hang_exit(failed)
+
+
 def _find_function(module_name: str, qualname: str, file: str | None) -> Callable[..., Any]:
-    import importlib
-    import importlib.util
 
     try:
         module = importlib.import_module(module_name)
@@ -356,9 +377,8 @@ def _find_function(module_name: str, qualname: str, file: str | None) -> Callabl
 
 
 def _init_group(spec: dict[str, Any]) -> Any:
-    from datetime import timedelta
 
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
 
     remaining = max(1.0, spec["deadline_epoch"] - time.time())
     timeout = timedelta(seconds=remaining)

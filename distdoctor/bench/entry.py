@@ -17,11 +17,11 @@ def bench_entry(settings: BenchSettings, render: Callable[[Any], None], *, env: 
                 argv: Sequence[str], started: float) -> int:
     """Run the bench; returns the exit code. As one rank of a world the process ends itself
     (os._exit) once the report is out: a process group whose peer hung can block teardown."""
-    from distdoctor.bench.rank import run_bench_rank
+    from distdoctor.bench.rank import run_bench_rank  # loaded only when this path runs
 
     launch = detect(env, argv)
     if launch.launcher == NONE:
-        from distdoctor.world.selftest import run_selftest
+        from distdoctor.world.selftest import run_selftest  # the cross-rank machinery stays off the local-only path
 
         return run_selftest(settings, render, nproc=settings.nproc, started=started, argv=list(argv),
                             rank_body=run_bench_rank)
@@ -30,7 +30,7 @@ def bench_entry(settings: BenchSettings, render: Callable[[Any], None], *, env: 
     if not launch.world_configured:
         raise BenchUsageError(f"the environment ({launch.title}) does not describe a usable world: RANK, WORLD_SIZE, "
                               "MASTER_ADDR and MASTER_PORT must all be set (`distdoctor check` says what is wrong)")
-    from distdoctor.world.watchdog import flush_std_streams
+    from distdoctor.world.watchdog import flush_std_streams  # the cross-rank machinery stays off the local-only path
 
     outcome = run_bench_rank(settings, env=env, argv=argv, emit=render, started=started)
     flush_std_streams()

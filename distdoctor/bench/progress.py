@@ -12,8 +12,8 @@ class Progress:
     def __init__(self, total: int, enabled: bool) -> None:
         self._bar = None
         if enabled and sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+            from rich.console import Console  # rich is loaded only when something is rendered
+            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn  # rich is loaded only when something is rendered
 
             self._bar = RichProgress(TextColumn("bench {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                                      TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True)

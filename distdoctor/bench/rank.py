@@ -148,7 +148,7 @@ class BenchRank:
             watchdog.cancel()
 
     def _checkin(self) -> dict[str, Any]:
-        import torch
+        import torch  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
 
         local = self.launch.local_rank.value or 0
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -233,8 +233,8 @@ class BenchRank:
         self.durations["sweep"] = self.clock() - began
 
     def _comm(self, world: World, on_gpu: bool) -> Comm:
-        import torch
-        import torch.distributed as dist
+        import torch  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
+        import torch.distributed as dist  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
 
         device = torch.device("cpu")
         if on_gpu:

@@ -55,8 +55,8 @@ def heading(bench: Mapping[str, Any]) -> str:
 
 
 def render_bench_rich(report: Report, file: IO[str] | None = None, *, verbose: bool = False) -> None:
-    from rich import box
-    from rich.table import Table
+    from rich import box  # rich is loaded only when something is rendered
+    from rich.table import Table  # rich is loaded only when something is rendered
 
     console = make_console(file)
     # The sweep table needs ~90 columns; a pipe's default of 80 would fold every row.

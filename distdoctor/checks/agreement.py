@@ -82,7 +82,7 @@ def agreement_findings(world: Any, table: SpecTable, *, tag: str, deadline: floa
 
 def probe_tensors() -> list[tuple[str, Any]]:
     """Tensors every rank builds identically: the same seed, the same layers, default dtype."""
-    import torch
+    import torch  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(PROBE_SEED)

@@ -234,8 +234,8 @@ def gloo_ops(ctx: CheckContext) -> Ops:
     group = world.process_groups.get("gloo")
     if group is None:
         raise SkipCheck("skipped: the gloo process group could not be created")
-    import torch
-    import torch.distributed as dist
+    import torch  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
+    import torch.distributed as dist  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
 
     return Ops(dist, torch, group, world.rank, world.size, torch.device("cpu"), op_timeout(ctx), "gloo")
 
@@ -417,8 +417,8 @@ def nccl_collectives(ctx: CheckContext):
     reason = nccl_wanted(world)
     if reason:
         raise SkipCheck(reason)
-    import torch
-    import torch.distributed as dist
+    import torch  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
+    import torch.distributed as dist  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
 
     device_index = (world.decision.get("devices") or {}).get(str(world.rank), 0)
     device = torch.device("cuda", int(device_index))

@@ -16,6 +16,12 @@ from distdoctor.machine.launchers import (
     LaunchInfo,
 )
 from distdoctor.core.registry import check, finding_kind
+import re
+import json
+import sys
+import posixpath
+from distdoctor.machine.launchers import local_rank_flag
+from distdoctor.checks._support.init_method import from_config, setting_label
 
 ENV_MISSING = finding_kind(
     "launch.C001",
@@ -331,7 +337,6 @@ def _launch_flavour(ctx: CheckContext) -> str:
 @check(stage="local", tags=("launch",), emits=(DEPRECATED_LAUNCHER,))
 def deprecated_launcher(ctx: CheckContext):
     """python -m torch.distributed.launch: --local-rank in argv instead of LOCAL_RANK in env."""
-    from distdoctor.machine.launchers import local_rank_flag
 
     if ctx.launch.launcher != DEPRECATED_LAUNCH:
         return
@@ -449,7 +454,6 @@ def previous_error_files(error_file: str, restart_count: int) -> list[str]:
     """Where the last failed attempt wrote its error: torchelastic keeps one directory per
     attempt (<log_dir>/<run_id>/attempt_<n>/<local_rank>/error.json) and points
     TORCHELASTIC_ERROR_FILE at the current attempt's."""
-    import re
 
     candidates = []
     match = re.search(r"([/\\])attempt_(\d+)([/\\])", error_file)
@@ -463,7 +467,6 @@ def previous_error_files(error_file: str, restart_count: int) -> list[str]:
 
 def summarize_error_file(text: str) -> tuple[str, str | None]:
     """(one-line message, timestamp) from a torchelastic error.json; tolerant of garbage."""
-    import json
 
     try:
         data = json.loads(text)
@@ -538,7 +541,6 @@ def _multi_node(ctx: CheckContext) -> bool | None:
 
 def _torch_pg_initialized() -> bool:
     """Whether this process already joined a process group (preflight after init)."""
-    import sys
 
     dist = sys.modules.get("torch.distributed")
     try:
@@ -550,7 +552,6 @@ def _torch_pg_initialized() -> bool:
 @check(stage="local", tags=("launch", "env"), emits=(INIT_METHOD_INVALID, INIT_FILE_LEFT_OVER, INIT_FILE_NOT_SHARED, INIT_FILE_UNKNOWN_FS))
 def init_method(ctx: CheckContext):
     """The job's init_method (--init-method): env://, tcp://, file://, mpi:// validated."""
-    from distdoctor.checks._support.init_method import from_config, setting_label
 
     method = from_config(ctx.config)
     if method is None:
@@ -577,7 +578,6 @@ def init_method(ctx: CheckContext):
         return
     if method.scheme != "file" or not method.path:
         return
-    import posixpath
 
     path = method.path
     parent = posixpath.dirname(path) or "/"

@@ -23,6 +23,7 @@ from distdoctor.checks._support import remedies
 from distdoctor.checks._support.c_integers import leading_int
 from distdoctor.core.context import CheckContext
 from distdoctor.core.registry import check, finding_kind
+import sys
 
 DEFAULT_TIMEOUT_S = {"nccl": 600.0}
 DEFAULT_OTHER_TIMEOUT_S = 1800.0
@@ -110,7 +111,6 @@ def _bool(ctx: CheckContext, names: tuple[str, ...]) -> bool | None:
 
 def default_timeout_s(backend: str) -> float:
     """torch's own default for this backend, read from torch when it is already imported."""
-    import sys
 
     constants = sys.modules.get("torch.distributed.constants")
     try:

@@ -15,6 +15,7 @@ from distdoctor.core.redact import secret_values
 from distdoctor.core.registry import REGISTRY, Registry, RegistryError
 from distdoctor.core.report import Report, WorldSummary, build_report
 from distdoctor.core.runner import Runner
+import difflib
 
 
 def load_registry(config: Config, registry: Registry | None = None) -> Registry:
@@ -39,7 +40,6 @@ def select_checks(config: Config, registry: Registry, skip_tags: Sequence[str] =
     known = sorted({tag for c in registry.checks.values() for tag in c.tags})
     unknown = [t for t in config.tags if t not in known]
     if unknown:
-        import difflib
 
         close = sorted({m for t in unknown for m in difflib.get_close_matches(t, known, n=2)})
         hint = f" (did you mean {', '.join(close)}?)" if close else ""

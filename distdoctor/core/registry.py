@@ -28,6 +28,10 @@ from typing import Any, Callable, Iterable
 
 from distdoctor.core.findings import Finding, FindingKind
 from distdoctor.core.kinds import CORE_KINDS, PLUGIN_LOAD_FAILED
+import contextlib
+import io
+import importlib.metadata
+from distdoctor.core.plugin_vetting import vet_files
 
 STAGES: tuple[str, ...] = ("local", "rendezvous", "collective")
 # The stages that need a world of ranks; a run without them stays on this process.
@@ -170,10 +174,9 @@ class Registry:
         self._loaded_builtins = True
 
     def load_entry_points(self) -> None:
-        from importlib.metadata import entry_points
 
         try:
-            eps = list(entry_points(group=ENTRY_POINT_GROUP))
+            eps = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
         except Exception as exc:  # a broken installed distribution must not stop the run
             self._problem(f"entry points of group {ENTRY_POINT_GROUP}", exc)
             return
@@ -190,7 +193,6 @@ class Registry:
         files = _site_files(directory)
         verdicts = {}
         if vet_timeout is not None and files:
-            from distdoctor.core.plugin_vetting import vet_files
 
             verdicts = vet_files(files, vet_timeout)
         for file in files:
@@ -251,8 +253,6 @@ def _site_files(directory: str | Path) -> list[Path]:
 
 def _import_quietly(file: Path) -> Any:
     """Import a site file with its prints kept off stdout/stderr (they would corrupt a JSON report)."""
-    import contextlib
-    import io
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return _import_file(file)

@@ -24,6 +24,12 @@ from distdoctor.core.muted_output import muted_thread
 from distdoctor.core.kinds import CHECK_CRASHED, CHECK_TIMED_OUT, RUN_DEADLINE
 from distdoctor.core.findings import Finding, Severity
 from distdoctor.core.registry import STAGES, Check, Registry, SkipCheck
+import os
+import traceback
+from fnmatch import fnmatchcase
+from distdoctor.core.check_child import run_in_child
+from distdoctor.core.progress import running_in_child
+from distdoctor.core.report import format_ranks
 
 PASS, FAIL, SKIP, ERROR, TIMEOUT = "pass", "fail", "skip", "error", "timeout"
 
@@ -66,7 +72,6 @@ def runs_in_child(check: Check) -> bool:
     """Local-stage checks that are not distdoctor's own run in a forked child (a thread cannot
     stop a check that holds the interpreter lock or ends the process). Cross-rank site checks
     stay in this process: they use the live process groups, which a child cannot share."""
-    import os
 
     return check.stage == "local" and check.source != "builtin" and not check.source.startswith("builtin ") \
         and hasattr(os, "fork")
@@ -127,8 +132,6 @@ class Runner:
 
         start = self.clock()
         if runs_in_child(check):
-            from distdoctor.core.check_child import run_in_child
-            from distdoctor.core.progress import running_in_child
 
             with running_in_child(check.name):  # named in the status line and on a signal
                 alive = run_in_child(check, ctx, limit, box, _consume)
@@ -154,7 +157,6 @@ class Runner:
             return CheckResult(check.name, check.stage, SKIP, duration, box["skip"])
         if "error" in box:
             exc = box["error"]
-            import traceback
 
             tb = box.get("traceback") or "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4))
             finding = CHECK_CRASHED(
@@ -220,7 +222,6 @@ class Runner:
         ranks = tuple(ranks)
         who = ""
         if ranks:
-            from distdoctor.core.report import format_ranks
 
             who = f" on rank{'s' if len(ranks) > 1 else ''} {format_ranks(ranks)}"
         self.state.findings.append(
@@ -241,7 +242,6 @@ class Runner:
         return self.state
 
     def is_silenced(self, finding: Finding) -> bool:
-        from fnmatch import fnmatchcase
 
         return any(fnmatchcase(finding.id, pattern) for pattern in self.silence)
 

@@ -466,6 +466,7 @@ def init_process_group(
     rendezvous_timeout: float = 60.0,
     fail_level: str | Severity = Severity.ERROR,
     local_checks: bool = True,
+    guard: bool | Mapping[str, Any] | None = None,
     **torch_kwargs: Any,
 ) -> None:
     """torch.distributed.init_process_group with local checks and a bounded rendezvous.
@@ -475,7 +476,8 @@ def init_process_group(
     for env:// and tcp:// (the default), a check-in through the rendezvous store bounded by
     ``rendezvous_timeout`` seconds that names missing ranks, an unreachable master, a port in
     use or duplicate ranks. file:// and an explicit ``store`` are passed to torch unchecked
-    apart from the local checks.
+    apart from the local checks. ``guard=True`` (or a dict of distdoctor.guard's arguments)
+    turns the runtime guard on once the group exists; left None, DISTDOCTOR_GUARD=1 does.
     """
     import torch.distributed as dist
 
@@ -519,6 +521,10 @@ def init_process_group(
             f"torch's init_process_group failed on rank {target.rank}: {type(exc).__name__}",
             detail=str(exc)[:2000], ranks=(target.rank,), check=gi.CHECK)
         raise PreflightError(build_report([finding], duration_s=time.monotonic() - started)) from exc
+    if guard if guard is not None else os.environ.get("DISTDOCTOR_GUARD", "") not in ("", "0"):
+        from distdoctor.embedded.guard import guard as start_guard
+
+        start_guard(**(dict(guard) if isinstance(guard, Mapping) else {}))
 
 
 def _init_local_checks(backend: Any, budget: float) -> Report:

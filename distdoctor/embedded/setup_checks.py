@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from distdoctor.core.findings import Finding
 from distdoctor.core.registry import finding_kind
 from distdoctor.core.report import format_ranks
+from distdoctor.checks._support.tensor_specs import SpecTable, TensorSpec, spec_table
 
 CHECK = "preflight"
 
@@ -121,7 +122,6 @@ def model_spec_table(model: Any, max_samples: int | None) -> Any:
     compared, their shapes and values are not (reported as not compared, spec.I006). FSDP2
     parameters are DTensors, which tensorspec treats the same way (global shape compared).
     """
-    from distdoctor.checks._support.tensor_specs import SpecTable, TensorSpec, spec_table
 
     if "FullyShardedDataParallel" in wrappers_of(model):
         specs = [

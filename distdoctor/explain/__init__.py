@@ -18,6 +18,7 @@ from distdoctor.explain.reader import LogInputError, LogSource, open_sources
 from distdoctor.explain.reason import findings_from
 from distdoctor.explain.scan import Accumulator, Scanner
 from distdoctor.core.report import Report, WorldSummary, build_report
+import io
 
 __all__ = ["explain_files", "explain_text", "LogInputError", "CatalogError", "load_catalog"]
 
@@ -72,7 +73,6 @@ def explain_files(
 
 def explain_text(text: str, **kwargs) -> Report:
     """Explain a log held in memory (tests, notebooks)."""
-    import io
 
     return explain_files(["-"], stdin=io.BytesIO(text.encode("utf-8")), **kwargs)
 

@@ -20,6 +20,7 @@ from distdoctor.lint.rules import RULES, Rule, rules_by_id
 from distdoctor.lint.settings import LintSettings, LintSettingsError, load_settings
 from distdoctor.lint.source import NOT_PARSED, SourceResult, lint_source
 from distdoctor.core.report import Report, WorldSummary, build_report
+import io
 
 __all__ = ["lint_paths", "lint_text", "all_ids", "LintInputError", "LintSettings", "LintSettingsError",
            "load_settings", "RULES"]
@@ -68,7 +69,6 @@ def lint_paths(paths: Sequence[str], settings: LintSettings | None = None, *, st
 
 def lint_text(text: str, path: str = "<string>", settings: LintSettings | None = None) -> Report:
     """Lint a source held in memory (tests, editors)."""
-    import io
 
     return lint_paths(["-"], settings, stdin=io.BytesIO(text.encode("utf-8")), stdin_name=path)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import BinaryIO, Iterator, Sequence
+import sys
 
 STDIN = "-"
 # Directories that hold other people's code or build output, never the project's own sources.
@@ -48,7 +49,6 @@ def iter_sources(paths: Sequence[str], *, exclude: Sequence[str] = (), stdin: Bi
 
 
 def _stdin_bytes() -> BinaryIO:
-    import sys
 
     return sys.stdin.buffer
 

@@ -14,6 +14,7 @@ from distdoctor.machine.env_values import MAX_INT_TEXT, MAX_WORLD, IntVar, read_
 from distdoctor.machine.hostlist import HostlistError, expand_task_counts
 from distdoctor.machine.launch_line import PlannedLaunch
 from distdoctor.machine.launch_world import derive_world
+from distdoctor.machine.launch_world import first_slurm_host
 
 # The variables torch's env:// rendezvous reads.
 RENDEZVOUS_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -365,7 +366,6 @@ def planned_launch(plan: PlannedLaunch, env: Mapping[str, str], gpu_count: int |
     launcher = TORCHRUN if torchrun is not None else plan.launcher
     master_addr, master_port = (torchrun.master_addr, torchrun.master_port) if torchrun else (None, None)
     if torchrun is None and plan.launcher == SLURM and "SLURM_JOB_NODELIST" in env:
-        from distdoctor.machine.launch_world import first_slurm_host
 
         master_addr = first_slurm_host(env)[0]
     elif torchrun is None and plan.nnodes == 1:

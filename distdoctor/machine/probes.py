@@ -15,6 +15,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
+import resource
+from distdoctor.machine.service_identity import identify
+from distdoctor.machine.cpus import cpu_budget
 
 T = TypeVar("T")
 
@@ -190,8 +193,8 @@ class Probes:
 
     @never_raises
     def interfaces(self) -> dict[str, Interface]:
-        import netifaces
-        import psutil
+        import netifaces  # loaded when a probe first asks
+        import psutil  # loaded when a probe first asks
 
         stats = psutil.net_if_stats()
         out: dict[str, Interface] = {}
@@ -266,7 +269,6 @@ class Probes:
     @never_raises
     def identify_port(self, host: str, port: int, timeout: float = 1.5) -> Any:
         """Whether a c10d store or a foreign service answers on host:port (foreign.identify)."""
-        from distdoctor.machine.service_identity import identify
 
         return identify(host, port, timeout)
 
@@ -313,19 +315,17 @@ class Probes:
     @never_raises
     def cpu_budget(self) -> Any:
         """This process's affinity, its cgroup's cpuset and CPU quota (distdoctor.machine.cpus)."""
-        from distdoctor.machine.cpus import cpu_budget
 
         return cpu_budget()
 
     @never_raises
     def memory_total(self) -> int:
-        import psutil
+        import psutil  # loaded when a probe first asks
 
         return psutil.virtual_memory().total
 
     @never_raises
     def rlimit(self, name: str) -> tuple[int, int]:
-        import resource
 
         return resource.getrlimit(getattr(resource, name))
 
@@ -341,7 +341,7 @@ class Probes:
     @never_raises
     def listeners(self, port: int) -> list[dict[str, Any]]:
         """Processes listening on a TCP port here: pid, command line, address."""
-        import psutil
+        import psutil  # loaded when a probe first asks
 
         out = []
         for conn in psutil.net_connections(kind="tcp"):
@@ -358,7 +358,7 @@ class Probes:
     # -- torch ----------------------------------------------------------------------------
     @never_raises
     def torch_info(self) -> dict[str, Any]:
-        import torch
+        import torch  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
 
         info: dict[str, Any] = {
             "torch": torch.__version__,
@@ -368,7 +368,7 @@ class Probes:
             "nccl": None,
         }
         if info["distributed"]:
-            import torch.distributed as dist
+            import torch.distributed as dist  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
 
             for backend in ("gloo", "nccl", "mpi", "ucc", "xccl"):
                 probe = getattr(dist, f"is_{backend}_available", None)
@@ -389,7 +389,7 @@ class Probes:
         (NVML numbers GPUs in PCI order, CUDA may not). torch.cuda.mem_get_info is avoided on
         purpose: it creates a context (hundreds of MiB) on every GPU it touches.
         """
-        import torch
+        import torch  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
 
         if not torch.backends.cuda.is_built() or not torch.cuda.is_available():
             return []

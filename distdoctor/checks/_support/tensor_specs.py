@@ -217,7 +217,7 @@ def spec_table(named_tensors: Iterable[tuple[str, Any]], *, max_samples: int | N
 
     ``max_samples=None`` fingerprints every element (cost: one pass over the tensors).
     """
-    import torch
+    import torch  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
 
     pending: list[tuple[int, Any]] = []  # (row index, 1-D sample) of tensors that get a checksum
     rows: list[tuple[str, tuple[int, ...], str, str, str]] = []

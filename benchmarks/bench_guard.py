@@ -1,0 +1,199 @@
+"""The runtime guard's cost in a real DDP training loop, and the time from a hang to its named cause.
+
+    python benchmarks/bench_guard.py               # 5 launches per mode, human-readable
+    python benchmarks/bench_guard.py --quick       # 1 launch per mode, fewer steps: checks it runs
+    python benchmarks/bench_guard.py --json        # the figures as JSON (benchmarks/run.py)
+
+Figures:
+- step time: the pytorch/examples DDP tutorial's loop (ToyModel: Linear(10, 10), ReLU,
+  Linear(10, 5); SGD; MSE on a batch of 20) on 2 ranks, CPU, gloo, under
+  ``torch.distributed.run --standalone``, with the usual per-step ``all_reduce`` of the loss for
+  logging. Inside one launch, blocks of 100 steps alternate between torch's all_reduce and the
+  guarded one (side by side in one run, so the machine's load hits both alike); each launch
+  gives the ratio of the mean step times with and without the guard, verified steps included;
+  the figure is the median over launches. Launches with ``distdoctor.guard()`` (defaults) and
+  with ``distdoctor.guard(verify="all")``. Target for the defaults: <= 1.03x.
+  DDP's own gradient all-reduces run in C++ (the Reducer) and are not wrapped, so the guarded
+  calls are the script's own: here one all_reduce per step.
+- hang to cause: rank 1 sleeps before an all_reduce; from rank 0 entering the all_reduce to the
+  guard's JSON report on disk (and to the launcher's exit), with hang_timeout=2 s.
+  Target: hang_timeout + 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from timing import PYTHON, REPO, Figure, clean_env, timed  # noqa: E402
+
+STEP_TARGET = "<= 1.03x"
+HANG_TIMEOUT_S = 2.0
+WARMUP_STEPS = 20
+BLOCK = 100
+
+
+def torchrun(*args: str) -> list[str]:
+    return [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
+
+
+# -- the children: run inside each rank -------------------------------------------------------------
+
+
+def child_train(mode: str, steps: int) -> None:
+    """The DDP tutorial's loop, in blocks with and without the guard; rank 0 prints the step times."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import distdoctor
+
+    dist.init_process_group("gloo")
+    distdoctor.guard(verify="all" if mode == "all" else None)
+    guarded = dist.all_reduce
+    original = guarded.__distdoctor_original__
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 5)))
+    loss_fn, optimizer = nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.001)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for step in range(WARMUP_STEPS + steps):
+        # Blocks of steps alternate between torch's all_reduce and the guarded one (the same
+        # schedule on both ranks), so the machine's load drifts over both alike. The guard's
+        # sequence numbers only count guarded calls: its sampling runs as in a real job.
+        on = (step // BLOCK) % 2 == 1
+        dist.all_reduce = guarded if on else original
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        loss = loss_fn(model(torch.randn(20, 10)), torch.randn(20, 5))
+        loss.backward()
+        optimizer.step()
+        logged = loss.detach().clone()
+        dist.all_reduce(logged)  # the loss averaged for logging, as training scripts do
+        if step >= WARMUP_STEPS:
+            times[on].append(time.perf_counter() - start)
+    dist.all_reduce = guarded
+    dist.barrier()
+    if dist.get_rank() == 0:
+        print(json.dumps({"on_mean_s": statistics.fmean(times[True]), "off_mean_s": statistics.fmean(times[False]),
+                          "on_steps": len(times[True])}))
+    dist.destroy_process_group()
+
+
+def child_hang(mark_file: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import distdoctor
+
+    dist.init_process_group("gloo")
+    distdoctor.guard(hang_timeout=HANG_TIMEOUT_S)
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if dist.get_rank() == 1:
+        time.sleep(60)
+    Path(mark_file).write_text(str(time.time()))
+    dist.all_reduce(t)
+
+
+# -- the parent ------------------------------------------------------------------------------------
+
+
+def train_launch(mode: str, steps: int) -> dict | None:
+    env = clean_env(OMP_NUM_THREADS="1", PYTHONPATH=REPO)
+    run = timed(torchrun(__file__, "--child-train", mode, str(steps)), env=env, bound=600)
+    for line in run.stdout.splitlines():
+        if line.startswith("{"):
+            return json.loads(line)
+    sys.stderr.write(f"bench_guard: a {mode} launch failed (code {run.code}): {run.stderr[-1500:]}\n")
+    return None
+
+
+def step_figures(repeats: int, steps: int) -> list[Figure]:
+    out = []
+    for mode, label, target in (("default", "guard() defaults", STEP_TARGET), ("all", 'guard(verify="all")', "")):
+        launches = [r for r in (train_launch(mode, steps) for _ in range(repeats)) if r]
+        on = [r["on_mean_s"] for r in launches]
+        off = [r["off_mean_s"] for r in launches]
+        ratios = [r["on_mean_s"] / r["off_mean_s"] for r in launches]
+        out.append(Figure(f"step time, {label}",
+                          f"DDP tutorial loop, 2 ranks gloo CPU, {steps} steps in blocks of {BLOCK} alternating "
+                          f"with and without {label}: mean step with it", statistics.median(on) if on else None,
+                          [round(v, 6) for v in on], "mean step without it (same launches)",
+                          statistics.median(off) if off else None, [round(v, 6) for v in off],
+                          statistics.median(ratios) if ratios else None, "", target,
+                          f"ratio: median over {len(launches)} launches of each launch's on/off ratio "
+                          f"({', '.join(f'{r:.3f}' for r in ratios)})"))
+    return out
+
+
+def hang_figure(repeats: int) -> Figure:
+    to_report, to_exit = [], []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            mark = Path(tmp) / "entered"
+            env = clean_env(OMP_NUM_THREADS="1", PYTHONPATH=REPO, DISTDOCTOR_REPORT_DIR=tmp)
+            run = timed(torchrun(__file__, "--child-hang", str(mark)), env=env, bound=120)
+            ended = time.time()
+            reports = list(Path(tmp).glob("distdoctor-guard-hang-*.json"))
+            if not mark.exists() or not reports:
+                sys.stderr.write(f"bench_guard: the hang run did not report (code {run.code}): {run.stderr[-1500:]}\n")
+                continue
+            entered = float(mark.read_text())
+            report = json.loads(reports[0].read_text())
+            assert report["findings"][0]["cause"] == "straggler_rank", report["findings"]
+            to_report.append(reports[0].stat().st_mtime - entered)
+            to_exit.append(ended - entered)
+    value = statistics.median(to_report) if to_report else None
+    return Figure("hang to named cause", f"rank 1 asleep before an all_reduce, hang_timeout={HANG_TIMEOUT_S:g} s: "
+                  "rank 0 enters the call -> the guard's JSON report names straggler rank 1", value,
+                  [round(v, 3) for v in to_report], "rank 0 enters the call -> the launcher exited",
+                  statistics.median(to_exit) if to_exit else None, [round(v, 3) for v in to_exit], None,
+                  f"hang_timeout + {value - HANG_TIMEOUT_S:.2f} s" if value is not None else "",
+                  f"<= {HANG_TIMEOUT_S + 2:g} s", "seconds, not a ratio; torch alone waits 30 min (gloo's default timeout)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--child-train", nargs=2, metavar=("MODE", "STEPS"), help=argparse.SUPPRESS)
+    parser.add_argument("--child-hang", metavar="MARK", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child_train:
+        child_train(args.child_train[0], int(args.child_train[1]))
+        return
+    if args.child_hang:
+        child_hang(args.child_hang)
+        return
+    repeats, steps = (1, 100) if args.quick else (args.repeats, args.steps)
+    figs = step_figures(repeats, steps) + [hang_figure(repeats if not args.quick else 1)]
+    if args.json:
+        print(json.dumps([f.to_dict() for f in figs]))
+        return
+    print(f"runtime guard, 2 ranks (gloo, loopback), {repeats} launch(es) per mode, {steps} steps each "
+          f"(half with the guard), "
+          f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
+    for f in figs[:2]:
+        ratio = f"{f.ratio:.3f}x" if f.ratio else "n/a"
+        print(f"{f.name:<32} {(f.median_s or 0) * 1e3:8.3f} ms/step vs {(f.baseline_median_s or 0) * 1e3:8.3f} ms/step "
+              f"= {ratio}  (target {f.target or '-'}); {f.note}")
+    hang = figs[2]
+    print(f"{hang.name:<32} {hang.median_s if hang.median_s is not None else float('nan'):6.2f} s to the report, "
+          f"{hang.baseline_median_s if hang.baseline_median_s is not None else float('nan'):6.2f} s to the launcher's exit "
+          f"(target {hang.target}); runs: {hang.runs_s} / {hang.baseline_runs_s}")
+
+
+if __name__ == "__main__":
+    main()

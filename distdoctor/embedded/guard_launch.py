@@ -1,0 +1,32 @@
+"""The environment under which `distdoctor guard -- <command>` runs a launcher line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+HOOK_DIR = Path(__file__).resolve().parent / "guard_hook"
+
+
+def guard_environment(env: Mapping[str, str], *, hang_timeout: float | None = None, report_dir: str | None = None,
+                      verify: str | None = None, on_hang: str | None = None) -> dict[str, str]:
+    """``env`` plus the import hook first on PYTHONPATH and the guard's settings.
+
+    The settings are validated here (ValueError names the bad one), so a typo fails before the
+    job starts rather than in every worker.
+    """
+    from distdoctor.embedded.guard import settings_from_env  # the embedded modules import torch; loaded only on this path
+
+    out = dict(env)
+    given = {"DISTDOCTOR_HANG_TIMEOUT": hang_timeout, "DISTDOCTOR_REPORT_DIR": report_dir,
+             "DISTDOCTOR_GUARD_VERIFY": verify, "DISTDOCTOR_GUARD_ON_HANG": on_hang}
+    out.update({k: str(v) for k, v in given.items() if v is not None})
+    if out.get("DISTDOCTOR_REPORT_DIR"):
+        out["DISTDOCTOR_REPORT_DIR"] = str(Path(out["DISTDOCTOR_REPORT_DIR"]).resolve())
+    settings_from_env(out)
+    package_root = str(Path(__file__).resolve().parents[2])
+    paths = [str(HOOK_DIR), package_root] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
+    out["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    out["DISTDOCTOR_GUARD"] = "1"
+    return out

@@ -1,0 +1,305 @@
+"""The Guard of one process: torch's functions wrapped, the calls run through the recorder and verifier."""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from distdoctor.embedded import guard_report as api
+from distdoctor.embedded import guard_findings as gf
+from distdoctor.embedded.guard_calls import Verifier, make_record, run_call, wrap
+from distdoctor.embedded.guard_hang import HangWatch, SideChannel, rank_state
+from distdoctor.embedded.guard_record import (_COLLECTIVE_SET, COLLECTIVES, POINT_TO_POINT, CallRecord, Recorder,
+                                              call_site)
+from distdoctor.embedded.guard_sample import Sampler
+from distdoctor.embedded.guard_works import WorkTracker
+from distdoctor.core.findings import Finding
+from distdoctor.core.report import Report, WorldSummary, build_report
+from distdoctor.machine.launchers import detect
+
+
+class Guard:
+    def __init__(self, settings: Any) -> None:
+        import torch  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
+        import torch.distributed as dist  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
+
+        self.settings, self.torch, self.dist = settings, torch, dist
+        self.c10d = dist.distributed_c10d
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.recorder = Recorder(settings.ring_size)
+        self.sampler = Sampler(settings.verify, settings.verify_first, settings.verify_budget, settings.verify_every)
+        self.findings: list[Finding] = []
+        self.dropped: list[CallRecord] = []
+        self.phase = "running"
+        self.originals: dict[str, Callable[..., Any]] = {}
+        self.wrapped: dict[str, Callable[..., Any]] = {}
+        self.groups: dict[int, tuple[str, list[int]]] = {}
+        self.verifier: Verifier | None = None
+        self.works = WorkTracker(self.c10d.Work, self._dropped, self._waiting)
+        self.watch: HangWatch | None = None
+        self.side_problem = ""
+        self.concluded = False
+        self.shut_down = False
+        self.started = time.monotonic()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self, generation: int) -> "Guard":
+        for name in COLLECTIVES + POINT_TO_POINT + ("destroy_process_group",):
+            current = getattr(self.c10d, name, None)
+            if current is None:
+                continue
+            original = getattr(current, "__distdoctor_original__", current)
+            self.originals[name] = original
+            wrapped = self._destroy_wrapper(original) if name == "destroy_process_group" else wrap(name, original, self)
+            self.wrapped[name] = wrapped
+            for module in (self.c10d, self.dist):
+                if getattr(module, name, None) is current:
+                    setattr(module, name, wrapped)
+        self.verifier = Verifier(self.torch, self.dist, self.originals["all_gather"])
+        self.works.install()
+        side = None
+        try:
+            side = SideChannel.open(self.c10d._get_default_store(), generation)
+            if side is None:
+                self.side_problem = "the job's store is not a TCPStore"
+        except Exception as exc:  # no side channel: hangs are still reported, from this rank's view
+            self.side_problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        s = self.settings
+        self.watch = HangWatch(self.recorder, side, rank=self.rank, world=self.world, hang_timeout=s.hang_timeout,
+                               answer_s=s.answer_s, poll_s=s.poll_s, state=self.state, group_ranks=self.group_ranks,
+                               conclude=self.conclude).start()
+        atexit.register(self._at_exit)
+        return self
+
+    def stop(self) -> None:
+        for name, wrapped in self.wrapped.items():
+            for module in (self.c10d, self.dist):
+                if getattr(module, name, None) is wrapped:
+                    setattr(module, name, self.originals[name])
+        self.works.uninstall()
+        if self.watch is not None:
+            self.watch.stop(join_s=1.0)
+        atexit.unregister(self._at_exit)
+
+    def _destroy_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def destroy_process_group(group: Any = None) -> Any:
+            if group is None:
+                self.shutdown("destroyed")
+            return original(group)
+        destroy_process_group.__distdoctor_original__ = original  # type: ignore[attr-defined]
+        return destroy_process_group
+
+    def _at_exit(self) -> None:
+        self.shutdown("finished")
+
+    def shutdown(self, phase: str) -> None:
+        """At destroy_process_group / exit: report Works never waited on, leave a final state."""
+        if self.shut_down:
+            return
+        self.shut_down, self.phase = True, phase
+        where = "destroy_process_group" if phase == "destroyed" else "exit"
+        for record in self.works.pending():
+            self.findings.append(gf.work_finding(gf.PENDING, record, self.rank, f"never waited on, still pending at {where}"))
+        if self.watch is not None:
+            self.watch.stop(join_s=1.0)
+            self.watch.publish_final(self.state())
+        if self.findings and not self.concluded:
+            report = self.report()
+            sys.stderr.write(api.render_text(report, f"distdoctor guard (rank {self.rank}) at {where}:") + "\n")
+            self.write_json(report, "summary")
+
+    # -- the guarded call --------------------------------------------------------------------
+    def group_ranks(self, name: str) -> list[int]:
+        for group_name, ranks in self.groups.values():
+            if group_name == name:
+                return ranks
+        return list(range(self.world))
+
+    def _group(self, group: Any) -> tuple[Any, str, list[int]] | None:
+        pg = group if group is not None else self.c10d.GroupMember.WORLD
+        if pg is None or pg is self.c10d.GroupMember.NON_GROUP_MEMBER:
+            return None
+        known = self.groups.get(id(pg))
+        if known is None:
+            name = str(getattr(pg, "group_name", "") or id(pg))
+            known = self.groups[id(pg)] = (name, list(self.dist.get_process_group_ranks(pg)))
+        return pg, known[0], known[1]
+
+    def call(self, name: str, original: Callable[..., Any], args: tuple, kwargs: dict, bound: dict,
+             takes_async: bool) -> Any:
+        group = bound.get("group")
+        if name == "batch_isend_irecv":
+            ops = list(bound.get("p2p_op_list") or ())
+            group = getattr(ops[0], "group", None) if ops else None
+        found = self._group(group)
+        if found is None:
+            return original(*args, **kwargs)
+        pg, group_name, ranks = found
+        record = make_record(self.dist, name, bound, group, group_name)
+        collective = name in _COLLECTIVE_SET
+        record.seq = (self.recorder.next_seq(group_name) if collective
+                      else self.recorder.next_p2p_seq(group_name, name, record.params.get("peer")))
+        token = self.recorder.begin(record)
+        try:
+            if collective:
+                self.sampler.note_call(group_name, record.started)
+                if self.sampler.due(group_name, record.seq):
+                    record.verified = True
+                    self._verify(record, pg, ranks)
+            result, work = run_call(original, args, kwargs, bound, record, takes_async and collective)
+        except BaseException as exc:
+            self.recorder.end(token, failed=True)
+            explained = self._explain_failure(record, ranks, exc)
+            if explained is not None:
+                raise explained from exc
+            raise
+        if work is not None:
+            self.recorder.attach(token, work)
+        else:
+            self.recorder.end(token)
+        if name in ("isend", "irecv"):
+            self.works.track(result, record)
+        elif name == "batch_isend_irecv":
+            for item in result or ():
+                self.works.track(item, record)
+        return result
+
+    def _verify(self, record: CallRecord, pg: Any, ranks: list[int]) -> None:
+        assert self.verifier is not None
+        started = time.monotonic()
+        agreed, gaps = self.verifier.agree(record, pg, len(ranks), self.sampler.proposal(record.group))
+        if agreed:
+            self.sampler.agreed(record.group, record.seq, gaps, time.monotonic() - started)
+            return
+        recent = [r.site for r in self.recorder.recent(record.group, 9)][:-1]
+        details = self.verifier.details(record, recent, pg, len(ranks))
+        calls = {ranks[i]: call for i, (call, _) in enumerate(details)}
+        recents = {ranks[i]: sites for i, (_, sites) in enumerate(details)}
+        findings = gf.mismatch_findings(calls, recents, record.group, ranks, record.seq)
+        report = self.report(findings, ranks=ranks)
+        if self.rank == ranks[0]:
+            self.write_json(report, "mismatch")
+        raise api.GuardError(report)
+
+    def _explain_failure(self, record: CallRecord, ranks: list[int], exc: BaseException) -> Exception | None:
+        """A call torch failed (a peer closed its connection): did a peer of the group finish?
+
+        A rank that leaves its loop and exits makes gloo fail the others' next collective with
+        "Connection closed by peer"; its final state in the store says it finished, and when.
+        """
+        side = self.watch.side if self.watch is not None else None
+        if side is None or isinstance(exc, api.GuardError) or not isinstance(exc, RuntimeError):
+            return None
+        keys = {r: side.key("final", r) for r in ranks if r != self.rank}
+        finals: dict[int, Any] = {}
+        until = time.monotonic() + 1.0  # the peer leaves its final state before it closes the group
+        try:
+            while not finals and time.monotonic() < until:
+                finals = {r: side.get(k) for r, k in keys.items() if side.present([k])[0]}
+                if not finals:
+                    time.sleep(0.05)
+        except Exception:
+            return None
+        if not finals:
+            return None
+        failure = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        findings = gf.finished_findings(record, ranks, finals, self.rank, failure)
+        return api.GuardError(self.report(findings, ranks=ranks))
+
+    # -- point-to-point hygiene ----------------------------------------------------------------
+    def _dropped(self, record: CallRecord) -> None:
+        finding = gf.work_finding(gf.DROPPED, record, self.rank, "the Work was dropped without wait()")
+        self.findings.append(finding)
+        self.dropped.append(record)
+        try:
+            sys.stderr.write(f"distdoctor guard (rank {self.rank}): {finding.id} [{finding.cause}] {finding.title}\n")
+        except Exception:
+            pass
+
+    def _waiting(self, record: CallRecord) -> Callable[[bool], None]:
+        waiting = dataclasses.replace(record, params={**record.params, "issued_at": record.site}, ended=None)
+        waiting.site, waiting.function = call_site(1)
+        token = self.recorder.begin(waiting)
+        return lambda failed: self.recorder.end(token, failed)
+
+    # -- reports -----------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return rank_state(self.recorder, self.rank, self.phase, sorted({n for n, _ in self.groups.values()}),
+                          self.dropped)
+
+    def report(self, findings: list[Finding] | None = None, ranks: list[int] | None = None,
+               missing: list[int] = ()) -> Report:
+
+        found = list(self.findings if findings is None else findings)
+        reported = sorted(set(ranks if ranks is not None else [self.rank]) - set(missing))
+        checks = [{"name": "guard", "stage": "collective", "status": "fail" if found else "pass",
+                   "duration_s": round(time.monotonic() - self.started, 4)}]
+        try:
+            launcher = detect(dict(os.environ), sys.argv).launcher
+        except Exception:
+            launcher = "unknown"
+        world = WorldSummary(size=self.world, launcher=launcher, ranks_reported=tuple(reported),
+                             ranks_missing=tuple(sorted(missing)))
+        return build_report(found, checks, world=world, duration_s=time.monotonic() - self.started)
+
+    def write_json(self, report: Report, kind: str) -> Path | None:
+        directory = self.settings.report_dir
+        if not directory:
+            return None
+        path = Path(directory) / f"distdoctor-guard-{kind}-rank{self.rank}-{os.getpid()}.json"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
+            return path
+        except OSError as exc:
+            sys.stderr.write(f"distdoctor guard: cannot write the report to {path}: {exc.strerror or exc}\n")
+            return None
+
+    def conclude(self, findings: list[Finding], rendered_here: bool, waited: float,
+                 publish: Callable[[], None] | None = None) -> None:
+        """A hang was diagnosed (here, or by another rank): report it, then end the job unless told not to.
+
+        ``publish`` (the renderer's verdict for the other ranks) runs once the report is written.
+        """
+        if self.concluded:
+            return
+        self.concluded = True
+        self.findings += findings
+        stuck = self.recorder.oldest_running()
+        ranks = self.group_ranks(stuck.group) if stuck is not None else list(range(self.world))
+        missing = sorted({r for f in findings if f.cause == "rank_missing" for r in f.ranks})
+        report = self.report(findings, ranks=ranks, missing=missing)
+        if rendered_here:
+            note = f" (cross-rank view unavailable: {self.side_problem})" if self.side_problem else ""
+            heading = (f"distdoctor guard (rank {self.rank}): a call has not completed for {waited:.1f} s "
+                       f"(hang timeout {self.settings.hang_timeout:g} s){note}:")
+            sys.stderr.write(api.render_text(report, heading) + "\n")
+            self.write_json(report, "hang")
+        else:
+            for f in findings:
+                sys.stderr.write(f"distdoctor guard (rank {self.rank}): hang diagnosed: {f.id} [{f.cause}] {f.title}\n")
+        sys.stderr.flush()
+        if publish is not None:
+            publish()
+        if self.settings.on_hang != "exit":
+            return
+        self._exit(report, rendered_here)
+
+    def _exit(self, report: Report, rendered_here: bool) -> None:
+        from distdoctor.world.watchdog import flush_std_streams  # the cross-rank machinery stays off the local-only path
+
+        for hook in list(api.EXIT_HOOKS):
+            try:
+                hook(report)
+            except Exception:
+                pass
+        if self.watch is not None:
+            self.watch.finish(rendered_here)
+        flush_std_streams()
+        os._exit(api.HANG_EXIT_CODE)

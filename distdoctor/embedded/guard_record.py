@@ -1,0 +1,272 @@
+"""The guard's record of each call: what it was, from which line, and which calls are still running."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+import sysconfig
+
+# Calls whose arguments must agree on every rank of the group (they are verified before the call).
+COLLECTIVES = (
+    "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "gather", "scatter",
+    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier",
+    "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
+)
+# Calls between two ranks: recorded and tracked, never verified (no group-wide moment to compare).
+POINT_TO_POINT = ("send", "recv", "isend", "irecv", "send_object_list", "recv_object_list", "batch_isend_irecv")
+_COLLECTIVE_SET = frozenset(COLLECTIVES)
+# Fingerprint fields compared across ranks, in the order of the exchanged words.
+COMPARED = ("op", "shapes", "dtypes", "devices", "params")
+WORD_MAGIC = 0x6464  # "dd": a row that lacks it did not come from a guard's verification
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """One guarded call. ``seq`` counts the collectives of ``group`` (p2p calls count per peer)."""
+
+    op: str
+    group: str
+    seq: int
+    shapes: tuple = ()
+    dtypes: tuple = ()
+    devices: tuple = ()
+    params: dict = field(default_factory=dict)
+    site: str = "?"
+    function: str = "?"
+    thread: int = 0
+    started: float = 0.0
+    ended: float | None = None
+    failed: bool = False
+    verified: bool = False
+
+    def label(self) -> str:
+        """'all_reduce #5' or, for a point-to-point call, 'isend #2 to rank 1'."""
+        if self.op in POINT_TO_POINT:
+            peer = self.params.get("peer")
+            direction = "from" if self.op.startswith(("recv", "irecv")) else "to"
+            return f"{self.op} #{self.seq}" + (f" {direction} rank {peer}" if peer is not None else "")
+        return f"{self.op} #{self.seq}"
+
+    def summary(self) -> str:
+        """'all_reduce #5 (float32[2, 3], op SUM) at train.py:42 in train'."""
+        bits = [f"{d}{list(s)}" for s, d in zip(self.shapes, self.dtypes)] if self.shapes else list(self.dtypes)
+        bits += [f"{k} {v}" for k, v in sorted(self.params.items()) if k != "peer"]
+        args = f" ({', '.join(bits)})" if bits else ""
+        return f"{self.label()}{args} at {self.site} in {self.function}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op, "group": self.group, "seq": self.seq, "shapes": [list(s) for s in self.shapes],
+            "dtypes": list(self.dtypes), "devices": list(self.devices), "params": dict(self.params),
+            "site": self.site, "function": self.function, "completed": self.ended is not None,
+            "failed": self.failed, "verified": self.verified,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "CallRecord":
+        record = cls(op=str(raw.get("op", "?")), group=str(raw.get("group", "?")), seq=int(raw.get("seq", -1)),
+                     shapes=tuple(tuple(s) for s in raw.get("shapes", ())), dtypes=tuple(raw.get("dtypes", ())),
+                     devices=tuple(raw.get("devices", ())), params=dict(raw.get("params") or {}),
+                     site=str(raw.get("site", "?")), function=str(raw.get("function", "?")))
+        record.failed, record.verified = bool(raw.get("failed")), bool(raw.get("verified"))
+        record.ended = 0.0 if raw.get("completed") else None
+        return record
+
+    def compared(self) -> dict[str, Any]:
+        """The fields that must be equal on every rank of the group."""
+        return {"op": self.op, "shapes": self.shapes, "dtypes": self.dtypes, "devices": self.devices,
+                "params": tuple(sorted(self.params.items()))}
+
+    def words(self, proposal: int = 1) -> list[int]:
+        """The fingerprint as int64 words: magic, seq, one hash per compared field, then the two
+        words that may differ: the site and this rank's proposed gap to the next verification."""
+        fields = self.compared()
+        return [WORD_MAGIC, self.seq, *(_hash64(fields[name]) for name in COMPARED), _hash64(self.site), proposal]
+
+
+def _hash64(value: Any) -> int:
+    # Python's hash() of a str differs between processes; blake2b is the same on every rank.
+    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=8).digest(), "little", signed=True)
+
+
+# -- what a call was -----------------------------------------------------------------------------
+
+
+_DTYPES: dict[Any, str] = {}
+
+
+def tensor_facts(value: Any) -> tuple[tuple, str, str] | None:
+    """(shape, dtype name, device type) of a tensor (or anything shaped like one); None otherwise."""
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is None or dtype is None:
+        return None
+    name = _DTYPES.get(dtype)
+    if name is None:
+        name = _DTYPES[dtype] = str(dtype).replace("torch.", "")
+    return tuple(shape), name, str(getattr(getattr(value, "device", None), "type", "?"))
+
+
+@dataclass
+class _Entry:
+    record: CallRecord
+    work: Any = None
+
+
+class Recorder:
+    """The ring buffer of recent calls, the sequence counters and the calls still running.
+
+    The main thread adds and ends calls; the hang watchdog reads them from its own thread, so
+    both sides go through one lock (uncontended in a healthy job).
+    """
+
+    def __init__(self, ring_size: int = 256, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ring: deque[CallRecord] = deque(maxlen=max(8, int(ring_size)))
+        self.clock = clock
+        self.seqs: dict[str, int] = {}
+        self.p2p_seqs: dict[tuple, int] = {}
+        self.completed: dict[str, int] = {}
+        self.running: dict[int, _Entry] = {}
+        self.calls = 0
+        self._lock = threading.Lock()
+        self._next = 0
+
+    def next_seq(self, group: str) -> int:
+        seq = self.seqs.get(group, 0)
+        self.seqs[group] = seq + 1
+        return seq
+
+    def next_p2p_seq(self, group: str, op: str, peer: Any) -> int:
+        key = (group, op.lstrip("i").replace("_object_list", ""), peer)
+        seq = self.p2p_seqs.get(key, 0)
+        self.p2p_seqs[key] = seq + 1
+        return seq
+
+    def begin(self, record: CallRecord) -> int:
+        record.started = self.clock()
+        record.thread = threading.get_ident()
+        # No lock on the hot path: each of these is one atomic operation under the GIL, and the
+        # watchdog only takes snapshots (list(...)) of them.
+        self._next += 1
+        token = self._next
+        self.running[token] = _Entry(record)
+        self.ring.append(record)
+        self.calls += 1
+        return token
+
+    def attach(self, token: int, work: Any) -> None:
+        """The call returned a Work: it is running until the Work says it completed."""
+        with self._lock:
+            entry = self.running.get(token)
+            if entry is not None:
+                entry.work = work
+
+    def end(self, token: int, failed: bool = False) -> None:
+        entry = self.running.pop(token, None)
+        if entry is not None:
+            self._finish(entry.record, failed)
+
+    def _finish(self, record: CallRecord, failed: bool) -> None:
+        record.ended, record.failed = self.clock(), failed
+        if record.op in _COLLECTIVE_SET and not failed:
+            self.completed[record.group] = max(self.completed.get(record.group, -1), record.seq)
+
+    def poll(self) -> None:
+        """End the calls whose Work completed (asynchronous calls, NCCL's sync calls)."""
+        with self._lock:
+            waiting = [(t, e) for t, e in self.running.items() if e.work is not None]
+        for token, entry in waiting:
+            try:
+                done = bool(entry.work.is_completed())
+            except Exception:  # a failed Work has completed, with an error
+                done = True
+            if done:
+                self.end(token)
+
+    def oldest_running(self) -> CallRecord | None:
+        with self._lock:
+            records = [e.record for e in self.running.values()]
+        return min(records, key=lambda r: r.started, default=None)
+
+    def running_records(self) -> list[CallRecord]:
+        with self._lock:
+            return sorted((e.record for e in self.running.values()), key=lambda r: r.started)
+
+    def recent(self, group: str | None = None, limit: int = 16) -> list[CallRecord]:
+        with self._lock:
+            records = list(self.ring)
+        if group is not None:
+            records = [r for r in records if r.group == group]
+        return records[-limit:]
+
+
+# -- where a call came from ----------------------------------------------------------------------
+
+_INTERNAL: dict[Any, bool] = {}
+# File name -> how it is shown (the working directory does not change under a training job).
+_SHOWN: dict[str, str] = {}
+
+
+def _internal_dirs() -> tuple[str, ...]:
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    torch = sys.modules.get("torch")
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep if torch and getattr(torch, "__file__", None) else None
+    return tuple(d for d in (here, torch_dir) if d)
+
+
+def call_site(skip: int = 2) -> tuple[str, str]:
+    """('train.py:42', 'train'): the innermost frame outside torch and the guard."""
+    frame = sys._getframe(skip)
+    dirs = None
+    while frame is not None:
+        code = frame.f_code
+        internal = _INTERNAL.get(code)
+        if internal is None:
+            dirs = dirs or _internal_dirs()
+            internal = _INTERNAL[code] = os.path.abspath(code.co_filename).startswith(dirs)
+        if not internal:
+            shown = _SHOWN.get(code.co_filename)
+            if shown is None:
+                shown = _SHOWN[code.co_filename] = display_path(code.co_filename)
+            return f"{shown}:{frame.f_lineno}", code.co_name
+        frame = frame.f_back
+    return "?", "?"
+
+
+def display_path(filename: str) -> str:
+    """A path relative to the working directory when it is under it, else as Python has it."""
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith("..") else rel
+
+
+def thread_stack(ident: int, limit: int = 20) -> list[str]:
+    """A thread's Python stack, innermost last, as 'file:line in function' strings."""
+    frame = sys._current_frames().get(ident)
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    lines: list[str] = []
+    while frame is not None and len(lines) < limit:
+        # The guard's own frames say nothing about the job.
+        if not os.path.abspath(frame.f_code.co_filename).startswith(here):
+            lines.append(f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}")
+        frame = frame.f_back
+    return list(reversed(lines))
+
+
+def user_frame(stack: Iterable[str]) -> str | None:
+    """The innermost line of a stack that is the job's own code (not the stdlib, torch or the guard)."""
+
+    skip = tuple(p for p in {sysconfig.get_paths().get("stdlib"), *_internal_dirs()} if p)
+    for line in reversed(list(stack)):
+        path = line.split(":", 1)[0]
+        if not os.path.abspath(path).startswith(skip) and not path.startswith("<"):
+            return line
+    return None

@@ -1,0 +1,70 @@
+"""The guard's scenarios on NCCL: each rank on its own GPU (run by tests/gpu/test_guard_nccl.py)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+import distdoctor
+from distdoctor import GuardError
+
+
+def _device() -> torch.device:
+    torch.cuda.set_device(dist.get_rank())
+    return torch.device("cuda", dist.get_rank())
+
+
+def _raises(fn) -> GuardError:
+    try:
+        fn()
+    except GuardError as exc:
+        return exc
+    raise AssertionError(f"no GuardError on rank {dist.get_rank()}")
+
+
+def mismatches() -> None:
+    device = _device()
+    distdoctor.guard(verify="all")
+    rank = dist.get_rank()
+    shaped = torch.zeros((2, 3) if rank == 0 else (3, 2), device=device)
+    err = _raises(lambda: dist.broadcast(shaped, src=0))
+    assert [f.cause for f in err.report.findings] == ["shape_mismatch"], str(err)
+    typed = torch.zeros(4, device=device, dtype=torch.float32 if rank == 0 else torch.float16)
+    err = _raises(lambda: dist.all_reduce(typed))
+    assert [f.cause for f in err.report.findings] == ["dtype_mismatch"], str(err)
+    t = torch.ones(4, device=device)
+    err = _raises(lambda: dist.broadcast(t, src=0) if rank == 0 else dist.all_reduce(t))
+    assert [f.cause for f in err.report.findings] == ["collective_mismatch"], str(err)
+    dist.all_reduce(t)  # the group still works
+    torch.cuda.synchronize()
+    assert t.tolist() == [2.0] * 4
+
+
+def healthy() -> None:
+    device = _device()
+    g = distdoctor.guard(verify="all")
+    for _ in range(20):
+        t = torch.ones(8, device=device)
+        dist.all_reduce(t)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        out = torch.zeros(16, device=device)
+        dist.all_gather_into_tensor(out, t)
+    torch.cuda.synchronize()
+    time.sleep(0.6)  # the watchdog polls the NCCL Works: every call must have completed
+    assert g.recorder.oldest_running() is None and g.findings == []
+
+
+def straggler() -> None:
+    device = _device()
+    distdoctor.guard(hang_timeout=3)
+    t = torch.ones(4, device=device)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    if dist.get_rank() == 1:
+        time.sleep(60)
+    dist.all_reduce(t)  # returns at once on NCCL; the guard watches its Work
+    torch.cuda.synchronize()
+    raise AssertionError("the all_reduce completed although rank 1 sleeps")

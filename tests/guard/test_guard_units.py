@@ -1,0 +1,279 @@
+"""The guard's parts without a process group: NCCL semantics with fake Works and tensors, the
+diagnosis from rank states, the hang protocol over an in-memory store, the settings."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from distdoctor.embedded import guard_findings as gf
+from distdoctor.embedded.guard import GuardSettings, settings_from_env
+from distdoctor.embedded.guard_calls import Verifier, run_call
+from distdoctor.embedded.guard_hang import HangWatch, SideChannel, _tcp_store_address
+from distdoctor.embedded.guard_launch import HOOK_DIR, guard_environment
+from distdoctor.embedded.guard_record import CallRecord, Recorder
+from distdoctor.embedded.guard_sample import Sampler
+from distdoctor.embedded.guard_works import WorkTracker
+
+
+class FakeWork:
+    """An NCCL Work: returned at once, completed later (when the stream gets there)."""
+
+    def __init__(self) -> None:
+        self.done, self.waits = False, 0
+
+    def is_completed(self) -> bool:
+        return self.done
+
+    def wait(self, timeout=None) -> bool:
+        self.waits += 1
+        return True
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def cuda_record(op: str = "all_reduce", seq: int = 0) -> CallRecord:
+    return CallRecord(op=op, group="0", seq=seq, shapes=((4,),), dtypes=("float32",), devices=("cuda",),
+                      params={"op": "SUM"}, site="train.py:10", function="step")
+
+
+# -- NCCL semantics (asynchronous Work, CUDA streams) -------------------------------------------------
+
+
+def test_a_sync_nccl_collective_runs_as_async_and_stays_running_until_its_work_completes():
+    work, calls = FakeWork(), []
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        calls.append(async_op)
+        return work if async_op else None
+
+    result, tracked = run_call(all_reduce, ("t",), {}, {"tensor": "t"}, cuda_record(), takes_async=True)
+    assert calls == [True] and result is None and tracked is work and work.waits == 1
+    clock = FakeClock()
+    recorder = Recorder(clock=clock)
+    token = recorder.begin(cuda_record())
+    recorder.attach(token, work)
+    recorder.poll()
+    assert recorder.oldest_running() is not None  # enqueued, not completed: still running
+    work.done = True
+    recorder.poll()
+    assert recorder.oldest_running() is None and recorder.completed == {"0": 0}
+
+
+def test_a_user_async_op_is_returned_untouched_and_tracked_by_its_work():
+    work = FakeWork()
+    result, tracked = run_call(lambda *a, **k: work, ("t",), {"async_op": True}, {"async_op": True},
+                               cuda_record(), takes_async=True)
+    assert result is work and tracked is work and work.waits == 0
+
+
+def test_cpu_tensors_run_as_torch_runs_them():
+    result, tracked = run_call(lambda *a, **k: ("ran", k), ("t",), {}, {}, CallRecord("all_reduce", "0", 0, devices=("cpu",)),
+                               takes_async=True)
+    assert result == ("ran", {}) and tracked is None
+
+
+def test_the_verification_of_an_nccl_group_exchanges_on_the_gpu():
+    dist = SimpleNamespace(get_backend=lambda group: "nccl")
+    fake_torch = SimpleNamespace(device=torch.device, cuda=SimpleNamespace(current_device=lambda: 3))
+    assert Verifier(fake_torch, dist, None).device(None, "0") == torch.device("cuda", 3)
+    dist.get_backend = lambda group: "cpu:gloo,cuda:nccl"
+    assert Verifier(fake_torch, dist, None).device(None, "1") == torch.device("cpu")
+
+
+def test_a_stuck_nccl_work_is_seen_by_the_watchdog_after_the_hang_timeout():
+    clock, work = FakeClock(), FakeWork()
+    recorder = Recorder(clock=clock)
+    recorder.attach(recorder.begin(cuda_record()), work)
+    concluded = []
+    watch = HangWatch(recorder, None, rank=0, world=2, hang_timeout=5, answer_s=0.1, poll_s=0.01,
+                      state=lambda: {"rank": 0, "running": [r.to_dict() for r in recorder.running_records()]},
+                      group_ranks=lambda g: [0, 1], conclude=lambda f, here, waited, *a: concluded.append((f, waited)))
+    watch.start()
+    time.sleep(0.1)
+    assert not concluded
+    clock.now += 6
+    deadline = time.monotonic() + 5
+    while not concluded and time.monotonic() < deadline:
+        time.sleep(0.01)
+    watch.stop()
+    [(findings, waited)] = concluded
+    assert waited == pytest.approx(6) and findings[0].id == "guard.E008"
+
+
+# -- diagnosis from states -------------------------------------------------------------------------
+
+
+def state(rank, running=(), phase="running", where="train.py:30 in step", completed=None, recent=None, **extra):
+    return {"rank": rank, "running": [r.to_dict() for r in running], "phase": phase, "where": where,
+            "stack": ["train.py:50 in main", where], "completed": completed or {"0": 4},
+            "recent": recent or {"0": ["train.py:10"] * 4}, **extra}
+
+
+def test_a_rank_outside_any_call_is_the_straggler():
+    stuck = cuda_record(seq=5)
+    findings = gf.hang_findings(stuck, [0, 1], {0: state(0, [stuck]), 1: state(1)}, {}, 7.0, 1.5)
+    [f] = findings
+    assert f.id == "guard.E006" and f.ranks == (1,) and "it is at train.py:30 in step" in f.title
+
+
+def test_a_rank_that_does_not_answer_is_missing_and_one_that_finished_is_uneven():
+    stuck = cuda_record(seq=5)
+    findings = gf.hang_findings(stuck, [0, 1, 2], {0: state(0, [stuck]), 1: None, 2: None},
+                                {2: {"phase": "destroyed", "completed": {"0": 3}}}, 7.0, 1.5)
+    assert {(f.id, f.ranks) for f in findings} == {("guard.E007", (1,)), ("guard.E005", (2,))}
+
+
+def test_ranks_in_different_collectives_are_a_mismatch_and_all_in_the_same_one_is_a_stuck_transport():
+    stuck = cuda_record(seq=5)
+    other = CallRecord("barrier", "0", 5, site="train.py:99", function="main")
+    [f] = gf.hang_findings(stuck, [0, 1], {0: state(0, [stuck]), 1: state(1, [other], recent={"0": ["x.py:1"]})},
+                           {}, 7.0, 1.5)
+    assert f.id == "guard.E004" and f.ranks == (1,)
+    [f] = gf.hang_findings(stuck, [0, 1], {0: state(0, [stuck]), 1: state(1, [cuda_record(seq=5)])}, {}, 7.0, 1.5)
+    assert f.id == "guard.E008" and f.ranks == (0, 1)
+
+
+def test_verified_mismatches_name_every_differing_field():
+    a = CallRecord("broadcast", "0", 2, shapes=((2, 3),), dtypes=("float32",), devices=("cpu",), params={"src": 0}, site="a.py:1")
+    b = CallRecord("broadcast", "0", 2, shapes=((3, 2),), dtypes=("float64",), devices=("cuda",), params={"src": 1}, site="a.py:1")
+    ids = [f.id for f in gf.mismatch_findings({0: a, 1: b}, {}, "0", [0, 1], 2)]
+    assert ids == ["guard.E001", "guard.E002", "guard.E003", "guard.E004"]
+
+
+# -- the hang protocol over an in-memory store ------------------------------------------------------
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.cond = threading.Condition()
+
+    def set(self, key, value):
+        with self.cond:
+            self.data[key] = value.encode() if isinstance(value, str) else value
+            self.cond.notify_all()
+
+    def get(self, key):
+        return self.data[key]
+
+    def check(self, keys):
+        return all(k in self.data for k in keys)
+
+    def compare_set(self, key, expected, desired):
+        with self.cond:
+            if key not in self.data and expected == "":
+                self.data[key] = desired.encode()
+                self.cond.notify_all()
+            return self.data[key]
+
+    def add(self, key, amount):
+        with self.cond:
+            value = int(self.data.get(key, b"0")) + amount
+            self.data[key] = str(value).encode()
+            return value
+
+    def wait(self, keys, timeout):
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.check(keys), timeout.total_seconds()):
+                raise RuntimeError("wait timeout")
+
+
+def test_two_ranks_agree_on_one_verdict_through_the_side_channel():
+    store = MemoryStore()
+    clock = FakeClock()
+    recorders = {0: Recorder(clock=clock), 1: Recorder(clock=clock)}
+    stuck = cuda_record(seq=3)
+    recorders[0].begin(stuck)
+    concluded: dict[int, list] = {}
+    watches = []
+    for rank in (0, 1):
+        def make_state(rank=rank):
+            return state(rank, recorders[rank].running_records(), completed={"0": 2})
+
+        watches.append(HangWatch(recorders[rank], SideChannel(store, "p"), rank=rank, world=2, hang_timeout=5,
+                                 answer_s=2, poll_s=0.01, state=make_state, group_ranks=lambda g: [0, 1],
+                                 conclude=lambda f, here, w, publish=None, rank=rank: (
+                                     concluded.setdefault(rank, [f, here]), publish and publish())).start())
+    clock.now += 6
+    deadline = time.monotonic() + 10
+    while len(concluded) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for w in watches:
+        w.stop()
+    assert concluded[0][1] is True and concluded[1][1] is False  # rank 0 rendered, rank 1 followed
+    assert [f.id for f in concluded[0][0]] == [f.id for f in concluded[1][0]] == ["guard.E006"]
+    assert concluded[1][0][0].ranks == (1,)
+
+
+def test_only_a_tcp_store_gives_a_side_channel():
+    tcp = SimpleNamespace(host="node-a", port=29500)
+    assert _tcp_store_address(SimpleNamespace(underlying_store=SimpleNamespace(underlying_store=tcp))) == ("node-a", 29500)
+    assert _tcp_store_address(SimpleNamespace(underlying_store=None)) is None
+
+
+# -- point-to-point Works, settings, the launcher environment ------------------------------------------
+
+
+def test_a_dropped_work_is_reported_and_a_waited_one_is_not():
+    class Work:
+        def wait(self):
+            return True
+
+        def is_completed(self):
+            return False
+
+    dropped = []
+    tracker = WorkTracker(Work, dropped.append, lambda record: (lambda failed: None))
+    tracker.install()
+    try:
+        kept, lost = Work(), Work()
+        tracker.track(kept, CallRecord("isend", "0", 0, site="a.py:1"))
+        tracker.track(lost, CallRecord("irecv", "0", 0, site="a.py:2"))
+        kept.wait()
+        del lost
+        assert [r.site for r in dropped] == ["a.py:2"]
+        assert tracker.pending() == []
+        del kept
+        assert [r.site for r in dropped] == ["a.py:2"]
+    finally:
+        tracker.uninstall()
+
+
+def test_settings_come_from_arguments_then_the_environment():
+    s = settings_from_env({"DISTDOCTOR_HANG_TIMEOUT": "30", "DISTDOCTOR_REPORT_DIR": "/r"}, hang_timeout=5)
+    assert (s.hang_timeout, s.report_dir, s.verify) == (5, "/r", "sample")
+    with pytest.raises(ValueError, match="DISTDOCTOR_HANG_TIMEOUT"):
+        settings_from_env({"DISTDOCTOR_HANG_TIMEOUT": "soon"})
+    with pytest.raises(ValueError, match="verify"):
+        settings_from_env({}, verify="every")
+    assert (GuardSettings().verify_first, GuardSettings().verify_budget) == (8, 0.01)
+
+
+def test_samples_are_spaced_by_the_largest_gap_any_rank_proposed():
+    sampler = Sampler("sample", first=4, budget=0.01, max_gap=1000)
+    assert [n for n in range(4) if sampler.due("0", n)] == [0, 1, 2, 3]
+    for n, now in enumerate((0.0, 0.004, 0.008, 0.012)):
+        sampler.note_call("0", now)
+    sampler.agreed("0", 3, [1], cost_s=0.002)  # a 2 ms exchange between calls 4 ms apart
+    assert sampler.proposal("0") == 50  # 2 ms / (1 % of 4 ms)
+    sampler.agreed("0", 4, [50, 80], cost_s=0.002)
+    assert [n for n in range(5, 200) if sampler.due("0", n)][:1] == [84]
+    assert Sampler("all", 0, 0.01, 10).due("0", 12345) and not Sampler("off", 8, 0.01, 10).due("0", 0)
+
+
+def test_the_launcher_environment_puts_the_hook_first(tmp_path):
+    env = guard_environment({"PYTHONPATH": "/mine"}, hang_timeout=7, report_dir=str(tmp_path))
+    assert env["PYTHONPATH"].split(":")[0] == str(HOOK_DIR) and env["PYTHONPATH"].endswith("/mine")
+    assert (env["DISTDOCTOR_GUARD"], env["DISTDOCTOR_HANG_TIMEOUT"]) == ("1", "7")
+    assert (HOOK_DIR / "sitecustomize.py").exists()

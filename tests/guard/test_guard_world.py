@@ -1,0 +1,104 @@
+"""The guard in real 2-rank gloo worlds on loopback (each rank asserts what it saw)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from distdoctor.testing import run_distributed
+
+pytestmark = pytest.mark.multiproc
+SCENARIOS = str(Path(__file__).with_name("rank_scenarios.py"))
+
+
+def run(name: str, timeout: float = 90, **kwargs):
+    result = run_distributed(f"rank_scenarios:{name}", module_file=SCENARIOS, world_size=2, timeout=timeout,
+                             env={"OMP_NUM_THREADS": "1"}, **kwargs)
+    assert result.ok, result.failure_message()
+    return result
+
+
+def line_of(tag: str) -> str:
+    for number, text in enumerate(Path(SCENARIOS).read_text().splitlines(), 1):
+        if text.rstrip().endswith(f"# LINE:{tag}"):
+            return f"rank_scenarios.py:{number}"  # the guard shows paths relative to the rank's cwd
+    raise AssertionError(tag)
+
+
+def test_shape_mismatch_raises_on_both_ranks_naming_each_line():
+    run("shape_mismatch")
+
+
+def test_dtype_mismatch_raises_on_both_ranks_naming_each_line():
+    run("dtype_mismatch")
+
+
+def test_collectives_in_a_different_order_raise_on_both_ranks():
+    run("order_mismatch")
+
+
+def test_a_healthy_loop_passes_with_no_findings():
+    run("healthy_loop")
+
+
+def test_a_dropped_isend_is_reported_with_its_line(tmp_path):
+    seen = tmp_path / "seen"
+    result = run_distributed("rank_scenarios:dropped_isend", module_file=SCENARIOS, world_size=2, timeout=90,
+                             kwargs={"seen_file": str(seen)}, env={"OMP_NUM_THREADS": "1"})
+    assert seen.exists(), result.failure_message()
+    assert f"{line_of('dropped')} in dropped_isend: the Work was dropped without wait()" in seen.read_text()
+    if not result.ok:
+        # The receive never completed: the hang diagnosis names the dropped send, and the job ends.
+        # Messages carry the guard's headline; outputs may be cut by torch's store warnings at exit.
+        output = "".join(r.message + r.output for r in result.ranks.values())
+        assert all(r.status == "failed" for r in result.ranks.values()), result.failure_message()
+        assert "Rank 0 dropped isend #0 to rank 1 at" in output and "rank 1 waits in recv #0 from rank 0" in output, output
+
+
+def test_a_work_pending_at_destroy_is_reported(tmp_path):
+    run("pending_at_destroy", kwargs={"report_dir": str(tmp_path)})
+
+
+def test_a_sleeping_rank_is_named_as_straggler_within_the_hang_timeout(tmp_path):
+    marker = tmp_path / "sleep-started"
+    hang_timeout = 3.0
+    result = run_distributed("rank_scenarios:straggler", module_file=SCENARIOS, world_size=2, timeout=90,
+                             kwargs={"line_file": str(marker)},
+                             env={"OMP_NUM_THREADS": "1", "DISTDOCTOR_REPORT_DIR": str(tmp_path)})
+    ended = time.time()
+    assert not result.ok
+    assert marker.exists(), result.failure_message()
+    elapsed = ended - float(marker.read_text())
+    # hang_timeout + 5 s is the promise; the rest is slack for a loaded machine (process teardown).
+    assert elapsed < hang_timeout + 5 + 3, elapsed
+    # Both ranks end with the guard's exit code and fail with its report (not a harness timeout).
+    assert {r.exitcode for r in result.ranks.values()} == {1}, result.failure_message()
+    assert all(r.status == "failed" and "GuardError" in r.message for r in result.ranks.values())
+    reports = list(tmp_path.glob("distdoctor-guard-hang-rank*.json"))
+    assert len(reports) == 1, result.failure_message()
+    report = json.loads(reports[0].read_text())
+    assert report["schema"] == "distdoctor.report/1"
+    [finding] = [f for f in report["findings"] if f["id"] == "guard.E006"]
+    assert finding["cause"] == "straggler_rank" and finding["ranks"] == [1]
+    assert f"{line_of('sleep')} in straggler" in finding["title"], finding["title"]
+    assert f"all_reduce #1 (float32[4], op SUM) at tests/guard/{line_of('wait')}" in finding["title"], finding["title"]
+    assert "time.sleep" not in finding["title"]
+    output = "".join(r.output for r in result.ranks.values())
+    assert "guard.E006 [straggler_rank]" in output or "straggler_rank" in output, output
+
+
+def test_a_rank_that_left_its_loop_is_named_uneven_inputs():
+    run("uneven_loop")
+
+
+def test_a_frozen_rank_is_named_missing():
+    result = run_distributed("rank_scenarios:frozen_rank", module_file=SCENARIOS, world_size=2, timeout=90,
+                             env={"OMP_NUM_THREADS": "1"})
+    rank0 = result.ranks[0]
+    assert rank0.status == "failed" and rank0.exitcode == 1, result.failure_message()
+    assert rank0.message.startswith("GuardError: guard.E007 [rank_missing] Rank 1 did not answer"), rank0.message
+    assert f"all_reduce #1 (float32[2], op SUM) at tests/guard/{line_of('frozen')}" in rank0.message
+    assert result.ranks[1].status in ("killed", "timeout"), result.failure_message()
