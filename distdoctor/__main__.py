@@ -1,11 +1,11 @@
 """python -m distdoctor: the CLI, with SIGINT/SIGTERM watched from the first moment."""
 
+import sys
+
 from distdoctor.core.interrupt import install_watcher, signal_name
 
 
 def _starting(signum: int) -> None:
-    import sys
-
     sys.stderr.write(f"distdoctor: interrupted by {signal_name(signum)} while starting; no report was written\n")
 
 

@@ -25,6 +25,7 @@ if _invoked_as_check(sys.argv):
 
     start_torch_import()
 
+import difflib  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -33,6 +34,8 @@ import typer
 
 from distdoctor import __version__
 from distdoctor.core.config import OPTIONS, ConfigError, load_config
+from distdoctor.core.interrupt import install_watcher, signal_name
+from distdoctor.core.progress import PROGRESS, LiveStatus, live_wanted, stop_live, where_now
 from distdoctor.core.report import EXIT_USAGE
 
 app = typer.Typer(
@@ -206,8 +209,6 @@ def check(
     env = {**os.environ, **{k: str(v) for k, v in by_hand.items() if v is not None}}
     if nproc is not None and detect(env, sys.argv).launcher != NONE:
         fail_usage("--nproc starts a self-test world on this node; under a launcher every process is already one rank")
-    from distdoctor.core.progress import PROGRESS, LiveStatus, live_wanted
-
     PROGRESS.start(started, config.timeout)
     live = LiveStatus(live_wanted(config.format, quiet)).start()
     render = live.wrap(functools.partial(render_report, fmt=config.format, output=output, verbose=verbose, quiet=quiet))
@@ -229,9 +230,6 @@ def check(
 def say_interrupted(signum: int) -> None:
     """No report can be built here (distdoctor was starting, or ran the local stage on its own):
     one line on stderr names where it was; the exit code is 128 + the signal's number."""
-    from distdoctor.core.interrupt import signal_name
-    from distdoctor.core.progress import stop_live, where_now
-
     stop_live()
     sys.stderr.write(f"distdoctor: interrupted by {signal_name(signum)} in {where_now()}, "
                      f"{time.monotonic() - STARTED:.1f}s after it started; no report was written\n")
@@ -388,8 +386,6 @@ def show(
     kind = registry.kinds.get(name)
     doc = finding_doc(name)
     if kind is None and doc is None:
-        import difflib
-
         known = sorted(set(registry.kinds) | set(finding_sections()) | set(registry.checks))
         close = difflib.get_close_matches(name, known, n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else " (distdoctor list shows them all)"
@@ -569,8 +565,6 @@ def lint(
 def run() -> None:
     """Console-script entry point: usage errors exit 2, never a traceback; SIGINT/SIGTERM end the
     process with 130/143 after a last word (see distdoctor.core.interrupt)."""
-    from distdoctor.core.interrupt import install_watcher
-
     install_watcher(default=say_interrupted)
     try:
         app()

@@ -150,7 +150,7 @@ def end_children() -> None:
     """SIGKILL, by PID, the processes this one started and that are still alive (a site check
     running in a forked child, say): none outlives an interrupted run."""
     try:
-        import psutil
+        import psutil  # only when a signal came: not on every run's start-up path
 
         for child in psutil.Process().children(recursive=True):
             try:

@@ -94,7 +94,7 @@ def render_rich(report: Report, console: Console, *, verbose: bool = False, quie
 
 
 def _render_finding(console: Console, finding: Finding, *, verbose: bool) -> None:
-    from rich.text import Text
+    from rich.text import Text  # see render_rich: rich only where it draws
 
     head = Text()
     head.append(f"  {finding.id} ", style=_STYLE[finding.severity])
@@ -155,7 +155,7 @@ def render_markdown(report: Report, *, title: str = "distdoctor report") -> str:
 
 def make_console(file: IO[str] | None = None, *, force_terminal: bool | None = None) -> Console:
     """A console that is rich on a terminal and plain text (no colour codes) elsewhere."""
-    from rich.console import Console
+    from rich.console import Console  # see render_rich: rich only where it draws
 
     console = Console(file=file, force_terminal=force_terminal, highlight=False, emoji=False, soft_wrap=True)
     if not console.is_terminal:

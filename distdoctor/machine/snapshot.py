@@ -14,7 +14,7 @@ from typing import Any
 
 from distdoctor.core.context import CheckContext
 from distdoctor.machine.launchers import RENDEZVOUS_VARS
-from distdoctor.machine.probes import Unknown
+from distdoctor.machine.probes import Probes, Unknown
 from distdoctor.core.redact import redact_env, scrub, secret_values
 
 # Variables that shape a distributed job, shown by name prefix.
@@ -61,8 +61,6 @@ def report_facts() -> dict[str, Any]:
         "time_utc": utc_now(),
     }
     if "torch" in sys.modules:
-        from distdoctor.machine.probes import Probes
-
         info = Probes().torch_info()
         if isinstance(info, dict):
             facts.update(torch=info.get("torch"), cuda=info.get("cuda"), nccl=info.get("nccl"))

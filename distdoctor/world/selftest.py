@@ -29,6 +29,11 @@ from multiprocessing.connection import wait as wait_for
 from typing import Any, Callable
 
 from distdoctor.core.config import Config
+from distdoctor.core.engine import load_registry, report_from_runner
+from distdoctor.core.registry import STAGES
+from distdoctor.core.report import WorldSummary
+from distdoctor.core.runner import Runner
+from distdoctor.machine.host import build_context
 from distdoctor.core.interrupt import (
     EXIT_SIGINT,
     EXIT_SIGTERM,
@@ -38,7 +43,7 @@ from distdoctor.core.interrupt import (
     signal_name,
 )
 from distdoctor.core.progress import LiveStatus
-from distdoctor.world.rank_run import NON_ROOT_GRACE_S
+from distdoctor.world.rank_run import NON_ROOT_GRACE_S, working_reserve
 from distdoctor.machine.launchers import SELF_TEST_VAR
 from distdoctor.core.report import EXIT_FINDINGS, EXIT_INCOMPLETE
 from distdoctor.world.watchdog import (
@@ -239,13 +244,6 @@ def out_of_time_report(config: Config, started: float, *, size: int, argv: list[
                        stage: str = "rendezvous", why: str = "") -> Any:
     """A partial report when the deadline leaves too little time for ``stage``: the stages before
     it run in this process with what is left, ``stage`` and the later ones are skipped and named."""
-    from distdoctor.core.engine import load_registry, report_from_runner
-    from distdoctor.core.registry import STAGES
-    from distdoctor.core.report import WorldSummary
-    from distdoctor.core.runner import Runner
-    from distdoctor.machine.host import build_context
-    from distdoctor.world.rank_run import working_reserve
-
     registry = load_registry(config)
     ctx = build_context(config, argv=argv)
     left = started + config.timeout - time.monotonic()
