@@ -1,7 +1,9 @@
 """`distdoctor check --stage local` against `python -c "import torch"`.
 
 The local stage's floor is importing torch (it reads the torch build's backends and versions),
-so the figure is how much the diagnosis adds on top of that import. Target: <= 1.15x.
+so the figure is how much the diagnosis adds on top of that import. Target: <= 1.05x (torch
+loads on a thread from the moment the command line is read, while typer parses it and the
+checks that need no torch run).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from timing import PYTHON, Figure, clean_env, describe_failure, distdoctor, interleaved, timed, print_figures, standard_arguments  # noqa: E402
 
-TARGET = "<= 1.15x"
+TARGET = "<= 1.05x"
 
 
 def measure(repeats: int = 5, quick: bool = False) -> list[Figure]:

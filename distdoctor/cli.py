@@ -2,8 +2,31 @@
 
 from __future__ import annotations
 
-import json
-import sys
+import time
+
+# distdoctor's own clock, read before anything heavy is imported: the run's deadline counts from
+# here. Never from the process's start time: `bash -c "pip install ... && distdoctor check"` and
+# `exec distdoctor check` run distdoctor in a process that may have lived for minutes already.
+STARTED = time.monotonic()
+
+import sys  # noqa: E402
+
+
+def _invoked_as_check(argv: list[str]) -> bool:
+    """`distdoctor [--local-rank=N] check ...`: the first word that is not an option."""
+    words = [a for a in argv[1:] if not a.startswith("-")]
+    return bool(words) and words[0] == "check"
+
+
+if _invoked_as_check(sys.argv):
+    # torch (1-7 s to import) starts loading now, on a thread, while the command line is parsed
+    # (typer alone takes 0.1-0.3 s) and the checks that need no torch run.
+    from distdoctor.dispatch import start_torch_import
+
+    start_torch_import()
+
+import difflib  # noqa: E402
+import json  # noqa: E402
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -11,6 +34,8 @@ import typer
 
 from distdoctor import __version__
 from distdoctor.core.config import OPTIONS, ConfigError, load_config
+from distdoctor.core.interrupt import install_watcher, signal_name
+from distdoctor.core.progress import PROGRESS, LiveStatus, live_wanted, stop_live, where_now
 from distdoctor.core.report import EXIT_USAGE
 
 app = typer.Typer(
@@ -26,10 +51,34 @@ RUN_PANEL = "What to run"
 OUTPUT_PANEL = "Output"
 POLICY_PANEL = "Policy"
 WORLD_PANEL = "World (by hand)"
+# The smallest --timeout `check` accepts, and the largest (a week): outside, a usage error.
+MIN_TIMEOUT_S = 1.0
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 def _help(name: str) -> str:
     return OPTIONS[name].help
+
+
+def _default_text(name: str) -> str | None:
+    """How --help shows an option's default (the value used when neither the command line,
+    DISTDOCTOR_* nor [tool.distdoctor] sets it)."""
+    default = OPTIONS[name].default
+    if name in ("timeout", "check_timeout"):
+        return f"{default:g}s"
+    if isinstance(default, tuple):
+        return ", ".join(map(str, default)) if default else None
+    if default is None:
+        return None
+    return str(getattr(default, "label", default))
+
+
+def _option(name: str, *flags: str, panel: str | None = None, metavar: str | None = None) -> Any:
+    """A typer option for a configuration setting: its help and its default, from OPTIONS."""
+    default = _default_text(name)
+    # Written into the help itself: typer shows a custom default text as "(60s)".
+    text = f"{_help(name)} [dim]\\[default: {default}][/dim]" if default else _help(name)
+    return typer.Option(*flags, help=text, rich_help_panel=panel, show_default=False, metavar=metavar)
 
 
 def _version(value: bool) -> None:
@@ -54,6 +103,14 @@ def fail_usage(message: str) -> None:
     raise typer.Exit(EXIT_USAGE)
 
 
+def check_timeout_bounds(timeout: float, source: str) -> None:
+    """An absurd deadline is a usage error: too short to do anything, or too long to be meant."""
+    if not MIN_TIMEOUT_S <= timeout <= MAX_TIMEOUT_S:
+        fail_usage(f"{source}: a timeout of {timeout:g}s is out of range: distdoctor needs at least "
+                   f"{MIN_TIMEOUT_S:g}s to report anything, and at most {MAX_TIMEOUT_S:g}s (a week) is accepted "
+                   "(the default is 60s)")
+
+
 def emit(text: str | None, output: Path | None) -> None:
     """Write a rendered report to --output (or stdout), turning I/O errors into usage errors."""
     if text is None:
@@ -70,6 +127,10 @@ def emit(text: str | None, output: Path | None) -> None:
 
 def render_report(report: Any, fmt: str, output: Path | None, *, verbose: bool, quiet: bool) -> None:
     from distdoctor.core.render import render
+    from distdoctor.machine.snapshot import report_facts
+
+    if report.about is None:
+        report.about = report_facts()
 
     if fmt == "rich" and output is not None:
         import io
@@ -83,18 +144,18 @@ def render_report(report: Any, fmt: str, output: Path | None, *, verbose: bool, 
 
 @app.command()
 def check(
-    stage: Annotated[Optional[list[str]], typer.Option("--stage", "-s", help=_help("stages"), rich_help_panel=RUN_PANEL)] = None,
-    tag: Annotated[Optional[list[str]], typer.Option("--tag", "-t", help=_help("tags"), rich_help_panel=RUN_PANEL)] = None,
-    checks_dir: Annotated[Optional[list[Path]], typer.Option("--checks-dir", help=_help("checks_dirs"), rich_help_panel=RUN_PANEL)] = None,
-    backend: Annotated[Optional[str], typer.Option("--backend", help=_help("backend"), rich_help_panel=RUN_PANEL)] = None,
-    nproc: Annotated[Optional[int], typer.Option("--nproc", help=_help("nproc"), rich_help_panel=RUN_PANEL)] = None,
-    init_method: Annotated[Optional[str], typer.Option("--init-method", help=_help("init_method"), rich_help_panel=RUN_PANEL)] = None,
-    pg_timeout: Annotated[Optional[float], typer.Option("--pg-timeout", help=_help("pg_timeout"), rich_help_panel=RUN_PANEL)] = None,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", help=_help("timeout"), rich_help_panel=POLICY_PANEL)] = None,
-    check_timeout: Annotated[Optional[float], typer.Option("--check-timeout", help=_help("check_timeout"), rich_help_panel=POLICY_PANEL)] = None,
-    fail_level: Annotated[Optional[str], typer.Option("--fail-level", help=_help("fail_level"), rich_help_panel=POLICY_PANEL)] = None,
-    silence: Annotated[Optional[list[str]], typer.Option("--silence", help=_help("silence"), rich_help_panel=POLICY_PANEL)] = None,
-    fmt: Annotated[Optional[str], typer.Option("--format", "-f", help=_help("format"), rich_help_panel=OUTPUT_PANEL)] = None,
+    stage: Annotated[Optional[list[str]], _option("stages", "--stage", "-s", panel=RUN_PANEL, metavar="STAGE")] = None,
+    tag: Annotated[Optional[list[str]], _option("tags", "--tag", "-t", panel=RUN_PANEL, metavar="TAG")] = None,
+    checks_dir: Annotated[Optional[list[Path]], _option("checks_dirs", "--checks-dir", panel=RUN_PANEL, metavar="DIR")] = None,
+    backend: Annotated[Optional[str], _option("backend", "--backend", panel=RUN_PANEL, metavar="BACKEND")] = None,
+    nproc: Annotated[Optional[int], _option("nproc", "--nproc", panel=RUN_PANEL, metavar="N")] = None,
+    init_method: Annotated[Optional[str], _option("init_method", "--init-method", panel=RUN_PANEL, metavar="URL")] = None,
+    pg_timeout: Annotated[Optional[float], _option("pg_timeout", "--pg-timeout", panel=RUN_PANEL, metavar="SECONDS")] = None,
+    timeout: Annotated[Optional[float], _option("timeout", "--timeout", panel=POLICY_PANEL, metavar="SECONDS")] = None,
+    check_timeout: Annotated[Optional[float], _option("check_timeout", "--check-timeout", panel=POLICY_PANEL, metavar="SECONDS")] = None,
+    fail_level: Annotated[Optional[str], _option("fail_level", "--fail-level", panel=POLICY_PANEL, metavar="LEVEL")] = None,
+    silence: Annotated[Optional[list[str]], _option("silence", "--silence", panel=POLICY_PANEL, metavar="ID")] = None,
+    fmt: Annotated[Optional[str], _option("format", "--format", "-f", panel=OUTPUT_PANEL, metavar="FORMAT")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.", rich_help_panel=OUTPUT_PANEL)] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also list every check with its status and time.", rich_help_panel=OUTPUT_PANEL)] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors and the summary line.", rich_help_panel=OUTPUT_PANEL)] = False,
@@ -111,7 +172,8 @@ def check(
     """Diagnose this node (and, with a launcher or --nproc, the whole world).
 
     Exit codes: 0 nothing at or above --fail-level; 1 findings at or above it; 2 usage error;
-    3 the diagnosis was cut off by its deadline (partial report).
+    3 the diagnosis was cut off by its deadline (partial report); 130 interrupted by SIGINT,
+    143 by SIGTERM (partial report, or one line naming the stage).
     """
     try:
         config = load_config(
@@ -132,31 +194,45 @@ def check(
         )
     except ConfigError as exc:
         fail_usage(str(exc))
+    check_timeout_bounds(config.timeout, config.sources.get("timeout", "--timeout"))
     import functools
     import os
 
-    from distdoctor.dispatch import check_entry, process_started
+    from distdoctor.dispatch import check_entry
     from distdoctor.machine.launchers import NONE, detect
     from distdoctor.core.registry import RegistryError
     from distdoctor.machine.launch_line import LaunchLineError
 
-    started = process_started()
+    started = STARTED
     # Given by hand, the world options act exactly like the variables they stand for.
     by_hand = {"RANK": rank, "WORLD_SIZE": world_size, "MASTER_ADDR": master_addr, "MASTER_PORT": master_port}
     env = {**os.environ, **{k: str(v) for k, v in by_hand.items() if v is not None}}
     if nproc is not None and detect(env, sys.argv).launcher != NONE:
         fail_usage("--nproc starts a self-test world on this node; under a launcher every process is already one rank")
-    render = functools.partial(render_report, fmt=config.format, output=output, verbose=verbose, quiet=quiet)
+    PROGRESS.start(started, config.timeout)
+    live = LiveStatus(live_wanted(config.format, quiet)).start()
+    render = live.wrap(functools.partial(render_report, fmt=config.format, output=output, verbose=verbose, quiet=quiet))
     try:
         if config.tags:  # a mistyped --tag selects nothing: a usage error, before any world starts
             from distdoctor.core.engine import load_registry, select_checks
 
             select_checks(config, load_registry(config))
         code = check_entry(config, render, env=env, argv=sys.argv, all_ranks=all_ranks, started=started,
-                           launch_line=launch_line or ())
+                           launch_line=launch_line or (), live=live)
     except (RegistryError, LaunchLineError) as exc:
+        live.stop()
         fail_usage(str(exc))
+    finally:
+        live.stop()
     raise typer.Exit(code)
+
+
+def say_interrupted(signum: int) -> None:
+    """No report can be built here (distdoctor was starting, or ran the local stage on its own):
+    one line on stderr names where it was; the exit code is 128 + the signal's number."""
+    stop_live()
+    sys.stderr.write(f"distdoctor: interrupted by {signal_name(signum)} in {where_now()}, "
+                     f"{time.monotonic() - STARTED:.1f}s after it started; no report was written\n")
 
 
 def render_bench_report(report: Any, fmt: str, output: Path | None, verbose: bool) -> None:
@@ -207,9 +283,7 @@ def bench(
     from distdoctor.bench.entry import BenchUsageError, bench_entry
     from distdoctor.bench.settings import BACKENDS, BenchSettings
     from distdoctor.bench.sizes import OPS, SizeError, parse_ops, parse_size, parse_sizes
-    from distdoctor.dispatch import process_started
-
-    started = process_started()
+    started = STARTED  # the deadline counts from distdoctor's own start, as check's does
     if fmt not in ("rich", "json", "markdown"):
         fail_usage(f"--format: expected rich, json or markdown, got {fmt!r}")
     if backend is not None and backend not in BACKENDS:
@@ -257,50 +331,96 @@ def list_checks(
         problems = [p.to_dict() for p in registry.load_problems]
         emit(json.dumps({"checks": checks, "findings": kinds, "load_problems": problems}, indent=2), None)
         return
-    from rich.table import Table
-
     from distdoctor.core.render import make_console
 
     console = make_console()
-    table = Table(title="Checks", show_lines=False)
-    for column in ("check", "stage", "tags", "emits"):
-        table.add_column(column)
-    for c in checks:
-        table.add_row(c["name"], c["stage"], ",".join(c["tags"]), ", ".join(c["emits"]))
-    console.print(table)
-    table = Table(title="Finding IDs")
-    for column in ("ID", "severity", "cause", "title"):
-        table.add_column(column)
-    for k in kinds:
-        table.add_row(k["id"], k["severity"], k["cause"], k["title"])
-    console.print(table)
+    check_rows = [(c["name"], c["stage"], ",".join(c["tags"]), ", ".join(c["emits"])) for c in checks]
+    kind_rows = [(k["id"], k["severity"], k["cause"], k["title"]) for k in kinds]
+    if console.is_terminal:
+        print_table(console, "Checks", ("check", "stage", "tags", "emits"), check_rows)
+        print_table(console, "Finding IDs", ("ID", "severity", "cause", "title"), kind_rows)
+    else:
+        # Piped: plain columns, every value whole (grep and cut see full IDs and check names).
+        emit("\n".join(["Checks", *plain_columns(("check", "stage", "tags", "emits"), check_rows), "",
+                         "Finding IDs", *plain_columns(("ID", "severity", "cause", "title"), kind_rows)]), None)
     for problem in registry.load_problems:
         console.print(f"[red]{problem.title}[/red]: {problem.detail}")
 
 
-@app.command()
-def show(finding_id: Annotated[str, typer.Argument(help="A finding ID, e.g. launch.C001.")]) -> None:
-    """Show the documentation of a finding ID."""
-    import difflib
+def plain_columns(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """Left-aligned columns as wide as their widest value; the last column is never padded."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header) - 1)]
+    return ["  ".join([*(str(v).ljust(w) for v, w in zip(row, widths)), str(row[-1])]).rstrip()
+            for row in [header, *rows]]
 
+
+def print_table(console: Any, title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """A rich table whose first column (the ID or check name) is never cut; the others wrap."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    first = max(len(r[0]) for r in rows) if rows else len(header[0])
+    table.add_column(header[0], no_wrap=True, min_width=first)
+    for column in header[1:]:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+@app.command()
+def show(
+    name: Annotated[str, typer.Argument(help="A finding ID (e.g. launch.C001) or a check name (e.g. network.rendezvous_port).",
+                                        metavar="ID_OR_CHECK")],
+) -> None:
+    """Show the documentation of a finding ID, or of a check and the findings it can report."""
     from distdoctor.core.config import Config
     from distdoctor.core.docs import finding_doc, finding_sections
     from distdoctor.dispatch import load_every_kind
 
     registry = load_every_kind(Config())
-    kind = registry.kinds.get(finding_id)
-    doc = finding_doc(finding_id)
+    check = registry.checks.get(name)
+    if check is not None:
+        show_markdown(check_markdown(check, finding_doc))
+        return
+    kind = registry.kinds.get(name)
+    doc = finding_doc(name)
     if kind is None and doc is None:
-        known = sorted(set(registry.kinds) | set(finding_sections()))
-        close = difflib.get_close_matches(finding_id, known, n=3)
+        known = sorted(set(registry.kinds) | set(finding_sections()) | set(registry.checks))
+        close = difflib.get_close_matches(name, known, n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else " (distdoctor list shows them all)"
-        fail_usage(f"unknown finding ID {finding_id!r}{hint}")
+        fail_usage(f"unknown finding ID or check name {name!r}{hint}")
+    lines = []
     if kind is not None:
-        typer.echo(f"{kind.id}  [{kind.severity.label}, cause: {kind.cause}]")
-        typer.echo(f"{kind.title}")
-        typer.echo(f"hint: {kind.hint}")
-        typer.echo("")
-    typer.echo(doc if doc else "(no documentation page found for this ID in this installation)")
+        lines += [f"**{kind.id}** · {kind.severity.label} · cause `{kind.cause}`", "", kind.title, "",
+                  f"hint: {kind.hint}", ""]
+    lines.append(doc if doc else "(no documentation page found for this ID in this installation)")
+    show_markdown("\n".join(lines))
+
+
+def check_markdown(check: Any, finding_doc: Any) -> str:
+    """A check as Markdown: its stage, tags and description, then the docs of what it emits."""
+    lines = [f"# {check.name}", "", f"stage `{check.stage}`" + (f" · tags {', '.join(check.tags)}" if check.tags else ""), ""]
+    if check.description:
+        lines += [check.description, ""]
+    if check.emits:
+        lines += ["Findings it can report: " + ", ".join(f"`{k.id}`" for k in check.emits), ""]
+    for kind in check.emits:
+        lines += [finding_doc(kind.id) or f"## {kind.id} — {kind.title}", ""]
+    return "\n".join(lines)
+
+
+def show_markdown(text: str) -> None:
+    """Markdown rendered with rich on a terminal; the Markdown source itself when piped."""
+    from distdoctor.core.render import make_console
+
+    console = make_console()
+    if not console.is_terminal:
+        emit(text, None)
+        return
+    from rich.markdown import Markdown
+
+    console.print(Markdown(text))
 
 
 @app.command()
@@ -339,10 +459,10 @@ def env(
 @app.command()
 def explain(
     files: Annotated[list[str], typer.Argument(help="Log files (one log, or one per rank), or - to read stdin.", show_default=False)],
-    fmt: Annotated[Optional[str], typer.Option("--format", "-f", help=_help("format"), rich_help_panel=OUTPUT_PANEL)] = None,
+    fmt: Annotated[Optional[str], _option("format", "--format", "-f", panel=OUTPUT_PANEL, metavar="FORMAT")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.", rich_help_panel=OUTPUT_PANEL)] = None,
-    fail_level: Annotated[Optional[str], typer.Option("--fail-level", help=_help("fail_level"), rich_help_panel=POLICY_PANEL)] = None,
-    silence: Annotated[Optional[list[str]], typer.Option("--silence", help=_help("silence"), rich_help_panel=POLICY_PANEL)] = None,
+    fail_level: Annotated[Optional[str], _option("fail_level", "--fail-level", panel=POLICY_PANEL, metavar="LEVEL")] = None,
+    silence: Annotated[Optional[list[str]], _option("silence", "--silence", panel=POLICY_PANEL, metavar="ID")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every detail line and the files read.", rich_help_panel=OUTPUT_PANEL)] = False,
 ) -> None:
     """Name the cause of a failed job from its logs (torchrun output, per-rank logs, NCCL/Gloo errors).
@@ -443,7 +563,9 @@ def lint(
 
 
 def run() -> None:
-    """Console-script entry point: usage errors exit 2, never a traceback."""
+    """Console-script entry point: usage errors exit 2, never a traceback; SIGINT/SIGTERM end the
+    process with 130/143 after a last word (see distdoctor.core.interrupt)."""
+    install_watcher(default=say_interrupted)
     try:
         app()
     except KeyboardInterrupt:

@@ -7,10 +7,12 @@ exchange, the watchdog, the collectives): distdoctor.world is imported inside th
 from __future__ import annotations
 
 import os
+import threading
 import time
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from distdoctor.core.config import Config
+from distdoctor.core.progress import PROGRESS
 from distdoctor.core.registry import CROSS_RANK_STAGES, Registry
 from distdoctor.core.report import Report
 
@@ -19,30 +21,27 @@ def cross_rank_requested(config: Config) -> bool:
     return any(stage in config.stages for stage in CROSS_RANK_STAGES)
 
 
-def process_started(clock: Callable[[], float] = time.monotonic) -> float:
-    """When this process started, on ``clock``: the run's deadline counts from there, so the
-    time spent importing torch is inside it (the user's --timeout is wall time)."""
-    age = _process_age()
-    return clock() - age if age is not None and 0 <= age < 600 else clock()
+_importer: threading.Thread | None = None
 
 
-def _process_age() -> float | None:
-    # /proc gives the start in clock ticks since boot and the uptime in 1/100 s: both exact to
-    # 10 ms (psutil's create_time adds the boot time, which /proc/stat rounds to a second).
-    try:
-        with open("/proc/self/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-        with open("/proc/uptime", "rb") as fh:
-            uptime = float(fh.read().split()[0])
-        return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import psutil
+def start_torch_import() -> threading.Thread:
+    """Import torch on a thread (once per process): the caller goes on (parsing the command line,
+    the local checks' probes, the deadline) while torch loads, which takes most of a run's
+    start-up (1-7 s on a busy node). Returns the thread, to join with a deadline."""
+    global _importer
+    if _importer is not None:
+        return _importer
 
-        return time.time() - psutil.Process().create_time()
-    except Exception:
-        return None
+    def load() -> None:
+        try:
+            import torch  # noqa: F401
+            import torch.distributed  # noqa: F401
+        except BaseException:
+            pass  # the checks that need torch say it is missing
+
+    _importer = threading.Thread(target=load, name="distdoctor-import-torch", daemon=True)
+    _importer.start()
+    return _importer
 
 
 def check_entry(
@@ -53,6 +52,7 @@ def check_entry(
     argv: Sequence[str],
     all_ranks: bool = False,
     started: float | None = None,
+    live: Any = None,
     launch_line: Sequence[str] = (),
 ) -> int:
     """The `distdoctor check` command: local only, the self-test world, or one rank of a world.
@@ -62,23 +62,44 @@ def check_entry(
     """
     from distdoctor.machine.launchers import NONE, detect
 
-    started = process_started() if started is None else started
+    # ``started`` is distdoctor's own clock (cli.STARTED): the deadline counts from there.
+    started = time.monotonic() if started is None else started
     if launch_line:
         return check_launch_line(config, render, env=env, argv=argv, launch_line=launch_line, started=started)
     launch = detect(env, argv)
     if not cross_rank_requested(config):
         from distdoctor.machine.host import diagnose_here
 
-        report = diagnose_here(config, env=env, argv=argv)
+        # torch loads on a thread while the checks that need no torch (interfaces, DNS, ports,
+        # limits) run: the local stage then costs about one `import torch`.
+        start_torch_import()
+        PROGRESS.set_stage("local")
+        report = diagnose_here(config, env=env, argv=argv, started=started)
         render(report)
         return report.exit_code(config.fail_level)
     if launch.launcher == NONE:
-        from distdoctor.world.selftest import run_selftest
+        from distdoctor.world.rank_run import working_reserve
+        from distdoctor.world.selftest import out_of_time_report, run_selftest
 
-        return run_selftest(config, render, nproc=config.nproc, all_ranks=all_ranks, started=started, argv=list(argv))
+        PROGRESS.set_stage("start-up (importing torch)")
+        importer = start_torch_import()
+        importer.join(max(started + config.timeout - working_reserve(config.timeout) - time.monotonic(), 0.0))
+        if importer.is_alive():
+            # torch did not load within the deadline: say so now rather than past the deadline.
+            report = out_of_time_report(config, started, size=config.nproc or 2, argv=list(argv),
+                                        stage="local", why="torch was still being imported")
+            render(report)
+            from distdoctor.world.watchdog import flush_std_streams
+
+            flush_std_streams()
+            os._exit(report.exit_code(config.fail_level))  # the import thread cannot be stopped
+        return run_selftest(config, render, nproc=config.nproc, all_ranks=all_ranks, started=started,
+                            argv=list(argv), live=live)
     from distdoctor.world.rank_run import run_rank
     from distdoctor.world.watchdog import flush_std_streams
 
+    if live is not None and launch.rank.value not in (0, None):
+        live.stop()  # one status line per world: rank 0's
     outcome = run_rank(config, env=env, argv=argv, all_ranks=all_ranks, emit=render, started=started,
                        note=_note_to_stderr)
     if outcome.world_opened or outcome.world_described:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -34,3 +35,37 @@ def clean_env(monkeypatch):
 def distdoctor_cmd(*args: str) -> list[str]:
     """The CLI as a user runs it, through this interpreter."""
     return [sys.executable, "-m", "distdoctor", *args]
+
+
+@functools.lru_cache(maxsize=1)
+def measured_startup_s() -> float:
+    """How long `python -c "import torch"` takes on this machine now (timed once per session).
+
+    Tests that bound a wall time add a multiple of this to the deadline they configured, so a
+    loaded machine (where the import alone takes 2-8 s) does not fail them; helpers that have no
+    fixture at hand call this function.
+    """
+    import subprocess
+    import time
+
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, timeout=300)
+    return time.monotonic() - start
+
+
+@pytest.fixture(scope="session")
+def startup_s() -> float:
+    """measured_startup_s() as a fixture."""
+    return measured_startup_s()
+
+
+def slack_s(startup: float, factor: float = 2.0) -> float:
+    """The slack a wall-clock bound gets: a few seconds plus a multiple of the start-up time."""
+    return 3.0 + factor * startup
+
+
+def deadline_bound(timeout: float, grace: float = 1.0) -> float:
+    """The wall time by which a distdoctor process given ``--timeout`` must have ended, measured
+    from its Popen: its deadline and grace on its own clock, plus the interpreter's start before
+    that clock starts and the load's delays, which scale with the measured start-up time."""
+    return timeout + grace + 1.5 * measured_startup_s()

@@ -16,11 +16,13 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from run import BENCHMARKS  # noqa: E402
 
 
-@pytest.mark.timeout(240)
-def test_quick_benchmark_prints_every_figure(tmp_path):
+@pytest.mark.timeout(1200)
+def test_quick_benchmark_prints_every_figure(tmp_path, startup_s):
     out = tmp_path / "figures.json"
+    # About 25 torch imports and a few deadlines: the bound scales with this machine's import time.
+    bound = min(200 + 40 * startup_s, 1150)
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "--json", str(out)],
-                          capture_output=True, text=True, timeout=230, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=bound, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("machine: "), proc.stdout[:500]
     lines = proc.stdout.splitlines()

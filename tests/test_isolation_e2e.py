@@ -50,4 +50,6 @@ def test_broken_plugins_become_findings(tmp_path, clean_env):
     statuses = {c["name"]: c["status"] for c in report["checks"]}
     assert statuses == {"crashes.explodes": "error", "hangs.sleeps": "timeout", "fine.runs": "fail"}
     assert report["status"] == "error" and proc.returncode == 1  # core.E002 is an error
-    assert elapsed < 30  # the 60 s sleeper was abandoned after its 1 s deadline
+    # The 60 s sleeper was abandoned after its 1 s deadline: distdoctor's own clock says so
+    # (the report's duration), whatever the interpreter's start-up took on a loaded machine.
+    assert report["duration_s"] < 30, (report["duration_s"], elapsed)

@@ -7,6 +7,7 @@ from distdoctor.fakes import fake_context
 from distdoctor.core.findings import Severity
 from distdoctor.core.registry import SkipCheck
 from distdoctor.core.runner import Runner
+from tests.conftest import measured_startup_s
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ def test_crash_and_overrun_become_findings_and_the_run_goes_on(fresh_registry, k
     started = time.monotonic()
     runner = run(fresh_registry)
     release.set()
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < min(3 + measured_startup_s(), 25)  # not the 30 s hang
     assert statuses(runner) == {"t.crashes": "error", "t.hangs": "timeout", "t.finds": "fail", "t.skips": "skip"}
     ids = sorted(f.id for f in runner.state.findings)
     assert ids == ["core.W001", "core.W003", "t.E001"]
@@ -56,7 +57,7 @@ def test_run_deadline_makes_the_report_incomplete(fresh_registry):
     started = time.monotonic()
     runner = run(fresh_registry, timeout=0.5, check_timeout=5.0)
     release.set()
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < min(2 + measured_startup_s(), 25)  # not the 30 s hang
     assert runner.state.incomplete and runner.state.stuck_stage == "local"
     assert statuses(runner) == {"t.slow": "timeout", "t.after": "skip"}
     assert any(f.id == "core.E004" and "local" in f.title for f in runner.state.findings)

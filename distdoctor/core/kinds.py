@@ -33,4 +33,18 @@ RUN_DEADLINE = FindingKind(
     hint="The stage and ranks named did not finish; raise --timeout only if they are merely slow",
 )
 
-CORE_KINDS = (CHECK_CRASHED, PLUGIN_LOAD_FAILED, CHECK_TIMED_OUT, RUN_DEADLINE)
+DEADLINE_TOO_SHORT = FindingKind(
+    id="core.E005",
+    cause="unknown",
+    title="The run's deadline left too little time for a stage",
+    hint="Raise --timeout (the default is 60 s); nothing is known about the stages that did not run",
+)
+
+RUN_INTERRUPTED = FindingKind(
+    id="core.E006",
+    cause="unknown",
+    title="The diagnosis was interrupted (SIGINT or SIGTERM)",
+    hint="The report is partial: run distdoctor check again to the end for the rest",
+)
+
+CORE_KINDS = (CHECK_CRASHED, PLUGIN_LOAD_FAILED, CHECK_TIMED_OUT, RUN_DEADLINE, DEADLINE_TOO_SHORT, RUN_INTERRUPTED)

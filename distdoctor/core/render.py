@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-from rich.console import Console
-from rich.markup import escape
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.console import Console
 
 from distdoctor.core.findings import Finding, Severity
 from distdoctor.core.report import Report, format_ranks, format_where
@@ -56,8 +55,22 @@ def summary_line(report: Report) -> str:
     return line
 
 
+def about_line(about: dict) -> str:
+    """'distdoctor 0.1.0 · Python 3.11.7 · torch 2.13.0+cpu · CUDA none · NCCL none · host vm · 2026-...Z'."""
+    names = (("distdoctor", "distdoctor"), ("python", "Python"), ("torch", "torch"), ("cuda", "CUDA"),
+             ("nccl", "NCCL"), ("host", "host"))
+    parts = [f"{label} {about.get(key) if about.get(key) is not None else 'none'}" for key, label in names if key in about]
+    if about.get("time_utc"):
+        parts.append(str(about["time_utc"]))
+    return " · ".join(parts)
+
+
 def render_rich(report: Report, console: Console, *, verbose: bool = False, quiet: bool = False) -> None:
     """Findings grouped by severity, each with where, detail, fix and docs; then a summary."""
+    # rich is imported where it draws: a JSON or Markdown report never loads it.
+    from rich.markup import escape
+    from rich.text import Text
+
     for severity in sorted(Severity, reverse=True):
         group = [f for f in report.findings if f.severity == severity]
         if not group or (quiet and severity < Severity.ERROR):
@@ -81,6 +94,8 @@ def render_rich(report: Report, console: Console, *, verbose: bool = False, quie
 
 
 def _render_finding(console: Console, finding: Finding, *, verbose: bool) -> None:
+    from rich.text import Text  # see render_rich: rich only where it draws
+
     head = Text()
     head.append(f"  {finding.id} ", style=_STYLE[finding.severity])
     head.append(f"[{finding.cause}] ", style="dim")
@@ -117,6 +132,8 @@ def render_markdown(report: Report, *, title: str = "distdoctor report") -> str:
     """GitHub-flavoured Markdown, sized for a CI job summary."""
     icon = {"ok": "✅", "warning": "⚠️", "error": "❌", "incomplete": "⏱️"}[report.status]
     lines = [f"## {icon} {title}: {report.status}", "", summary_line(report), ""]
+    if report.about:
+        lines += [about_line(report.about), ""]
     if report.findings:
         lines += ["| severity | ID | cause | finding | where | fix |", "| --- | --- | --- | --- | --- | --- |"]
         for f in report.findings:
@@ -138,6 +155,8 @@ def render_markdown(report: Report, *, title: str = "distdoctor report") -> str:
 
 def make_console(file: IO[str] | None = None, *, force_terminal: bool | None = None) -> Console:
     """A console that is rich on a terminal and plain text (no colour codes) elsewhere."""
+    from rich.console import Console  # see render_rich: rich only where it draws
+
     console = Console(file=file, force_terminal=force_terminal, highlight=False, emoji=False, soft_wrap=True)
     if not console.is_terminal:
         console = Console(file=file, no_color=True, highlight=False, emoji=False, soft_wrap=True, color_system=None)

@@ -2,7 +2,7 @@
 
 Rendering lives in distdoctor.core.render; this module never prints. The JSON shape is the contract
 documented in docs/report.md (schema ``distdoctor.report/1``); fields beyond it (``data``, ``confidence``,
-``reason``, ``silenced``) are additive and consumers ignore what they do not know.
+``reason``, ``silenced``, ``about``) are additive and consumers ignore what they do not know.
 """
 
 from __future__ import annotations
@@ -118,6 +118,9 @@ class Report:
     duration_s: float = 0.0
     incomplete: bool = False
     silenced: list[Finding] = field(default_factory=list)
+    # Versions (distdoctor, Python, torch, CUDA, NCCL), host and UTC time, set by the caller that
+    # renders the report (the CLI); additive to the schema: absent when unknown.
+    about: dict[str, Any] | None = None
     # Figures that belong to the run rather than to one finding (`distdoctor bench` puts its
     # measurements under "bench"); only in the JSON when present.
     data: dict[str, Any] = field(default_factory=dict)
@@ -159,6 +162,7 @@ class Report:
             "checks": list(self.checks),
             "duration_s": round(self.duration_s, 4),
             "silenced": {"count": len(self.silenced), "ids": sorted({f.id for f in self.silenced})},
+            **({"about": dict(self.about)} if self.about else {}),
             **({"data": self.data} if self.data else {}),
         }
 

@@ -28,6 +28,7 @@ import os
 import traceback
 from fnmatch import fnmatchcase
 from distdoctor.core.check_child import run_in_child
+from distdoctor.core.progress import running_in_child
 from distdoctor.core.report import format_ranks
 
 PASS, FAIL, SKIP, ERROR, TIMEOUT = "pass", "fail", "skip", "error", "timeout"
@@ -132,7 +133,8 @@ class Runner:
         start = self.clock()
         if runs_in_child(check):
 
-            alive = run_in_child(check, ctx, limit, box, _consume)
+            with running_in_child(check.name):  # named in the status line and on a signal
+                alive = run_in_child(check, ctx, limit, box, _consume)
         else:
             thread = threading.Thread(target=target, name=f"distdoctor-check-{check.name}", daemon=True)
             thread.start()

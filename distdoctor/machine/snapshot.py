@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import sys
+from datetime import datetime, timezone
 from typing import Any
 
 from distdoctor.core.context import CheckContext
 from distdoctor.machine.launchers import RENDEZVOUS_VARS
-from distdoctor.machine.probes import Unknown
+from distdoctor.machine.probes import Probes, Unknown
 from distdoctor.core.redact import redact_env, scrub, secret_values
 
 # Variables that shape a distributed job, shown by name prefix.
@@ -32,10 +34,45 @@ def relevant_env(env: dict[str, str] | Any) -> dict[str, str]:
     return dict(sorted(redact_env(chosen).items()))
 
 
+def utc_now() -> str:
+    """The time in UTC, ISO 8601 to the second: 2026-11-22T22:20:05Z."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def distdoctor_version() -> str:
+    # The package is loaded before any of its modules; read its version without an import of
+    # the top level from this lower layer.
+    return str(getattr(sys.modules.get("distdoctor"), "__version__", "unknown"))
+
+
+def report_facts() -> dict[str, Any]:
+    """What a bug report needs next to the findings: versions, host, time (additive to the schema).
+
+    torch, CUDA and NCCL are read only when torch is already loaded (every `check` loads it;
+    `explain` reads logs and does not): those fields are null otherwise.
+    """
+    facts: dict[str, Any] = {
+        "distdoctor": distdoctor_version(),
+        "python": sys.version.split()[0],
+        "torch": None,
+        "cuda": None,
+        "nccl": None,
+        "host": socket.gethostname(),
+        "time_utc": utc_now(),
+    }
+    if "torch" in sys.modules:
+        info = Probes().torch_info()
+        if isinstance(info, dict):
+            facts.update(torch=info.get("torch"), cuda=info.get("cuda"), nccl=info.get("nccl"))
+    return facts
+
+
 def collect_snapshot(ctx: CheckContext) -> dict[str, Any]:
     interfaces = ctx.memo("interfaces", ctx.probes.interfaces)
     gpus = ctx.gpus()
     return {
+        "distdoctor": distdoctor_version(),
+        "time_utc": utc_now(),
         "host": _plain(ctx.memo("hostname", ctx.probes.hostname)),
         "pid": os.getpid(),
         "python": sys.version.split()[0],

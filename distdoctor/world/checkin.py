@@ -328,12 +328,14 @@ class CheckInProtocol:
                                 "(or beyond the lines one job can write)")
         return list(self._roster)
 
-    def wait_roster(self, size: int, deadline: float, settle_s: float = 0.0) -> tuple[dict[tuple[int, int], float], float]:
+    def wait_roster(self, size: int, deadline: float, settle_s: float = 0.0,
+                    on_poll: Callable[[int], None] | None = None) -> tuple[dict[tuple[int, int], float], float]:
         """Rank 0: poll until ranks 0..size-1 checked in (roster line and a valid check-in) or
         the deadline passed; returns ((rank, claim) -> seconds after the start, seconds waited).
 
         ``settle_s`` keeps listening that long after the last expected rank arrived, so that a
-        second process claiming a rank moments later is still seen.
+        second process claiming a rank moments later is still seen. ``on_poll`` hears how many
+        ranks of the world have arrived after each poll (a progress line).
         """
         start = self.clock()
         seen: dict[tuple[int, int], float] = {}
@@ -345,6 +347,8 @@ class CheckInProtocol:
                 seen.setdefault(entry, self.clock() - start)
             now = self.clock()
             have = {r for r, _ in seen}
+            if on_poll is not None:
+                on_poll(sum(1 for r in have if 0 <= r < size))
             if all(r in have for r in range(size)):
                 complete_at = complete_at if complete_at is not None else now
                 if now - complete_at >= settle_s:

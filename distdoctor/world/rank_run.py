@@ -33,7 +33,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from distdoctor.core.config import Config
 from distdoctor.core.context import CheckContext
 from distdoctor.machine.host import build_context
-from distdoctor.core.kinds import RUN_DEADLINE
+from distdoctor.core.interrupt import exit_code_for, set_interrupt_handler, signal_name
+from distdoctor.core.kinds import RUN_DEADLINE, RUN_INTERRUPTED
+from distdoctor.core.progress import PROGRESS
 from distdoctor.core.engine import load_registry, report_from_runner
 from distdoctor.core.findings import Finding, Severity
 from distdoctor.machine.probes import Probes, call_with_deadline
@@ -53,7 +55,7 @@ from distdoctor.world.kinds import (
     STORE_PORT_TAKEN,
     STORE_UNREACHABLE,
 )
-from distdoctor.world.watchdog import Watchdog, flush_std_streams
+from distdoctor.world.watchdog import MIN_WORLD_S, Watchdog, flush_std_streams, running_checks, too_little_time
 from distdoctor.world.store_exchange import DECISION, Arrival, CheckIns, World, WorldError, WorldSpec, fit
 
 
@@ -78,6 +80,8 @@ SETTLE_S = 0.05
 # normal end, and after its watchdog fired: members poll every 0.1 s at most).
 GOODBYE_S = 1.0
 GOODBYE_ON_EXPIRE_S = 0.3
+# How long a flow that lost the race to report waits for the winner's report to be written.
+EMIT_WAIT_S = 3.0
 
 def working_reserve(timeout: float) -> float:
     """Time kept back from the run's deadline for gathering and rendering the report."""
@@ -223,11 +227,18 @@ class RankRun:
         # One report per process: the main flow and the watchdog race for it near the deadline.
         self._report_lock = threading.Lock()
         self._reported_code: int | None = None
+        # Set once the report is written: a flow that lost the race waits for it before the
+        # process may exit, or the exit would cut the winner's report off (or lose it whole).
+        self._emitted = threading.Event()
         self._described = False
 
     # -- helpers -------------------------------------------------------------------------
-    def _stage(self, stage: str, skip_reason: str | None = None) -> None:
+    def _enter_stage(self, stage: str) -> None:
         self.progress.stage = stage
+        PROGRESS.set_stage(stage)
+
+    def _stage(self, stage: str, skip_reason: str | None = None) -> None:
+        self._enter_stage(stage)
         if stage in self.config.stages:
             self.runner.run_stage(stage, self.checks, self.ctx, skip_reason=skip_reason)
 
@@ -244,20 +255,26 @@ class RankRun:
     def _render(self, report: Report, code: int | None = None) -> bool:
         """Emit the report unless this process already emitted one (the first one wins)."""
         with self._report_lock:
-            if self._reported_code is not None:
+            lost = self._reported_code is not None
+            if not lost:
+                self._reported_code = report.exit_code(self.config.fail_level) if code is None else code
+        if lost:
+            self._emitted.wait(EMIT_WAIT_S)  # outside the lock: the winner is writing
+            return False
+        try:
+            if self._defers_report():
+                # One report per world, rank 0's: this rank says in one line why it has none of its own.
+                if self.note is not None:
+                    self.note(pointer_line(self.rank, self.ctx.world_size, self._host_text(), report))
+                    flush_std_streams()
                 return False
-            self._reported_code = report.exit_code(self.config.fail_level) if code is None else code
-        if self._defers_report():
-            # One report per world, rank 0's: this rank says in one line why it has none of its own.
-            if self.note is not None:
-                self.note(pointer_line(self.rank, self.ctx.world_size, self._host_text(), report))
-                flush_std_streams()
-            return False
-        if self.emit is None:
-            return False
-        self.emit(report)
-        flush_std_streams()
-        return True
+            if self.emit is None:
+                return False
+            self.emit(report)
+            flush_std_streams()
+            return True
+        finally:
+            self._emitted.set()
 
     def _defers_report(self) -> bool:
         """Whether another process prints the report this rank's results belong to."""
@@ -289,6 +306,7 @@ class RankRun:
         )
         if self.use_watchdog:
             watchdog.start()
+        previous_handler = set_interrupt_handler(self._on_interrupt) if self.use_watchdog else None
         try:
             self._described = spec is not None
             if spec is not None:
@@ -308,12 +326,19 @@ class RankRun:
             return self._run_in_world(spec)
         finally:
             watchdog.cancel()
+            if self.use_watchdog:
+                set_interrupt_handler(previous_handler)
 
     def _run_in_world(self, spec: WorldSpec) -> RankOutcome:
-        self.progress.stage = "rendezvous"
+        self._enter_stage("rendezvous")
+        left = self.work_deadline - self.clock()
+        if left < MIN_WORLD_S:
+            return self._out_of_time(left)
         try:
             self.world = World.open(spec, self.work_deadline, self.clock, self.ctx.probes)
         except WorldError as exc:
+            if exc.reason == "no_time":
+                return self._out_of_time(self.work_deadline - self.clock())
             hosting = spec.store_host == "rank0" and spec.rank == 0
             reason = ("skipped: rank 0 could not host the rendezvous store" if hosting
                       else "skipped: the rendezvous store could not be reached")
@@ -337,6 +362,24 @@ class RankRun:
         if world.rank == 0:
             return self._run_root()
         return self._run_member()
+
+    def _out_of_time(self, left: float) -> RankOutcome:
+        """Too little time is left for the cross-rank stages: skip them with that reason.
+
+        Not a finding about the network. Rank 0 reports (every rank's deadline counts from
+        about the same moment, so the others are in the same position and stay quiet).
+        """
+        reason, finding = too_little_time("rendezvous", left, MIN_WORLD_S, self.config.timeout)
+        for stage in CROSS_RANK_STAGES:
+            self._stage(stage, skip_reason=reason)
+        self.runner.state.incomplete = True
+        if self.rank != 0 and not self.all_ranks:
+            report = self._own_report([finding])
+            with self._report_lock:
+                self._reported_code = EXIT_INCOMPLETE
+            self._emitted.set()
+            return RankOutcome(report, EXIT_INCOMPLETE, False, False, self._described)
+        return self._finish_alone([finding])
 
     def _store_finding(self, spec: WorldSpec, exc: WorldError) -> Finding:
         """What the failure to reach (or host) the store says, as the finding that names it."""
@@ -445,7 +488,7 @@ class RankRun:
         self._stage("collective", skip_reason=skip)
         self._testing_hang("gather")
         others = [r for r in accepted if r != 0]
-        self.progress.stage = "collective"
+        self._enter_stage("collective")
         done = world.wait_done("collective", others, self.work_deadline) if others else set()
         self.progress.remote = world.results("collective", done)
         not_done = sorted(set(others) - done)
@@ -651,6 +694,14 @@ class RankRun:
         Returns the exit code when the main flow already reported (it was finishing just as the
         watchdog fired): the process then ends with that report's code, not with 3.
         """
+        return self._last_word(EXIT_INCOMPLETE)
+
+    def _on_interrupt(self, signum: int) -> None:
+        """Signal thread (SIGINT/SIGTERM): rank 0 renders the partial report naming the stage; the
+        process then exits with 128 + the signal's number."""
+        self._last_word(exit_code_for(signum), interrupted=signal_name(signum))
+
+    def _last_word(self, code: int, interrupted: str | None = None) -> int | None:
         with self._report_lock:
             if self._reported_code is not None:
                 return self._reported_code
@@ -660,17 +711,17 @@ class RankRun:
                 # Rank 0 stuck before it reached the world (in the local stage), or a process
                 # with no world at all: it reports for itself. Other ranks stay quiet: rank 0
                 # names them as missing (under the self-test, the supervisor speaks if it cannot).
-                self._render(self._partial(None), EXIT_INCOMPLETE)
+                self._render(self._partial(None, interrupted), code)
             return None
-        if not self._render(self._partial(self.world if is_root else None), EXIT_INCOMPLETE):
+        if not self._render(self._partial(self.world if is_root else None, interrupted), code):
             with self._report_lock:
-                if self._reported_code is not None and self._reported_code != EXIT_INCOMPLETE:
+                if self._reported_code is not None and self._reported_code != code:
                     return self._reported_code
         if is_root and self.world is not None:
             # Tell the others (bounded: the store may be what hangs) so they end quietly.
             world = self.world
             claims = sorted(f"{r}:{c}" for r, c in (self.progress.checkins.payloads if self.progress.checkins else {}))
-            call_with_deadline(lambda: world.put("final", {"exit": EXIT_INCOMPLETE, "claims": claims}),
+            call_with_deadline(lambda: world.put("final", {"exit": code, "claims": claims}),
                                STORE_READ_S, "final")
             if world.hosted:
                 # The store ends with this process: let the others read the final word first.
@@ -683,7 +734,7 @@ class RankRun:
         roster = call_with_deadline(world.roster, STORE_READ_S, "roster")
         return len(roster) if isinstance(roster, list) else 0
 
-    def _partial(self, world: World | None) -> Report:
+    def _partial(self, world: World | None, interrupted: str | None = None) -> Report:
         stage = self.progress.stage
         stuck: list[int] = [self.rank]
         if world is not None and stage in CROSS_RANK_STAGES:
@@ -696,23 +747,42 @@ class RankRun:
                 done = call_with_deadline(lambda: world.done_ranks(stage), STORE_READ_S, "progress")
                 done = done if isinstance(done, set) else set()
                 stuck = sorted({0, *(r for r in expected if r != 0 and r not in done)})
-        deadline_finding = RUN_DEADLINE(
-            f"The {stage} stage did not finish before the run's deadline on ranks {format_ranks(stuck)}",
-            detail=f"The watchdog ended the run {self.config.timeout:g}s after it started, in the {stage} stage; "
-            "the report is partial.",
+        running = running_checks({r.name for r in list(self.runner.state.results)})
+        deadline_finding = self._interrupted_finding(stage, stuck, running, interrupted) if interrupted else RUN_DEADLINE(
+            f"The {stage} stage did not finish before the run's deadline on ranks {format_ranks(stuck)}"
+            + (f" (running: {', '.join(running)})" if running else ""),
+            detail=f"The watchdog ended the run {self.config.timeout:g}s after distdoctor started, in the {stage} "
+            "stage" + (f", while {', '.join(running)} {'was' if len(running) == 1 else 'were'} running" if running else "")
+            + "; the report is partial.",
             ranks=stuck,
             check="watchdog",
-            data={"stage": stage},
+            data={"stage": stage, "running": running},
         )
-        findings = [f for f in list(self.runner.state.findings) if f.id != RUN_DEADLINE.id]
+        findings = [f for f in list(self.runner.state.findings) if f.id not in (RUN_DEADLINE.id, RUN_INTERRUPTED.id)]
         self.runner.state.findings = findings
         self.runner.state.incomplete = True
         if world is not None:
             report = self._consolidated(extra=[deadline_finding])
         else:
             report = self._own_report([deadline_finding])
+        # One word on the cut-off: the main flow may have marked its own stage meanwhile (its
+        # runner's core.E004, check "runner"); the watchdog's names the stage and ranks for all.
+        report.findings = [f for f in report.findings
+                           if f.id not in (RUN_DEADLINE.id, RUN_INTERRUPTED.id) or f.check in ("watchdog", "signal")]
         report.incomplete = True
         return report
+
+    def _interrupted_finding(self, stage: str, stuck: list[int], running: list[str], signame: str) -> Finding:
+        return RUN_INTERRUPTED(
+            f"The {stage} stage was interrupted by {signame} on ranks {format_ranks(stuck)}"
+            + (f" (running: {', '.join(running)})" if running else ""),
+            detail=f"distdoctor received {signame} {self.clock() - self.started:.1f}s after it started, in the {stage} "
+            "stage" + (f", while {', '.join(running)} {'was' if len(running) == 1 else 'were'} running" if running else "")
+            + "; the report is partial.",
+            ranks=stuck,
+            check="signal",
+            data={"stage": stage, "running": running, "signal": signame},
+        )
 
     def _testing_hang(self, stage: str) -> None:
         """Test-only: DISTDOCTOR_TESTING=1 DISTDOCTOR_TEST_HANG=<rank>:<stage> blocks this flow.
@@ -725,7 +795,11 @@ class RankRun:
             return
         want = env.get("DISTDOCTOR_TEST_HANG", "")
         if want == f"{self.rank}:{stage}":
-            self.progress.stage = "collective" if stage == "gather" else stage
+            self._enter_stage("collective" if stage == "gather" else stage)
+            mark = env.get("DISTDOCTOR_TEST_HANG_FILE")
+            if mark:  # tells a test that the hang has begun (it then sends a signal, say)
+                with open(mark, "w") as fh:
+                    fh.write(str(os.getpid()))
             while True:
                 time.sleep(3600)
 

@@ -22,19 +22,39 @@ import os
 import secrets
 import signal
 import sys
+import threading
 import time
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_for
 from typing import Any, Callable
 
 from distdoctor.core.config import Config
+from distdoctor.core.engine import load_registry, report_from_runner
+from distdoctor.core.registry import STAGES
 from distdoctor.core.kinds import RUN_DEADLINE
 from distdoctor.core.report import WorldSummary, build_report
+from distdoctor.core.runner import Runner
+from distdoctor.machine.host import build_context
+from distdoctor.core.interrupt import (
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    exit_code_for,
+    install_watcher,
+    set_interrupt_handler,
+    signal_name,
+)
+from distdoctor.core.progress import LiveStatus
 from distdoctor.world.kinds import RANK_DIED
-from distdoctor.world.rank_run import NON_ROOT_GRACE_S, run_rank
+from distdoctor.world.rank_run import NON_ROOT_GRACE_S, run_rank, working_reserve
 from distdoctor.machine.launchers import SELF_TEST_VAR
 from distdoctor.core.report import EXIT_FINDINGS, EXIT_INCOMPLETE
-from distdoctor.world.watchdog import EXPIRE_GRACE_S, flush_std_streams
+from distdoctor.world.watchdog import (
+    EXPIRE_GRACE_S,
+    MIN_LOCAL_S,
+    MIN_SELFTEST_S,
+    flush_std_streams,
+    too_little_time,
+)
 from distdoctor.world.store_exchange import AGENT_STORE_ENV, RUN_ID_ENV
 
 LOOPBACK = "127.0.0.1"
@@ -42,6 +62,8 @@ MP_SPAWN_ENV = SELF_TEST_VAR
 MP_SPAWN_LAUNCHER = "mp_spawn"
 # Past the ranks' own hard deadline (watchdog + grace), the supervisor ends them itself.
 SUPERVISOR_SLACK_S = 1.0
+# How long the supervisor waits for rank 0's partial report after passing a signal on.
+INTERRUPT_WAIT_S = 3.0
 
 
 def default_nproc(gpu_count: int | None = None) -> int:
@@ -105,16 +127,23 @@ def _rank_main(
     all_ranks: bool,
     started: float,
     argv: list[str],
+    live_status: bool = False,
     rank_body: Callable[..., Any] | None = None,
 ) -> None:
     """One rank of the self-test world (runs in the forked child): ``rank_body`` (the bench's, say)
     or else the check's run_rank, called with the same arguments."""
     _die_with_parent(parent)
+    # The signal pipe and handler inherited from the supervisor are its own: watch our own.
+    install_watcher()
     code = EXIT_INCOMPLETE
     try:
         os.environ.update(rank_environment(local_rank, nproc, port, run_id))
-        outcome = (rank_body or run_rank)(config, env=dict(os.environ), argv=argv, all_ranks=all_ranks, emit=render,
-                                          started=started)
+        rank_body = rank_body or run_rank
+        # Rank 0 draws the status line (the supervisor cleared its own before starting the ranks).
+        live = LiveStatus(live_status and local_rank == 0).start()
+        outcome = rank_body(config, env=dict(os.environ), argv=argv, all_ranks=all_ranks, emit=live.wrap(render),
+                            started=started)
+        live.stop()
         code = outcome.exit_code
     except BaseException as exc:  # never a traceback: say what happened and exit non-zero
         try:
@@ -136,13 +165,15 @@ def run_selftest(
     all_ranks: bool = False,
     started: float | None = None,
     argv: list[str] | None = None,
+    live: Any = None,
     rank_body: Callable[..., Any] | None = None,
 ) -> int:
     """Start the world, supervise it, return rank 0's exit code. Rank 0 prints the report.
 
     Each rank runs ``rank_body(config, env=, argv=, all_ranks=, emit=, started=)`` (an object
     with ``exit_code``); by default the check's run_rank. ``config`` needs ``timeout``,
-    ``backend``, ``silence`` and ``fail_level``.
+    ``backend``, ``silence`` and ``fail_level``. SIGINT/SIGTERM go on to the ranks (rank 0
+    prints the partial report); the supervisor then exits with 128 + the signal's number.
     """
     started = time.monotonic() if started is None else started
     # torch is imported when a self-test starts, not when the CLI does.
@@ -151,6 +182,13 @@ def run_selftest(
 
     gpus = visible_gpu_count()
     size = nproc or default_nproc(gpus)
+    left = started + config.timeout - time.monotonic()
+    if left < MIN_SELFTEST_S and rank_body is None:  # (the bench has its own deadline handling)
+        # Starting the ranks now would only end in a cut-off: report what this process can
+        # tell in the time left, and name the stages that were not run.
+        report = out_of_time_report(config, started, size=size, argv=argv)
+        render(report)
+        return report.exit_code(config.fail_level)
     if config.backend is None and 0 < gpus < size:
         # More ranks than GPUs (one GPU, default N=2): one GPU per rank is impossible, so the
         # world runs gloo, as such a job would have to; nccl is tested when N <= GPUs.
@@ -159,16 +197,21 @@ def run_selftest(
                      timeout=timedelta(seconds=max(config.timeout, 1.0)))
     run_id = secrets.token_hex(6)
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    live_status = bool(live is not None and live.enabled)
+    if live is not None:
+        live.stop()  # no drawing thread across the fork; rank 0 draws from here on
     sys.stdout.flush()
     sys.stderr.flush()
     context = mp.start_processes(
         _rank_main,
-        args=(size, store.port, run_id, os.getpid(), config, render, all_ranks, started, list(argv or sys.argv), rank_body),
+        args=(size, store.port, run_id, os.getpid(), config, render, all_ranks, started, list(argv or sys.argv),
+              live_status, rank_body),
         nprocs=size,
         join=False,
         start_method=method,
     )
     processes = list(context.processes)
+    set_interrupt_handler(lambda signum: interrupt_world(processes, signum))
     hard_deadline = started + config.timeout + NON_ROOT_GRACE_S + EXPIRE_GRACE_S + SUPERVISOR_SLACK_S
     try:
         while True:
@@ -185,14 +228,42 @@ def run_selftest(
             except OSError:
                 pass
         del store
+    if INTERRUPTED.is_set():
+        # The signal thread writes the last word and exits with 128 + signum (within its 5 s backstop).
+        time.sleep(INTERRUPT_WAIT_S + 6.0)
     codes = {i: p.exitcode for i, p in enumerate(processes)}
     rank0 = codes.get(0)
-    if rank0 in (0, EXIT_FINDINGS, EXIT_INCOMPLETE) and 0 not in killed:
+    # Rank 0 reported by itself (after a signal too: 130, 143, its partial report is out).
+    if rank0 in (0, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_SIGINT, EXIT_SIGTERM) and 0 not in killed:
         return int(rank0)
     # Rank 0 did not end by itself, so it printed nothing: the supervisor says what it knows.
     report = abnormal_report(codes, killed, config, started, size)
     render(report)
     return report.exit_code(config.fail_level)
+
+
+def out_of_time_report(config: Config, started: float, *, size: int, argv: list[str] | None,
+                       stage: str = "rendezvous", why: str = "") -> Any:
+    """A partial report when the deadline leaves too little time for ``stage``: the stages before
+    it run in this process with what is left, ``stage`` and the later ones are skipped and named."""
+    registry = load_registry(config)
+    ctx = build_context(config, argv=argv)
+    left = started + config.timeout - time.monotonic()
+    budget = left - working_reserve(config.timeout)
+    if stage != "local" and budget < MIN_LOCAL_S:
+        stage, why = "local", why or "starting distdoctor and importing torch had taken the rest"
+    runner = Runner(registry, timeout=max(budget, 0.01), check_timeout=config.check_timeout,
+                    silence=config.silence)
+    runner.started = started
+    checks = registry.select(config.stages, config.tags)
+    need = {"local": MIN_LOCAL_S}.get(stage, MIN_SELFTEST_S)
+    reason, finding = too_little_time(stage, left, need, config.timeout, why=why)
+    for each in STAGES:  # run_stage runs only the selected checks of each stage
+        runner.run_stage(each, checks, ctx, skip_reason=reason if STAGES.index(each) >= STAGES.index(stage) else None)
+    world = WorldSummary(size=size, launcher=MP_SPAWN_LAUNCHER, ranks_reported=(), ranks_missing=())
+    report = report_from_runner(runner, ctx, world, extra=[finding])
+    report.incomplete = True
+    return report
 
 
 def abnormal_report(codes: dict[int, int | None], killed: set[int], config: Config, started: float, size: int) -> Any:
@@ -230,6 +301,30 @@ def abnormal_report(codes: dict[int, int | None], killed: set[int], config: Conf
         incomplete=bool(killed),
         silence=config.silence,
     )
+
+
+# Set when a signal is being handled: the supervisor's main flow then leaves the last word and
+# the exit code to the signal thread (which ends the process) instead of reporting itself.
+INTERRUPTED = threading.Event()
+
+
+def interrupt_world(processes: list[Any], signum: int) -> None:
+    """The supervisor got SIGINT/SIGTERM: pass it on to the ranks (rank 0 then prints the partial
+    report and exits), wait for them briefly, end the rest by PID; one line if rank 0 said nothing."""
+    INTERRUPTED.set()
+    for p in processes:
+        if p.is_alive():
+            try:
+                os.kill(p.pid, signum)
+            except ProcessLookupError:
+                pass
+    until = time.monotonic() + INTERRUPT_WAIT_S
+    for p in processes:
+        p.join(timeout=max(until - time.monotonic(), 0))
+    end_processes(processes)
+    if processes and processes[0].exitcode != exit_code_for(signum):
+        sys.stderr.write(f"distdoctor: interrupted by {signal_name(signum)} while the self-test world of "
+                         f"{len(processes)} ranks ran; rank 0 wrote no report\n")
 
 
 def end_processes(processes: list[Any], grace_s: float = 0.5) -> set[int]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from distdoctor.core.progress import PROGRESS
 from distdoctor.core.context import WorldError
 from distdoctor.machine.probes import Probes, Unknown, call_with_deadline
 from distdoctor.world.checkin import (
@@ -303,7 +304,7 @@ def open_store(spec: WorldSpec, deadline: float, clock: Callable[[], float] = ti
     probes = _probes(probes)
     left = deadline - clock()
     if left <= 0:
-        raise WorldError("no time was left to reach the store")
+        raise WorldError("no time was left to reach the store", reason="no_time")
     host = spec.master_addr
     if spec.store_host == "rank0" and spec.rank == 0:
         store, host = _host_store(spec, deadline, clock, probes)
@@ -541,7 +542,8 @@ class World:
 
     def wait_for_checkins(self, deadline: float, settle_s: float = 0.0) -> CheckIns:
         """Rank 0: poll the roster until every rank 0..size-1 arrived or the deadline passed."""
-        seen, waited = self.protocol.wait_roster(self.size, deadline, settle_s)
+        seen, waited = self.protocol.wait_roster(self.size, deadline, settle_s,
+                                                 on_poll=lambda arrived: PROGRESS.set_ranks(arrived, self.size))
         payloads, unreadable = self.protocol.read_checkins(self.roster())
         arrivals = [Arrival(r, c, seen.get((r, c), waited)) for r, c in sorted(payloads, key=lambda k: seen.get(k, waited))]
         return CheckIns(self.size, arrivals, payloads, unreadable, waited)
@@ -569,6 +571,7 @@ class World:
         delay = POLL_FIRST_S
         while True:
             done = self.done_ranks(stage) & wanted
+            PROGRESS.set_ranks(len(done) + 1, len(wanted) + 1, "done")  # rank 0 waits here, done itself
             left = deadline - self.clock()
             if done == wanted or left <= 0:
                 return done

@@ -17,10 +17,44 @@ import threading
 import time
 from typing import Callable
 
+from distdoctor.core.findings import Finding
+from distdoctor.core.kinds import DEADLINE_TOO_SHORT
+from distdoctor.core.progress import running_checks  # noqa: F401  (re-exported for the world)
 from distdoctor.core.report import EXIT_INCOMPLETE
 
 # How long on_expire may take (render a report, read a few store keys) before the hard exit.
 EXPIRE_GRACE_S = 2.0
+
+
+# The least working time a world needs once its ranks run: open the store, check in, let rank 0
+# decide, form a gloo group and run the collectives (about 0.3 s on an idle 2-core machine).
+MIN_WORLD_S = 1.0
+# What a self-test needs before it starts its ranks: the above, plus forking them and their
+# import of torch.distributed and local stage (about 0.5 s idle).
+MIN_SELFTEST_S = 2.0
+# What the local stage needs at the least (its probes: interfaces, DNS, ports).
+MIN_LOCAL_S = 0.5
+
+
+def too_little_time(stage: str, left: float, need: float, timeout: float, why: str = "") -> tuple[str, Finding]:
+    """The skip reason and the finding for a stage that the deadline leaves too little time for.
+
+    Running out of time is never a finding about the network or the job: this names the stage
+    that was not run, the time left, and what the stage needs.
+    """
+    left = max(left, 0.0)
+    reason = (f"skipped: {left:.1f}s of the {timeout:g}s deadline were left, too little for the "
+              f"{stage} stage (it needs at least {need:g}s); raise --timeout")
+    finding = DEADLINE_TOO_SHORT(
+        f"The {stage} stage was not run: {left:.1f}s of the {timeout:g}s deadline were left",
+        detail=(f"When the {stage} stage was due, {why}. " if why else "")
+        + f"The {stage} stage and the stages after it need at least {need:g}s; they were skipped, "
+        "so nothing is known about what they examine. The report is partial.",
+        check="deadline",
+        data={"stage": stage, "left_s": round(left, 3), "needed_s": need, "timeout_s": timeout,
+              **({"why": why} if why else {})},
+    )
+    return reason, finding
 
 
 def flush_std_streams() -> None:

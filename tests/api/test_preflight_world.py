@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import pytest
 
 from distdoctor.testing import run_distributed
+from tests.conftest import measured_startup_s, slack_s
 
 pytestmark = pytest.mark.multiproc
 SCENARIOS = str(Path(__file__).with_name("rank_scenarios.py"))
 
 
 def run(name: str, timeout: float = 90, **kwargs):
+    # The ranks bound their own waits by their timeout plus this machine's measured slack.
+    os.environ.setdefault("DISTDOCTOR_TEST_SLACK_S", f"{slack_s(measured_startup_s()):.1f}")
     result = run_distributed(f"rank_scenarios:{name}", module_file=SCENARIOS, world_size=2, timeout=timeout, **kwargs)
     assert result.ok, result.failure_message()
     return result

@@ -23,6 +23,7 @@ from distdoctor.checks._support.tensor_specs import (  # noqa: E402
     spec_table,
     values_close,
 )
+from tests.conftest import measured_startup_s
 
 
 def model(width: int = 32, seed: int = 0, dtype=torch.float32) -> torch.nn.Module:
@@ -189,4 +190,4 @@ def test_comparison_is_linear_in_specs():
     t = SpecTable(specs)
     start = time.perf_counter()
     assert compare_tables({r: t for r in range(32)}) == []
-    assert time.perf_counter() - start < 10
+    assert time.perf_counter() - start < 10 + measured_startup_s()  # a loaded machine is slower

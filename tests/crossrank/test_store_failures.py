@@ -20,6 +20,7 @@ from distdoctor.fakes import FakeProbes, fake_context
 from distdoctor.machine.probes import ConnectResult, Interface
 from distdoctor.world.watchdog import Watchdog
 from distdoctor.world.store_exchange import Arrival, CheckIns, GroupFailedElsewhere, World, WorldError, WorldSpec, open_store, wait_for_listener
+from tests.conftest import measured_startup_s
 
 torch_dist = pytest.importorskip("torch.distributed")
 
@@ -108,7 +109,7 @@ def test_rank_0_on_a_master_addr_of_another_host_reports_at_once_and_frees_the_p
     start = time.monotonic()
     with pytest.raises(WorldError) as caught:
         open_store(rank0_spec("10.231.0.99", port), time.monotonic() + 20, probes=probes)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < min(5 + measured_startup_s(), 18)  # not the 20 s deadline
     exc = caught.value
     assert exc.reason == "master_not_here" and exc.cause == "master_unreachable", exc
     assert exc.data["probe"] == "no_host" and "not an address of this host" in str(exc)
@@ -220,7 +221,7 @@ def test_a_failing_rank_tells_the_others_and_they_stop_waiting_at_once(monkeypat
         rank1.process_group("gloo", 20.0)
     waiter.join(5)
     release.set()
-    assert "exc" in outcome and outcome["after"] < 3, outcome
+    assert "exc" in outcome and outcome["after"] < min(3 + measured_startup_s(), 18), outcome  # not 20 s
     assert outcome["exc"].failures == {1: "[enforce fail at device.cc:84] ifa != nullptr. Unable to find address for: ddnoif0"}
     assert rank1.group_failures("gloo") == {}  # a rank never counts its own failure
 

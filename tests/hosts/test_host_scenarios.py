@@ -25,6 +25,7 @@ from host_worlds import (
     plain_torch_world,
     text_of,
 )
+from tests.conftest import deadline_bound
 
 pytestmark = pytest.mark.hosts
 
@@ -41,7 +42,7 @@ def assert_answered_in_time(run: WorldRun, deadline: float = DEADLINE) -> None:
     for rank in run.ranks:
         elapsed = run.elapsed(rank)
         assert elapsed is not None, f"rank {rank} was still running past the bound\n{run.describe()}"
-        assert elapsed <= deadline + 1.0, f"rank {rank} answered after {elapsed:.2f}s\n{run.describe()}"
+        assert elapsed <= deadline_bound(deadline), f"rank {rank} answered after {elapsed:.2f}s\n{run.describe()}"
         assert run.code(rank) in (0, 1, 3), f"rank {rank} exited {run.code(rank)}\n{run.describe()}"
         assert "Traceback" not in run.output(rank), run.describe()
 

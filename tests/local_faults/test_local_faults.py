@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from .conftest import base_env, check_local, engine_local, free_port, run
+from tests.conftest import measured_startup_s
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,7 +68,7 @@ def test_port_held_by_a_plain_http_server(spawn, tmp_path):
     assert str(server.pid) in finding["title"]
     assert "MASTER_PORT" in finding["remediation"]
     port_check = next(c for c in out.report["checks"] if c["name"] == "network.rendezvous_port")
-    assert port_check["duration_s"] < 3.0
+    assert port_check["duration_s"] < 3.0 + measured_startup_s()  # a loaded machine is slower
 
 
 def test_http_server_seen_from_a_worker_is_foreign(spawn, tmp_path):
