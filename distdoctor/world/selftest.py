@@ -176,8 +176,7 @@ def run_selftest(
     prints the partial report); the supervisor then exits with 128 + the signal's number.
     """
     started = time.monotonic() if started is None else started
-    # torch is imported when a self-test starts, not when the CLI does.
-    import torch.multiprocessing as mp
+    import torch.multiprocessing as mp  # torch loads when a self-test starts, not with the CLI
     from torch.distributed import TCPStore
 
     gpus = visible_gpu_count()
