@@ -9,6 +9,10 @@ import time
 # `exec distdoctor check` run distdoctor in a process that may have lived for minutes already.
 STARTED = time.monotonic()
 
+import functools  # noqa: E402
+import io  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
 import sys  # noqa: E402
 
 
@@ -126,20 +130,36 @@ def emit(text: str | None, output: Path | None) -> None:
 
 
 def render_report(report: Any, fmt: str, output: Path | None, *, verbose: bool, quiet: bool) -> None:
-    from distdoctor.core.render import render
-    from distdoctor.machine.snapshot import report_facts
+    from distdoctor.core.render import render  # each command loads only its own logic: start-up stays light
+    from distdoctor.machine.snapshot import report_facts  # each command loads only its own logic: start-up stays light
 
     if report.about is None:
         report.about = report_facts()
 
     if fmt == "rich" and output is not None:
-        import io
 
         buffer = io.StringIO()
         render(report, "rich", buffer, verbose=verbose, quiet=quiet)
         emit(buffer.getvalue(), output)
     else:
         emit(render(report, fmt, verbose=verbose, quiet=quiet), output)
+
+
+def load_check_config(options: dict[str, Any]) -> Any:
+    """The check command's configuration; a bad value (or an absurd deadline) is a usage error."""
+    try:
+        config = load_config(options)
+    except ConfigError as exc:
+        fail_usage(str(exc))
+    check_timeout_bounds(config.timeout, config.sources.get("timeout", "--timeout"))
+    return config
+
+
+def by_hand_env(**world: Any) -> dict[str, str]:
+    """The environment with the world options given by hand, which act exactly like the
+    variables they stand for (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+    names = {"rank": "RANK", "world_size": "WORLD_SIZE", "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT"}
+    return {**os.environ, **{names[k]: str(v) for k, v in world.items() if v is not None}}
 
 
 @app.command()
@@ -175,38 +195,20 @@ def check(
     3 the diagnosis was cut off by its deadline (partial report); 130 interrupted by SIGINT,
     143 by SIGTERM (partial report, or one line naming the stage).
     """
-    try:
-        config = load_config(
-            {
-                "stages": stage,
-                "tags": tag,
-                "checks_dirs": [str(p) for p in checks_dir] if checks_dir else None,
-                "backend": backend,
-                "nproc": nproc,
-                "timeout": timeout,
-                "check_timeout": check_timeout,
-                "fail_level": fail_level,
-                "silence": silence,
-                "format": fmt,
-                "init_method": init_method,
-                "pg_timeout": pg_timeout,
-            }
-        )
-    except ConfigError as exc:
-        fail_usage(str(exc))
-    check_timeout_bounds(config.timeout, config.sources.get("timeout", "--timeout"))
-    import functools
-    import os
-
-    from distdoctor.dispatch import check_entry
-    from distdoctor.machine.launchers import NONE, detect
+    config = load_check_config({
+        "stages": stage, "tags": tag, "checks_dirs": [str(p) for p in checks_dir] if checks_dir else None,
+        "backend": backend, "nproc": nproc, "timeout": timeout, "check_timeout": check_timeout,
+        "fail_level": fail_level, "silence": silence, "format": fmt, "init_method": init_method,
+        "pg_timeout": pg_timeout,
+    })
+    # Each command loads only its own logic, so that start-up (and --help) stays light.
     from distdoctor.core.registry import RegistryError
+    from distdoctor.dispatch import check_entry
     from distdoctor.machine.launch_line import LaunchLineError
+    from distdoctor.machine.launchers import NONE, detect
 
     started = STARTED
-    # Given by hand, the world options act exactly like the variables they stand for.
-    by_hand = {"RANK": rank, "WORLD_SIZE": world_size, "MASTER_ADDR": master_addr, "MASTER_PORT": master_port}
-    env = {**os.environ, **{k: str(v) for k, v in by_hand.items() if v is not None}}
+    env = by_hand_env(rank=rank, world_size=world_size, master_addr=master_addr, master_port=master_port)
     if nproc is not None and detect(env, sys.argv).launcher != NONE:
         fail_usage("--nproc starts a self-test world on this node; under a launcher every process is already one rank")
     PROGRESS.start(started, config.timeout)
@@ -236,10 +238,9 @@ def say_interrupted(signum: int) -> None:
 
 
 def render_bench_report(report: Any, fmt: str, output: Path | None, verbose: bool) -> None:
-    from distdoctor.bench.render import render_bench
+    from distdoctor.bench.render import render_bench  # loaded only when this path runs
 
     if fmt == "rich" and output is not None:
-        import io
 
         buffer = io.StringIO()
         render_bench(report, "rich", buffer, verbose=verbose)
@@ -276,13 +277,11 @@ def bench(
     0 no errors; 1 errors (a wrong result, a regression against --compare); 2 usage error;
     3 cut off by --timeout (partial report).
     """
-    import functools
-    import os
 
-    from distdoctor.bench.compare import BaselineError, load_baseline
-    from distdoctor.bench.entry import BenchUsageError, bench_entry
-    from distdoctor.bench.settings import BACKENDS, BenchSettings
-    from distdoctor.bench.sizes import OPS, SizeError, parse_ops, parse_size, parse_sizes
+    from distdoctor.bench.compare import BaselineError, load_baseline  # loaded only when this path runs
+    from distdoctor.bench.entry import BenchUsageError, bench_entry  # loaded only when this path runs
+    from distdoctor.bench.settings import BACKENDS, BenchSettings  # loaded only when this path runs
+    from distdoctor.bench.sizes import OPS, SizeError, parse_ops, parse_size, parse_sizes  # loaded only when this path runs
     started = STARTED  # the deadline counts from distdoctor's own start, as check's does
     if fmt not in ("rich", "json", "markdown"):
         fail_usage(f"--format: expected rich, json or markdown, got {fmt!r}")
@@ -315,9 +314,9 @@ def list_checks(
     fmt: Annotated[str, typer.Option("--format", "-f", help="rich or json.")] = "rich",
 ) -> None:
     """List every check and every finding ID with its cause and title."""
-    from distdoctor.core.config import Config
-    from distdoctor.dispatch import load_every_kind
-    from distdoctor.core.registry import RegistryError
+    from distdoctor.core.config import Config  # each command loads only its own logic: start-up stays light
+    from distdoctor.dispatch import load_every_kind  # each command loads only its own logic: start-up stays light
+    from distdoctor.core.registry import RegistryError  # each command loads only its own logic: start-up stays light
 
     if fmt not in ("rich", "json"):
         fail_usage(f"--format: expected rich or json, got {fmt!r}")
@@ -331,7 +330,7 @@ def list_checks(
         problems = [p.to_dict() for p in registry.load_problems]
         emit(json.dumps({"checks": checks, "findings": kinds, "load_problems": problems}, indent=2), None)
         return
-    from distdoctor.core.render import make_console
+    from distdoctor.core.render import make_console  # each command loads only its own logic: start-up stays light
 
     console = make_console()
     check_rows = [(c["name"], c["stage"], ",".join(c["tags"]), ", ".join(c["emits"])) for c in checks]
@@ -356,7 +355,7 @@ def plain_columns(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[
 
 def print_table(console: Any, title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     """A rich table whose first column (the ID or check name) is never cut; the others wrap."""
-    from rich.table import Table
+    from rich.table import Table  # rich is loaded only when something is rendered
 
     table = Table(title=title)
     first = max(len(r[0]) for r in rows) if rows else len(header[0])
@@ -374,9 +373,9 @@ def show(
                                         metavar="ID_OR_CHECK")],
 ) -> None:
     """Show the documentation of a finding ID, or of a check and the findings it can report."""
-    from distdoctor.core.config import Config
-    from distdoctor.core.docs import finding_doc, finding_sections
-    from distdoctor.dispatch import load_every_kind
+    from distdoctor.core.config import Config  # each command loads only its own logic: start-up stays light
+    from distdoctor.core.docs import finding_doc, finding_sections  # each command loads only its own logic: start-up stays light
+    from distdoctor.dispatch import load_every_kind  # each command loads only its own logic: start-up stays light
 
     registry = load_every_kind(Config())
     check = registry.checks.get(name)
@@ -412,13 +411,13 @@ def check_markdown(check: Any, finding_doc: Any) -> str:
 
 def show_markdown(text: str) -> None:
     """Markdown rendered with rich on a terminal; the Markdown source itself when piped."""
-    from distdoctor.core.render import make_console
+    from distdoctor.core.render import make_console  # each command loads only its own logic: start-up stays light
 
     console = make_console()
     if not console.is_terminal:
         emit(text, None)
         return
-    from rich.markdown import Markdown
+    from rich.markdown import Markdown  # rich is loaded only when something is rendered
 
     console.print(Markdown(text))
 
@@ -429,8 +428,8 @@ def env(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the snapshot to this file.")] = None,
 ) -> None:
     """Print a snapshot of this process's distributed set-up for bug reports (secrets redacted)."""
-    from distdoctor.machine.host import build_context
-    from distdoctor.machine.snapshot import collect_snapshot
+    from distdoctor.machine.host import build_context  # each command loads only its own logic: start-up stays light
+    from distdoctor.machine.snapshot import collect_snapshot  # each command loads only its own logic: start-up stays light
 
     if fmt not in ("rich", "json"):
         fail_usage(f"--format: expected rich or json, got {fmt!r}")
@@ -475,7 +474,7 @@ def explain(
         config = load_config({"format": fmt, "fail_level": fail_level, "silence": silence})
     except ConfigError as exc:
         fail_usage(str(exc))
-    from distdoctor.explain import LogInputError, explain_files
+    from distdoctor.explain import LogInputError, explain_files  # each command loads only its own logic: start-up stays light
 
     try:
         report = explain_files(files, silence=config.silence)
@@ -499,10 +498,8 @@ def guard(
     ranks before they run; a hang is named (rank, cause, line) after --hang-timeout instead of
     torch's 10-30 minutes. The exit code is the command's. See docs/guard.md.
     """
-    import os
-    import shutil
 
-    from distdoctor.embedded.guard_launch import guard_environment
+    from distdoctor.embedded.guard_launch import guard_environment  # the embedded modules import torch; loaded only on this path
 
     try:
         env = guard_environment(os.environ, hang_timeout=hang_timeout, verify=verify, on_hang=on_hang,
@@ -544,7 +541,7 @@ def lint(
     """
     if fmt not in LINT_FORMATS:
         fail_usage(f"--format: expected one of {', '.join(LINT_FORMATS)}, got {fmt!r}")
-    from distdoctor.lint import LintInputError, LintSettingsError, all_ids, lint_paths, load_settings
+    from distdoctor.lint import LintInputError, LintSettingsError, all_ids, lint_paths, load_settings  # loaded only when linting is asked for
 
     try:
         settings = load_settings(all_ids(), cli={"select": select, "ignore": ignore, "exclude": exclude, "fail_level": fail_level})
@@ -552,8 +549,8 @@ def lint(
     except (LintInputError, LintSettingsError) as exc:
         fail_usage(str(exc))
     if fmt == "sarif":
-        from distdoctor.lint.sarif import render_sarif
-        from distdoctor.core.registry import REGISTRY
+        from distdoctor.lint.sarif import render_sarif  # loaded only when linting is asked for
+        from distdoctor.core.registry import REGISTRY  # each command loads only its own logic: start-up stays light
 
         kinds = [REGISTRY.kinds[i] for i in all_ids() if settings.wants(i)]
         emit(render_sarif(report, kinds, version=__version__), output)

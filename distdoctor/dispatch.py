@@ -15,6 +15,8 @@ from distdoctor.core.config import Config
 from distdoctor.core.progress import PROGRESS
 from distdoctor.core.registry import CROSS_RANK_STAGES, Registry
 from distdoctor.core.report import Report
+import dataclasses
+import sys
 
 
 def cross_rank_requested(config: Config) -> bool:
@@ -60,7 +62,7 @@ def check_entry(
     Returns the exit code; as one rank of a world it ends the process itself (os._exit) once the
     report is out, since a process group whose peer hung can block interpreter teardown.
     """
-    from distdoctor.machine.launchers import NONE, detect
+    from distdoctor.machine.launchers import NONE, detect  # a local-only run loads nothing of the other paths
 
     # ``started`` is distdoctor's own clock (cli.STARTED): the deadline counts from there.
     started = time.monotonic() if started is None else started
@@ -68,7 +70,7 @@ def check_entry(
         return check_launch_line(config, render, env=env, argv=argv, launch_line=launch_line, started=started)
     launch = detect(env, argv)
     if not cross_rank_requested(config):
-        from distdoctor.machine.host import diagnose_here
+        from distdoctor.machine.host import diagnose_here  # a local-only run loads nothing of the other paths
 
         # torch loads on a thread while the checks that need no torch (interfaces, DNS, ports,
         # limits) run: the local stage then costs about one `import torch`.
@@ -78,8 +80,8 @@ def check_entry(
         render(report)
         return report.exit_code(config.fail_level)
     if launch.launcher == NONE:
-        from distdoctor.world.rank_run import working_reserve
-        from distdoctor.world.selftest import out_of_time_report, run_selftest
+        from distdoctor.world.rank_run import working_reserve  # the cross-rank machinery stays off the local-only path
+        from distdoctor.world.selftest import out_of_time_report, run_selftest  # the cross-rank machinery stays off the local-only path
 
         PROGRESS.set_stage("start-up (importing torch)")
         importer = start_torch_import()
@@ -89,14 +91,14 @@ def check_entry(
             report = out_of_time_report(config, started, size=config.nproc or 2, argv=list(argv),
                                         stage="local", why="torch was still being imported")
             render(report)
-            from distdoctor.world.watchdog import flush_std_streams
+            from distdoctor.world.watchdog import flush_std_streams  # the cross-rank machinery stays off the local-only path
 
             flush_std_streams()
             os._exit(report.exit_code(config.fail_level))  # the import thread cannot be stopped
         return run_selftest(config, render, nproc=config.nproc, all_ranks=all_ranks, started=started,
                             argv=list(argv), live=live)
-    from distdoctor.world.rank_run import run_rank
-    from distdoctor.world.watchdog import flush_std_streams
+    from distdoctor.world.rank_run import run_rank  # the cross-rank machinery stays off the local-only path
+    from distdoctor.world.watchdog import flush_std_streams  # the cross-rank machinery stays off the local-only path
 
     if live is not None and launch.rank.value not in (0, None):
         live.stop()  # one status line per world: rank 0's
@@ -119,12 +121,11 @@ def check_launch_line(
 ) -> int:
     """`distdoctor check -- torchrun ...`: this node's local checks against the world the line
     will form, before the launcher runs. Raises LaunchLineError for a line it cannot read."""
-    import dataclasses
 
-    from distdoctor.machine.host import diagnose_here
-    from distdoctor.machine.launch_line import parse_launch_line
-    from distdoctor.machine.launchers import TORCHRUN, planned_launch
-    from distdoctor.machine.probes import Probes
+    from distdoctor.machine.host import diagnose_here  # a local-only run loads nothing of the other paths
+    from distdoctor.machine.launch_line import parse_launch_line  # a local-only run loads nothing of the other paths
+    from distdoctor.machine.launchers import TORCHRUN, planned_launch  # a local-only run loads nothing of the other paths
+    from distdoctor.machine.probes import Probes  # a local-only run loads nothing of the other paths
 
     plan = parse_launch_line(list(launch_line))
     probes = Probes()
@@ -143,7 +144,6 @@ def check_launch_line(
 def _note_to_stderr(line: str) -> None:
     # A rank other than 0 points at rank 0's report in one line, on stderr: stdout carries
     # exactly one report (rank 0's), also in --format json.
-    import sys
 
     sys.stderr.write(line + "\n")
 
@@ -157,10 +157,9 @@ def diagnose(
 ) -> Report:
     """A report for an embedded caller (the pytest plugin): this process's local run, or its part
     as one rank of the world its environment describes when a cross-rank stage is selected."""
-    import sys
 
-    from distdoctor.machine.host import diagnose_here
-    from distdoctor.machine.launchers import detect
+    from distdoctor.machine.host import diagnose_here  # a local-only run loads nothing of the other paths
+    from distdoctor.machine.launchers import detect  # a local-only run loads nothing of the other paths
 
     env = dict(os.environ if env is None else env)
     argv = tuple(sys.argv if argv is None else argv)
@@ -176,7 +175,7 @@ def load_every_kind(config: Config) -> Registry:
     """The registry with every finding ID declared: the checks', and those only `explain` (log.*),
     the embedded API (pre.*, init.*, spec.*, guard.*), `bench` (bench.*) and `lint` (lint.*) emit — for
     `list`, `show` and the docs."""
-    from distdoctor.core.engine import load_registry
+    from distdoctor.core.engine import load_registry  # a local-only run loads nothing of the other paths
 
     # Importing these registers their kinds; none of them imports torch at import time.
     import distdoctor.bench.kinds  # noqa: F401
