@@ -157,6 +157,26 @@ def _rank_main(
         os._exit(code)
 
 
+def supervise(processes: list[Any], hard_deadline: float, error_files: list[str]) -> set[int]:
+    """Wait for the ranks until they end or the hard deadline passes; end what is left (by PID)
+    and return the indices of the ranks that had to be ended."""
+    try:
+        while True:
+            alive = [p for p in processes if p.is_alive()]
+            left = hard_deadline - time.monotonic()
+            if not alive or left <= 0:
+                break
+            wait_for([p.sentinel for p in alive], timeout=left)
+    finally:
+        killed = end_processes(processes)
+        for path in error_files:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    return killed
+
+
 def run_selftest(
     config: Config,
     render: Callable[[Any], None],
@@ -213,19 +233,8 @@ def run_selftest(
     set_interrupt_handler(lambda signum: interrupt_world(processes, signum))
     hard_deadline = started + config.timeout + NON_ROOT_GRACE_S + EXPIRE_GRACE_S + SUPERVISOR_SLACK_S
     try:
-        while True:
-            alive = [p for p in processes if p.is_alive()]
-            left = hard_deadline - time.monotonic()
-            if not alive or left <= 0:
-                break
-            wait_for([p.sentinel for p in alive], timeout=left)
+        killed = supervise(processes, hard_deadline, context.error_files)
     finally:
-        killed = end_processes(processes)
-        for path in context.error_files:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
         del store
     if INTERRUPTED.is_set():
         # The signal thread writes the last word and exits with 128 + signum (within its 5 s backstop).
