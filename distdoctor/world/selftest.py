@@ -21,6 +21,7 @@ import dataclasses
 import os
 import secrets
 import signal
+import socket
 import sys
 import threading
 import time
@@ -212,8 +213,14 @@ def run_selftest(
         # More ranks than GPUs (one GPU, default N=2): one GPU per rank is impossible, so the
         # world runs gloo, as such a job would have to; nccl is tested when N <= GPUs.
         config = dataclasses.replace(config, backend="gloo")
-    store = TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False,
-                     timeout=timedelta(seconds=max(config.timeout, 1.0)))
+    # The store's socket listens before the ranks are forked, its server starts after: a process
+    # forked while the store's server thread runs can inherit a lock that thread held, and its own
+    # TCPStore client then never completes the handshake (seen as 1 rank in 16 "never checked in"
+    # with 8x more ranks than cores). Connections made before the server starts wait in the backlog.
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind((LOOPBACK, 0))
+    listener.listen(1024)
+    port = listener.getsockname()[1]
     run_id = secrets.token_hex(6)
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
     live_status = bool(live is not None and live.enabled)
@@ -223,13 +230,16 @@ def run_selftest(
     sys.stderr.flush()
     context = mp.start_processes(
         _rank_main,
-        args=(size, store.port, run_id, os.getpid(), config, render, all_ranks, started, list(argv or sys.argv),
+        args=(size, port, run_id, os.getpid(), config, render, all_ranks, started, list(argv or sys.argv),
               live_status, rank_body),
         nprocs=size,
         join=False,
         start_method=method,
     )
     processes = list(context.processes)
+    # The server takes the socket over (and closes it when the store is deleted).
+    store = TCPStore(LOOPBACK, port, is_master=True, wait_for_workers=False,
+                     timeout=timedelta(seconds=max(config.timeout, 1.0)), master_listen_fd=listener.detach())
     set_interrupt_handler(lambda signum: interrupt_world(processes, signum))
     hard_deadline = started + config.timeout + NON_ROOT_GRACE_S + EXPIRE_GRACE_S + SUPERVISOR_SLACK_S
     try:
