@@ -8,6 +8,17 @@ import time
 # here. Never from the process's start time: `bash -c "pip install ... && distdoctor check"` and
 # `exec distdoctor check` run distdoctor in a process that may have lived for minutes already.
 STARTED = time.monotonic()
+_first_command = [True]
+
+
+def command_started() -> float:
+    """When this command started: STARTED for the process's first command (the real CLI), and
+    now for any later one in the same process (the app invoked in-process, as tests do), whose
+    deadline must not count the time since the module was imported."""
+    if _first_command[0]:
+        _first_command[0] = False
+        return STARTED
+    return time.monotonic()
 
 import functools  # noqa: E402
 import io  # noqa: E402
@@ -207,7 +218,7 @@ def check(
     from distdoctor.machine.launch_line import LaunchLineError
     from distdoctor.machine.launchers import NONE, detect
 
-    started = STARTED
+    started = command_started()
     env = by_hand_env(rank=rank, world_size=world_size, master_addr=master_addr, master_port=master_port)
     if nproc is not None and detect(env, sys.argv).launcher != NONE:
         fail_usage("--nproc starts a self-test world on this node; under a launcher every process is already one rank")
@@ -282,7 +293,7 @@ def bench(
     from distdoctor.bench.entry import BenchUsageError, bench_entry  # loaded only when this path runs
     from distdoctor.bench.settings import BACKENDS, BenchSettings  # loaded only when this path runs
     from distdoctor.bench.sizes import OPS, SizeError, parse_ops, parse_size, parse_sizes  # loaded only when this path runs
-    started = STARTED  # the deadline counts from distdoctor's own start, as check's does
+    started = command_started()  # the deadline counts from distdoctor's own start, as check's does
     if fmt not in ("rich", "json", "markdown"):
         fail_usage(f"--format: expected rich, json or markdown, got {fmt!r}")
     if backend is not None and backend not in BACKENDS:

@@ -136,3 +136,16 @@ def test_real_process_with_garbage_never_prints_a_traceback(tmp_path):
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == 1
     assert json.loads(proc.stdout)["status"] == "error"
+
+
+def test_a_later_command_in_the_same_process_gets_its_own_deadline(clean_env, monkeypatch):
+    # The CLI module was imported long ago (a test session, an embedding program): a command run
+    # now must not count that time against its --timeout (it exited 3, "cut off", in the suite).
+    import time
+
+    import distdoctor.cli as cli
+
+    monkeypatch.setattr(cli, "STARTED", time.monotonic() - 10_000)
+    monkeypatch.setattr(cli, "_first_command", [False])
+    result = invoke([*LOCAL, "--timeout", "60"])
+    assert result.exit_code in (0, 1), result.output

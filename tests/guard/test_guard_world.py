@@ -11,11 +11,11 @@ import pytest
 from distdoctor.testing import run_distributed
 
 pytestmark = pytest.mark.multiproc
-SCENARIOS = str(Path(__file__).with_name("rank_scenarios.py"))
+SCENARIOS = str(Path(__file__).with_name("guard_scenarios.py"))
 
 
 def run(name: str, timeout: float = 90, **kwargs):
-    result = run_distributed(f"rank_scenarios:{name}", module_file=SCENARIOS, world_size=2, timeout=timeout,
+    result = run_distributed(f"guard_scenarios:{name}", module_file=SCENARIOS, world_size=2, timeout=timeout,
                              env={"OMP_NUM_THREADS": "1"}, **kwargs)
     assert result.ok, result.failure_message()
     return result
@@ -24,7 +24,7 @@ def run(name: str, timeout: float = 90, **kwargs):
 def line_of(tag: str) -> str:
     for number, text in enumerate(Path(SCENARIOS).read_text().splitlines(), 1):
         if text.rstrip().endswith(f"# LINE:{tag}"):
-            return f"rank_scenarios.py:{number}"  # the guard shows paths relative to the rank's cwd
+            return f"guard_scenarios.py:{number}"  # the guard shows paths relative to the rank's cwd
     raise AssertionError(tag)
 
 
@@ -46,7 +46,7 @@ def test_a_healthy_loop_passes_with_no_findings():
 
 def test_a_dropped_isend_is_reported_with_its_line(tmp_path):
     seen = tmp_path / "seen"
-    result = run_distributed("rank_scenarios:dropped_isend", module_file=SCENARIOS, world_size=2, timeout=90,
+    result = run_distributed("guard_scenarios:dropped_isend", module_file=SCENARIOS, world_size=2, timeout=90,
                              kwargs={"seen_file": str(seen)}, env={"OMP_NUM_THREADS": "1"})
     assert seen.exists(), result.failure_message()
     assert f"{line_of('dropped')} in dropped_isend: the Work was dropped without wait()" in seen.read_text()
@@ -65,7 +65,7 @@ def test_a_work_pending_at_destroy_is_reported(tmp_path):
 def test_a_sleeping_rank_is_named_as_straggler_within_the_hang_timeout(tmp_path):
     marker = tmp_path / "sleep-started"
     hang_timeout = 3.0
-    result = run_distributed("rank_scenarios:straggler", module_file=SCENARIOS, world_size=2, timeout=90,
+    result = run_distributed("guard_scenarios:straggler", module_file=SCENARIOS, world_size=2, timeout=90,
                              kwargs={"line_file": str(marker)},
                              env={"OMP_NUM_THREADS": "1", "DISTDOCTOR_REPORT_DIR": str(tmp_path)})
     ended = time.time()
@@ -95,7 +95,7 @@ def test_a_rank_that_left_its_loop_is_named_uneven_inputs():
 
 
 def test_a_frozen_rank_is_named_missing():
-    result = run_distributed("rank_scenarios:frozen_rank", module_file=SCENARIOS, world_size=2, timeout=90,
+    result = run_distributed("guard_scenarios:frozen_rank", module_file=SCENARIOS, world_size=2, timeout=90,
                              env={"OMP_NUM_THREADS": "1"})
     rank0 = result.ranks[0]
     assert rank0.status == "failed" and rank0.exitcode == 1, result.failure_message()
