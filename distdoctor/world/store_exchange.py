@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import secrets
 import threading
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -295,6 +296,11 @@ def _host_store(spec: "WorldSpec", deadline: float, clock: Callable[[], float], 
     return store, client_host
 
 
+# A host name or an IP literal (IPv6 with its zone and brackets): anything else (a URL, `user@`,
+# spaces) cannot name a host, whatever a resolver might make of it.
+_PLAIN_HOST = re.compile(r"[A-Za-z0-9._:%\[\]-]{1,253}")
+
+
 def open_store(spec: WorldSpec, deadline: float, clock: Callable[[], float] = time.monotonic,
                probes: Any = None) -> tuple[Any, bool, str]:
     """Connect to (or host) the c10d store; returns (store, hosted_here, the host connected to).
@@ -305,6 +311,11 @@ def open_store(spec: WorldSpec, deadline: float, clock: Callable[[], float] = ti
     left = deadline - clock()
     if left <= 0:
         raise WorldError("no time was left to reach the store", reason="no_time")
+    if not _PLAIN_HOST.fullmatch(spec.master_addr or ""):
+        # Never handed to torch: its C++ client prints the address it tried (a `user:password@`
+        # included) on stderr, where no redaction of ours reaches.
+        raise WorldError(f"MASTER_ADDR={spec.master_addr!r} is not a host name or an IP address, so no store "
+                         "was contacted", data={"master_addr": spec.master_addr, "probe": "not_a_host"})
     host = spec.master_addr
     if spec.store_host == "rank0" and spec.rank == 0:
         store, host = _host_store(spec, deadline, clock, probes)
