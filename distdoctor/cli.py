@@ -8,13 +8,15 @@ import time
 # here. Never from the process's start time: `bash -c "pip install ... && distdoctor check"` and
 # `exec distdoctor check` run distdoctor in a process that may have lived for minutes already.
 STARTED = time.monotonic()
-_first_command = [True]
+# True while the process runs as the `distdoctor` command (run(), the console script and
+# `python -m distdoctor`) and its first command has not started yet.
+_first_command = [False]
 
 
 def command_started() -> float:
-    """When this command started: STARTED for the process's first command (the real CLI), and
-    now for any later one in the same process (the app invoked in-process, as tests do), whose
-    deadline must not count the time since the module was imported."""
+    """When this command started: STARTED for the `distdoctor` process's first command, and now
+    for a command of the app invoked in-process (as tests do), whose deadline must not count the
+    time since the module was imported."""
     if _first_command[0]:
         _first_command[0] = False
         return STARTED
@@ -574,6 +576,7 @@ def run() -> None:
     """Console-script entry point: usage errors exit 2, never a traceback; SIGINT/SIGTERM end the
     process with 130/143 after a last word (see distdoctor.core.interrupt)."""
     install_watcher(default=say_interrupted)
+    _first_command[0] = True
     try:
         app()
     except KeyboardInterrupt:

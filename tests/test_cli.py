@@ -146,6 +146,6 @@ def test_a_later_command_in_the_same_process_gets_its_own_deadline(clean_env, mo
     import distdoctor.cli as cli
 
     monkeypatch.setattr(cli, "STARTED", time.monotonic() - 10_000)
-    monkeypatch.setattr(cli, "_first_command", [False])
+    monkeypatch.setattr(cli, "_first_command", [False])  # as in-process (CliRunner) runs are
     result = invoke([*LOCAL, "--timeout", "60"])
     assert result.exit_code in (0, 1), result.output
