@@ -29,19 +29,6 @@ import shutil  # noqa: E402
 import sys  # noqa: E402
 
 
-def _invoked_as_check(argv: list[str]) -> bool:
-    """`distdoctor [--local-rank=N] check ...`: the first word that is not an option."""
-    words = [a for a in argv[1:] if not a.startswith("-")]
-    return bool(words) and words[0] == "check"
-
-
-if _invoked_as_check(sys.argv):
-    # torch (1-7 s to import) starts loading now, on a thread, while the command line is parsed
-    # (typer alone takes 0.1-0.3 s) and the checks that need no torch run.
-    from distdoctor.dispatch import start_torch_import
-
-    start_torch_import()
-
 import difflib  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path

@@ -27,9 +27,14 @@ _importer: threading.Thread | None = None
 
 
 def start_torch_import() -> threading.Thread:
-    """Import torch on a thread (once per process): the caller goes on (parsing the command line,
-    the local checks' probes, the deadline) while torch loads, which takes most of a run's
-    start-up (1-7 s on a busy node). Returns the thread, to join with a deadline."""
+    """Import torch on a thread (once per process), so that the self-test can wait for it with a
+    deadline (1-7 s on a busy node). Returns the thread, to join with a deadline.
+
+    Nothing else may import torch while it runs: a thread importing ``torch.distributed`` while
+    torch's ``__init__`` is still running elsewhere finds a half-initialised ``torch`` in
+    sys.modules, and torch's C++ init then aborts the process ("terminate called after throwing an
+    instance of 'python_error'", seen as rank 0 of a world exiting -6 with no report). So only the
+    self-test path starts it, and joins it before anything else touches torch."""
     global _importer
     if _importer is not None:
         return _importer
@@ -72,9 +77,6 @@ def check_entry(
     if not cross_rank_requested(config):
         from distdoctor.machine.host import diagnose_here  # a local-only run loads nothing of the other paths
 
-        # torch loads on a thread while the checks that need no torch (interfaces, DNS, ports,
-        # limits) run: the local stage then costs about one `import torch`.
-        start_torch_import()
         PROGRESS.set_stage("local")
         report = diagnose_here(config, env=env, argv=argv, started=started)
         render(report)
