@@ -69,3 +69,17 @@ def deadline_bound(timeout: float, grace: float = 1.0) -> float:
     from its Popen: its deadline and grace on its own clock, plus the interpreter's start before
     that clock starts and the load's delays, which scale with the measured start-up time."""
     return timeout + grace + 1.5 * measured_startup_s()
+
+
+def json_objects(text: str) -> list[dict]:
+    """Every JSON object printed on a stream, in order (one report, or one per rank with --all-ranks)."""
+    import json
+
+    decoder, out, i = json.JSONDecoder(), [], 0
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i >= len(text):
+            return out
+        value, i = decoder.raw_decode(text, i)
+        out.append(value)

@@ -19,6 +19,8 @@ from datetime import timedelta
 
 import pytest
 
+from tests.conftest import json_objects
+
 torch_dist = pytest.importorskip("torch.distributed")
 
 pytestmark = pytest.mark.multiproc
@@ -65,18 +67,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _objects(text: str) -> list[dict]:
-    """Every JSON object printed on stdout, in order."""
-    decoder, out, i = json.JSONDecoder(), [], 0
-    while True:
-        while i < len(text) and text[i].isspace():
-            i += 1
-        if i >= len(text):
-            return out
-        value, i = decoder.raw_decode(text, i)
-        out.append(value)
-
-
 def _run_world(write) -> tuple[list[dict], list[str], list[float], list[int]]:
     store = torch_dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                 timeout=timedelta(seconds=30))
@@ -101,7 +91,7 @@ def _run_world(write) -> tuple[list[dict], list[str], list[float], list[int]]:
             outs.append(out)
             errs.append(err)
             codes.append(proc.returncode)
-        return [o for out in outs for o in _objects(out)], errs, took, codes
+        return [o for out in outs for o in json_objects(out)], errs, took, codes
     finally:
         for _, proc in procs:
             if proc.poll() is None:

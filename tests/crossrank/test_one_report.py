@@ -3,7 +3,6 @@ local check outliving the run's deadline."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -11,6 +10,8 @@ import sys
 import time
 
 import pytest
+
+from tests.conftest import json_objects
 
 pytestmark = pytest.mark.multiproc
 TIMEOUT_S = 20.0
@@ -27,17 +28,6 @@ def outlives_the_deadline(ctx):
 '''
 
 
-def _objects(text: str) -> list[dict]:
-    decoder, out, i = json.JSONDecoder(), [], 0
-    while True:
-        while i < len(text) and text[i].isspace():
-            i += 1
-        if i >= len(text):
-            return out
-        value, i = decoder.raw_decode(text, i)
-        out.append(value)
-
-
 def _selftest(*args: str, timeout: float = TIMEOUT_S) -> tuple[list[dict], str, int, float]:
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "distdoctor", "check", "--nproc", "2", "--format", "json",
@@ -48,7 +38,7 @@ def _selftest(*args: str, timeout: float = TIMEOUT_S) -> tuple[list[dict], str, 
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=10)
-    return _objects(out), err, proc.returncode, time.monotonic() - started
+    return json_objects(out), err, proc.returncode, time.monotonic() - started
 
 
 @pytest.mark.parametrize("args, finding", [

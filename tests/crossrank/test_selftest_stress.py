@@ -8,7 +8,6 @@ foreign service) showed up in about one run in ten.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,8 @@ import sys
 import time
 
 import pytest
+
+from tests.conftest import json_objects
 
 pytestmark = pytest.mark.multiproc
 CORES = 2
@@ -29,17 +30,6 @@ def _pin() -> None:
     cpus = sorted(os.sched_getaffinity(0))[:CORES]
     os.sched_setaffinity(0, cpus)
     os.setsid()
-
-
-def _objects(text: str) -> list[dict]:
-    decoder, out, i = json.JSONDecoder(), [], 0
-    while True:
-        while i < len(text) and text[i].isspace():
-            i += 1
-        if i >= len(text):
-            return out
-        value, i = decoder.raw_decode(text, i)
-        out.append(value)
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
@@ -60,7 +50,7 @@ def test_many_more_ranks_than_cores_all_check_in_and_one_report(factor):
         label = f"run {run + 1} of {RUNS} with {nproc} ranks on {CORES} cores"
         assert "Traceback" not in err, f"{label}:\n{err[-3000:]}"
         assert took <= TIMEOUT_S + SLACK_S, f"{label} took {took:.1f}s"
-        reports = _objects(out)
+        reports = json_objects(out)
         assert len(reports) == 1, f"{label}: {len(reports)} reports"
         (report,) = reports
         assert report["world"]["ranks_missing"] == [], f"{label}: {report['world']}"

@@ -8,7 +8,6 @@ every PID it ever saw is gone.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.conftest import json_objects
 
 HERE = Path(__file__).resolve().parent
 HANG_CHECKS = HERE / "hang_checks"
@@ -65,14 +66,7 @@ class Proc:
 
     def reports(self) -> list[dict]:
         """Every JSON report on stdout (one unless --all-ranks)."""
-        out, decoder, i, text = [], json.JSONDecoder(), 0, self.stdout
-        while True:
-            while i < len(text) and text[i].isspace():
-                i += 1
-            if i >= len(text):
-                return out
-            value, i = decoder.raw_decode(text, i)
-            out.append(value)
+        return json_objects(self.stdout)
 
     def report(self) -> dict:
         reports = self.reports()
