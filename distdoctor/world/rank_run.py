@@ -748,16 +748,7 @@ class RankRun:
                 done = done if isinstance(done, set) else set()
                 stuck = sorted({0, *(r for r in expected if r != 0 and r not in done)})
         running = running_checks({r.name for r in list(self.runner.state.results)})
-        deadline_finding = self._interrupted_finding(stage, stuck, running, interrupted) if interrupted else RUN_DEADLINE(
-            f"The {stage} stage did not finish before the run's deadline on ranks {format_ranks(stuck)}"
-            + (f" (running: {', '.join(running)})" if running else ""),
-            detail=f"The watchdog ended the run {self.config.timeout:g}s after distdoctor started, in the {stage} "
-            "stage" + (f", while {', '.join(running)} {'was' if len(running) == 1 else 'were'} running" if running else "")
-            + "; the report is partial.",
-            ranks=stuck,
-            check="watchdog",
-            data={"stage": stage, "running": running},
-        )
+        deadline_finding = self._cutoff_finding(stage, stuck, running, interrupted)
         findings = [f for f in list(self.runner.state.findings) if f.id not in (RUN_DEADLINE.id, RUN_INTERRUPTED.id)]
         self.runner.state.findings = findings
         self.runner.state.incomplete = True
@@ -772,16 +763,23 @@ class RankRun:
         report.incomplete = True
         return report
 
-    def _interrupted_finding(self, stage: str, stuck: list[int], running: list[str], signame: str) -> Finding:
-        return RUN_INTERRUPTED(
-            f"The {stage} stage was interrupted by {signame} on ranks {format_ranks(stuck)}"
-            + (f" (running: {', '.join(running)})" if running else ""),
-            detail=f"distdoctor received {signame} {self.clock() - self.started:.1f}s after it started, in the {stage} "
-            "stage" + (f", while {', '.join(running)} {'was' if len(running) == 1 else 'were'} running" if running else "")
-            + "; the report is partial.",
-            ranks=stuck,
-            check="signal",
-            data={"stage": stage, "running": running, "signal": signame},
+    def _cutoff_finding(self, stage: str, stuck: list[int], running: list[str], signame: str | None) -> Finding:
+        """The word on a cut-off run: the deadline (core.E004), or a signal when ``signame`` (core.E006)."""
+        doing = f" (running: {', '.join(running)})" if running else ""
+        during = f", while {', '.join(running)} {'was' if len(running) == 1 else 'were'} running" if running else ""
+        data = {"stage": stage, "running": running}
+        if signame:
+            return RUN_INTERRUPTED(
+                f"The {stage} stage was interrupted by {signame} on ranks {format_ranks(stuck)}{doing}",
+                detail=f"distdoctor received {signame} {self.clock() - self.started:.1f}s after it started, "
+                f"in the {stage} stage{during}; the report is partial.",
+                ranks=stuck, check="signal", data={**data, "signal": signame},
+            )
+        return RUN_DEADLINE(
+            f"The {stage} stage did not finish before the run's deadline on ranks {format_ranks(stuck)}{doing}",
+            detail=f"The watchdog ended the run {self.config.timeout:g}s after distdoctor started, "
+            f"in the {stage} stage{during}; the report is partial.",
+            ranks=stuck, check="watchdog", data=data,
         )
 
     def _testing_hang(self, stage: str) -> None:
