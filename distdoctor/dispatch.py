@@ -13,7 +13,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from distdoctor.core.config import Config
 from distdoctor.core.progress import PROGRESS
-from distdoctor.core.registry import CROSS_RANK_STAGES, Registry
+from distdoctor.core.registry import Registry
+from distdoctor.core.stages import CROSS_RANK_STAGES
 from distdoctor.core.report import Report
 import dataclasses
 import sys

@@ -5,6 +5,7 @@ from __future__ import annotations
 from distdoctor.core.context import CheckContext
 from distdoctor.machine.launchers import LSF, MPICH, OPENMPI, PMIX, SLURM
 from distdoctor.machine.probes import Unknown
+from distdoctor.machine.torch_facts import CANNOT_IMPORT, import_failed
 from distdoctor.core.registry import check, finding_kind
 
 DISTRIBUTED_MISSING = finding_kind(
@@ -27,6 +28,11 @@ NCCL_VERSIONS = finding_kind(
     title="NCCL and CUDA versions in use",
     hint="Every rank must run the same torch, CUDA and NCCL versions",
 )
+TORCH_BROKEN = finding_kind(
+    "backend.C006", cause="backend_unavailable",
+    title="torch cannot be imported in this environment",
+    hint="Reinstall torch in the job's environment; `python -c 'import torch'` shows the error",
+)
 MPI_WITHOUT_MPIRUN = finding_kind(
     "backend.W005", cause="launcher_misuse",
     title="The mpi backend is requested but no MPI launcher started this process",
@@ -48,15 +54,26 @@ def torch_backends(ctx: CheckContext):
     return ctx.torch_info()
 
 
-@check(stage="local", tags=("backend",), emits=(DISTRIBUTED_MISSING, BACKEND_NOT_BUILT, BACKENDS_UNKNOWN, NCCL_VERSIONS))
+@check(stage="local", tags=("backend",), emits=(DISTRIBUTED_MISSING, BACKEND_NOT_BUILT, BACKENDS_UNKNOWN, NCCL_VERSIONS, TORCH_BROKEN))
 def backend_available(ctx: CheckContext):
-    """torch.distributed is available and the requested backend is built."""
+    """torch imports, torch.distributed is available and the requested backend is built."""
     info = torch_backends(ctx)
     backend = ctx.backend
+    if isinstance(info, Unknown) and import_failed(info.reason):
+        yield TORCH_BROKEN(
+            f"torch cannot be imported here: {info.reason.removeprefix(CANNOT_IMPORT + ': ')}",
+            detail="Every rank imports torch first: with this environment (PYTHONPATH, LD_LIBRARY_PATH, the "
+            "installed wheel) the job fails before any process group exists."
+            + (" A crash (a signal) usually means a broken CUDA or system library under torch." if "ended by" in info.reason else ""),
+            remediation="Run `python -c 'import torch'` in the job's environment and reinstall torch "
+            "(pip install --force-reinstall torch==<version>), or fix the library path it names",
+            data={"reason": info.reason},
+        )
+        return
     if isinstance(info, Unknown):
         yield BACKENDS_UNKNOWN(
             f"Could not tell whether backend {backend!r} is built: {info.reason}",
-            detail="Importing torch (or torch.distributed) failed or timed out in this process.",
+            detail="Reading torch's build (importing torch, or torch.distributed) did not give an answer.",
             remediation="Run `python -c 'import torch, torch.distributed as d; print(d.is_available())'` in the job's environment",
             data={"backend": backend, "reason": info.reason},
         )

@@ -19,11 +19,13 @@ value makes ProcessGroupNCCL's constructor fail with "Invalid value for environm
 
 from __future__ import annotations
 
+import sys
+
 from distdoctor.checks._support import remedies
 from distdoctor.checks._support.c_integers import leading_int
 from distdoctor.core.context import CheckContext
 from distdoctor.core.registry import check, finding_kind
-import sys
+from distdoctor.machine import torch_facts
 
 DEFAULT_TIMEOUT_S = {"nccl": 600.0}
 DEFAULT_OTHER_TIMEOUT_S = 1800.0
@@ -110,7 +112,8 @@ def _bool(ctx: CheckContext, names: tuple[str, ...]) -> bool | None:
 
 
 def default_timeout_s(backend: str) -> float:
-    """torch's own default for this backend, read from torch when it is already imported."""
+    """torch's own default for this backend, read from torch when it is already imported, or from
+    the child that read torch's facts once it has answered; else the defaults of torch 2.x."""
 
     constants = sys.modules.get("torch.distributed.constants")
     try:
@@ -120,6 +123,12 @@ def default_timeout_s(backend: str) -> float:
                 return value.total_seconds()
     except Exception:
         pass
+    child = torch_facts.prefetched()
+    timeouts = (child.finished() or {}).get("timeouts") if child is not None else None
+    if isinstance(timeouts, dict):
+        value = timeouts.get("nccl" if backend == "nccl" else "other")
+        if isinstance(value, (int, float)):
+            return float(value)
     return DEFAULT_TIMEOUT_S.get(backend, DEFAULT_OTHER_TIMEOUT_S)
 
 

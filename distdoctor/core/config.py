@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from distdoctor.core.findings import Severity
-from distdoctor.core.registry import STAGES
+from distdoctor.core.stages import STAGES
 
 ENV_PREFIX = "DISTDOCTOR_"
 BACKENDS = ("nccl", "gloo", "mpi", "ucc", "xccl")

@@ -33,9 +33,7 @@ import io
 import importlib.metadata
 from distdoctor.core.plugin_vetting import vet_files
 
-STAGES: tuple[str, ...] = ("local", "rendezvous", "collective")
-# The stages that need a world of ranks; a run without them stays on this process.
-CROSS_RANK_STAGES: tuple[str, ...] = ("rendezvous", "collective")
+from distdoctor.core.stages import STAGES
 ENTRY_POINT_GROUP = "distdoctor.checks"
 BUILTIN_PACKAGE = "distdoctor.checks"
 

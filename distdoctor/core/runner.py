@@ -23,7 +23,8 @@ from distdoctor.core.context import CheckContext
 from distdoctor.core.muted_output import muted_thread
 from distdoctor.core.kinds import CHECK_CRASHED, CHECK_TIMED_OUT, RUN_DEADLINE
 from distdoctor.core.findings import Finding, Severity
-from distdoctor.core.registry import STAGES, Check, Registry, SkipCheck
+from distdoctor.core.registry import Check, Registry, SkipCheck
+from distdoctor.core.stages import STAGES
 import os
 import traceback
 from fnmatch import fnmatchcase

@@ -18,6 +18,7 @@ from typing import Any, Callable, TypeVar
 import resource
 from distdoctor.machine.service_identity import identify
 from distdoctor.machine.cpus import cpu_budget
+from distdoctor.machine import torch_facts
 
 T = TypeVar("T")
 
@@ -358,61 +359,39 @@ class Probes:
     # -- torch ----------------------------------------------------------------------------
     @never_raises
     def torch_info(self) -> dict[str, Any]:
-        import torch  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
-
-        info: dict[str, Any] = {
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "distributed": torch.distributed.is_available(),
-            "backends": {},
-            "nccl": None,
-        }
-        if info["distributed"]:
-            import torch.distributed as dist  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
-
-            for backend in ("gloo", "nccl", "mpi", "ucc", "xccl"):
-                probe = getattr(dist, f"is_{backend}_available", None)
-                info["backends"][backend] = bool(probe()) if probe else False
-        if info["backends"].get("nccl"):
-            try:
-                info["nccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
-            except Exception:
-                info["nccl"] = None
-        return info
+        """torch's version, CUDA, NCCL and built backends: from the child the command started
+        (distdoctor.machine.torch_facts), else read here (importing torch)."""
+        return _fact("torch_info", torch_facts.read_torch_info)
 
     @never_raises
     def gpus(self) -> list[GPU]:
         """The GPUs this process sees (after CUDA_VISIBLE_DEVICES), without creating a CUDA context.
 
-        Device properties come from torch (cudaGetDeviceProperties needs no context); memory in
-        use and the processes holding it come from NVML when pynvml is installed, matched by UUID
-        (NVML numbers GPUs in PCI order, CUDA may not). torch.cuda.mem_get_info is avoided on
-        purpose: it creates a context (hundreds of MiB) on every GPU it touches.
+        Device properties come from torch (torch_facts.read_gpus); memory in use and the
+        processes holding it come from NVML when pynvml is installed, matched by UUID (NVML
+        numbers GPUs in PCI order, CUDA may not).
         """
-        import torch  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
-
-        if not torch.backends.cuda.is_built() or not torch.cuda.is_available():
-            return []
+        devices = _fact("gpus", torch_facts.read_gpus)
+        if isinstance(devices, Unknown) or not devices:
+            return devices
         usage = _nvml_usage()
         out = []
-        for index in range(torch.cuda.device_count()):
-            props = torch.cuda.get_device_properties(index)
-            raw_uuid = getattr(props, "uuid", None)
-            uuid = None
-            if raw_uuid is not None:
-                uuid = str(raw_uuid) if str(raw_uuid).startswith("GPU-") else f"GPU-{raw_uuid}"
-            used, processes = usage.get(uuid or "", (None, ()))
-            out.append(
-                GPU(
-                    index=index,
-                    name=props.name,
-                    uuid=uuid,
-                    total_memory=props.total_memory,
-                    used_memory=used,
-                    processes=processes,
-                )
-            )
+        for device in devices:
+            used, processes = usage.get(device["uuid"] or "", (None, ()))
+            out.append(GPU(index=device["index"], name=device["name"], uuid=device["uuid"],
+                           total_memory=device["total_memory"], used_memory=used, processes=processes))
         return out
+
+
+def _fact(name: str, read_here: Callable[[], T]) -> T | Unknown:
+    """One of torch's facts: the prefetched child's answer when the command started one."""
+    child = torch_facts.prefetched()
+    if child is None:
+        return read_here()
+    value = child.facts().get(name)
+    if isinstance(value, dict) and torch_facts.UNKNOWN_KEY in value:
+        return Unknown(str(value[torch_facts.UNKNOWN_KEY]))
+    return value
 
 
 def _nvml_usage() -> dict[str, tuple[int | None, tuple[int, ...]]]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from distdoctor.core.context import CheckContext
 from distdoctor.machine.launchers import RENDEZVOUS_VARS
+from distdoctor.machine import torch_facts
 from distdoctor.machine.probes import Probes, Unknown
 from distdoctor.core.redact import redact_env, scrub, secret_values
 
@@ -48,8 +49,9 @@ def distdoctor_version() -> str:
 def report_facts() -> dict[str, Any]:
     """What a bug report needs next to the findings: versions, host, time (additive to the schema).
 
-    torch, CUDA and NCCL are read only when torch is already loaded (every `check` loads it;
-    `explain` reads logs and does not): those fields are null otherwise.
+    torch, CUDA and NCCL are read only when torch is already loaded, or the child that reads
+    torch's facts has answered (every `check` does one or the other; `explain` reads logs and does
+    neither): those fields are null otherwise. Never waits.
     """
     facts: dict[str, Any] = {
         "distdoctor": distdoctor_version(),
@@ -60,10 +62,14 @@ def report_facts() -> dict[str, Any]:
         "host": socket.gethostname(),
         "time_utc": utc_now(),
     }
-    if "torch" in sys.modules:
+    child = torch_facts.prefetched()
+    info: Any = None
+    if child is not None:
+        info = (child.finished() or {}).get("torch_info")
+    elif "torch" in sys.modules:
         info = Probes().torch_info()
-        if isinstance(info, dict):
-            facts.update(torch=info.get("torch"), cuda=info.get("cuda"), nccl=info.get("nccl"))
+    if isinstance(info, dict):
+        facts.update(torch=info.get("torch"), cuda=info.get("cuda"), nccl=info.get("nccl"))
     return facts
 
 

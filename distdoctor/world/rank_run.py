@@ -40,7 +40,8 @@ from distdoctor.core.engine import load_registry, report_from_runner
 from distdoctor.core.findings import Finding, Severity
 from distdoctor.machine.probes import Probes, call_with_deadline
 from distdoctor.core.redact import secret_values
-from distdoctor.core.registry import CROSS_RANK_STAGES, STAGES, Registry
+from distdoctor.core.registry import Registry
+from distdoctor.core.stages import CROSS_RANK_STAGES, STAGES
 from distdoctor.core.report import EXIT_INCOMPLETE, Report, WorldSummary, build_report, format_ranks
 from distdoctor.core.runner import Runner
 from distdoctor.machine.snapshot import collect_snapshot

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from distdoctor.core.config import Config
 from distdoctor.core.engine import load_registry, report_from_runner
-from distdoctor.core.registry import STAGES
+from distdoctor.core.stages import STAGES
 from distdoctor.core.kinds import RUN_DEADLINE
 from distdoctor.core.report import WorldSummary, build_report
 from distdoctor.core.runner import Runner
