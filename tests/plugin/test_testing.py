@@ -26,6 +26,11 @@ def test_three_ranks_see_the_launcher_environment():
     assert result.ok, result.failure_message()
 
 
+def test_no_rank_leaves_before_every_rank_has_finished():
+    result = run_distributed("rank_bodies:last_to_finish_sees_every_peer_alive", module_file=BODIES, world_size=3, timeout=90)
+    assert result.ok, result.failure_message()
+
+
 def test_local_functions_are_refused():
     def inner():
         pass
