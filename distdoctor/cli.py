@@ -77,8 +77,13 @@ def _default_text(name: str) -> str | None:
     return str(getattr(default, "label", default))
 
 
+# Each configuration setting's long flag (stages -> --stage): errors name what the user typed.
+CLI_FLAGS: dict[str, str] = {}
+
+
 def _option(name: str, *flags: str, panel: str | None = None, metavar: str | None = None) -> Any:
     """A typer option for a configuration setting: its help and its default, from OPTIONS."""
+    CLI_FLAGS[name] = flags[0]
     default = _default_text(name)
     # Written into the help itself: typer shows a custom default text as "(60s)".
     text = f"{_help(name)} [dim]\\[default: {default}][/dim]" if default else _help(name)
@@ -148,7 +153,7 @@ def render_report(report: Any, fmt: str, output: Path | None, *, verbose: bool, 
 def load_check_config(options: dict[str, Any]) -> Any:
     """The check command's configuration; a bad value (or an absurd deadline) is a usage error."""
     try:
-        config = load_config(options)
+        config = load_config(options, cli_flags=CLI_FLAGS)
     except ConfigError as exc:
         fail_usage(str(exc))
     check_timeout_bounds(config.timeout, config.sources.get("timeout", "--timeout"))
@@ -471,7 +476,7 @@ def explain(
     --fail-level; 1 a cause was found at or above it; 2 unreadable input or usage error.
     """
     try:
-        config = load_config({"format": fmt, "fail_level": fail_level, "silence": silence})
+        config = load_config({"format": fmt, "fail_level": fail_level, "silence": silence}, cli_flags=CLI_FLAGS)
     except ConfigError as exc:
         fail_usage(str(exc))
     from distdoctor.explain import LogInputError, explain_files  # each command loads only its own logic: start-up stays light

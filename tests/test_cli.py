@@ -49,7 +49,7 @@ def test_garbage_env_gives_findings_and_exit_1(clean_env):
         ([*LOCAL, "--timeout", "soon"], "Invalid value"),
         ([*LOCAL, "--fail-level", "fatal"], "--fail-level: unknown severity"),
         ([*LOCAL, "--format", "yaml"], "--format: expected one of"),
-        ([*LOCAL, "--stage", "warmup"], "--stages"),
+        ([*LOCAL, "--stage", "warmup"], "--stage: expected some of"),  # the flag typed, not the setting's name
         ([*LOCAL, "--checks-dir", "/nonexistent/dir"], "does not exist"),
         (["show", "net.E999"], "unknown finding ID"),
     ],

@@ -226,8 +226,12 @@ def load_config(
     cwd: Path | None = None,
     pyproject: Path | None = None,
     use_pyproject: bool = True,
+    cli_flags: Mapping[str, str] | None = None,
 ) -> Config:
-    """Merge the sources; raise ConfigError naming the source of the first bad value."""
+    """Merge the sources; raise ConfigError naming the source of the first bad value.
+
+    ``cli_flags``: the flag each setting has on the caller's command line (stages -> --stage), so
+    that an error names the flag the user typed."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     sources: dict[str, str] = {name: "default" for name in OPTIONS}
@@ -258,7 +262,7 @@ def load_config(
     for name, raw in (cli or {}).items():
         if raw is None or raw == () or raw == []:
             continue
-        apply(name, raw, f"--{name.replace('_', '-')}")
+        apply(name, raw, (cli_flags or {}).get(name) or f"--{name.replace('_', '-')}")
 
     defaults = {name: option.default for name, option in OPTIONS.items()}
     return Config(**{**defaults, **values}, sources=sources)
