@@ -391,6 +391,8 @@ def _fact(name: str, read_here: Callable[[], T]) -> T | Unknown:
     value = child.facts().get(name)
     if isinstance(value, dict) and torch_facts.UNKNOWN_KEY in value:
         return Unknown(str(value[torch_facts.UNKNOWN_KEY]))
+    if value is None:
+        return Unknown(f"the child process that reads torch gave no {name}")
     return value
 
 

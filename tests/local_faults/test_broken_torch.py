@@ -130,3 +130,17 @@ def test_the_childs_answer_or_its_failure():
     assert not import_failed(silent)
     assert import_failed("ModuleNotFoundError: No module named 'torch'")
     assert not import_failed("torch_info did not answer within 5s")
+
+
+def test_a_fact_missing_from_the_childs_answer_is_unknown(monkeypatch):
+    from distdoctor.machine import torch_facts
+    from distdoctor.machine.probes import Probes, Unknown
+
+    class Answered:
+        def facts(self):
+            return {"torch_info": {"torch": "2.13.0"}}
+
+    monkeypatch.setattr(torch_facts, "_prefetched", Answered())
+    assert Probes().torch_info() == {"torch": "2.13.0"}
+    gpus = Probes().gpus()
+    assert isinstance(gpus, Unknown) and "gave no gpus" in gpus.reason
