@@ -71,6 +71,15 @@ def deadline_bound(timeout: float, grace: float = 1.0) -> float:
     return timeout + grace + 1.5 * measured_startup_s()
 
 
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago (the kernel's pick for port 0)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def json_objects(text: str) -> list[dict]:
     """Every JSON object printed on a stream, in order (one report, or one per rank with --all-ranks)."""
     import json

@@ -20,6 +20,7 @@ value makes ProcessGroupNCCL's constructor fail with "Invalid value for environm
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from distdoctor.checks._support import remedies
 from distdoctor.checks._support.c_integers import leading_int
@@ -114,21 +115,17 @@ def _bool(ctx: CheckContext, names: tuple[str, ...]) -> bool | None:
 def default_timeout_s(backend: str) -> float:
     """torch's own default for this backend, read from torch when it is already imported, or from
     the child that read torch's facts once it has answered; else the defaults of torch 2.x."""
-
-    constants = sys.modules.get("torch.distributed.constants")
-    try:
-        if constants is not None:
-            value = constants.default_pg_nccl_timeout if backend == "nccl" else constants.default_pg_timeout
-            if value is not None:
-                return value.total_seconds()
-    except Exception:
-        pass
-    child = torch_facts.prefetched()
-    timeouts = (child.finished() or {}).get("timeouts") if child is not None else None
-    if isinstance(timeouts, dict):
-        value = timeouts.get("nccl" if backend == "nccl" else "other")
-        if isinstance(value, (int, float)):
-            return float(value)
+    timeouts: Any = None
+    if "torch.distributed.constants" in sys.modules:
+        try:
+            timeouts = torch_facts.read_default_timeouts()
+        except Exception:
+            pass
+    elif (child := torch_facts.prefetched()) is not None:
+        timeouts = (child.finished() or {}).get("timeouts")
+    value = timeouts.get("nccl" if backend == "nccl" else "other") if isinstance(timeouts, dict) else None
+    if isinstance(value, (int, float)):
+        return float(value)
     return DEFAULT_TIMEOUT_S.get(backend, DEFAULT_OTHER_TIMEOUT_S)
 
 

@@ -12,16 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.conftest import measured_startup_s, slack_s
+from tests.conftest import free_port, measured_startup_s, slack_s
 
 pytestmark = pytest.mark.multiproc
 SCRIPT = str(Path(__file__).with_name("init_script.py"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(ranks: list[int], world_size: int, port: int, rdzv_timeout: float, deadline_s: float = 60,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -59,12 +58,6 @@ CASES = {
     "final word that is not an exit code": (_set("final", {"exit": "x"}), {"rdzv.W020"}),
     "claim counter that is not a number": (_set("claim/1", "abc"), {"rdzv.W020"}),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_world(write) -> tuple[list[dict], list[str], list[float], list[int]]:

@@ -20,7 +20,7 @@ from distdoctor.fakes import FakeProbes, fake_context
 from distdoctor.machine.probes import ConnectResult, Interface
 from distdoctor.world.watchdog import Watchdog
 from distdoctor.world.store_exchange import Arrival, CheckIns, GroupFailedElsewhere, World, WorldError, WorldSpec, open_store, wait_for_listener
-from tests.conftest import measured_startup_s
+from tests.conftest import free_port, measured_startup_s
 
 torch_dist = pytest.importorskip("torch.distributed")
 
@@ -89,12 +89,6 @@ def test_nobody_answering_arp_is_master_unreachable_not_a_firewall():
 def test_no_route_from_the_start_is_master_unreachable():
     problem = verdict(["no_route"])
     assert problem.kind == "no_route" and problem.cause == "master_unreachable"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank0_spec(addr: str, port: int) -> WorldSpec:

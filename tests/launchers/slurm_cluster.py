@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.conftest import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sinfo")
 CPUS = 4
 
@@ -31,12 +33,6 @@ def why_not_runnable() -> str | None:
     except KeyError:
         return "no 'munge' user (the munge package creates it)"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

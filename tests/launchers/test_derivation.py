@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -19,6 +18,7 @@ from distdoctor.machine.cpus import CpuBudget, parse_cpu_list
 from distdoctor.machine.hostlist import HostlistError, expand_hostlist, expand_task_counts
 from distdoctor.machine.launch_world import port_from_job_id
 from distdoctor.machine.launchers import detect
+from tests.conftest import free_port
 
 # -- host lists ---------------------------------------------------------------------------------
 
@@ -136,19 +136,13 @@ def test_bad_values_never_raise(name, value):
     assert info.launcher == "slurm"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("extra, variable", [
     ({"NODE_RANK": "²"}, "NODE_RANK"),
     ({"WORLD_SIZE": "99999999999999999999999"}, "WORLD_SIZE"),
 ])
 def test_bad_world_by_hand_is_a_finding_not_a_traceback(extra, variable):
     world = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-             "MASTER_PORT": str(_free_port())}
+             "MASTER_PORT": str(free_port())}
     env = child_env(**{**world, **extra})
     result = subprocess.run([sys.executable, "-m", "distdoctor", "check", "--format", "json", "--timeout", "30"],
                             env=env, capture_output=True, text=True, timeout=90)

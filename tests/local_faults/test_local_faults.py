@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from .conftest import base_env, check_local, engine_local, free_port, run
-from tests.conftest import measured_startup_s
+from tests.conftest import free_port, measured_startup_s
+
+from .conftest import base_env, check_local, engine_local, run
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import deadline_bound
-from conftest import base_env, by_name, diagnostics, distdoctor, findings, free_port
+from conftest import base_env, by_name, diagnostics, distdoctor, findings
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.multiproc
 

@@ -13,7 +13,8 @@ import time
 import pytest
 
 from tests.conftest import deadline_bound
-from conftest import HANG_CHECKS, base_env, by_name, diagnostics, distdoctor, findings, free_port
+from conftest import HANG_CHECKS, base_env, by_name, diagnostics, distdoctor, findings
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.multiproc
 
