@@ -74,10 +74,11 @@ def sample_payload(rank: int) -> dict[str, Any]:
 def simulate(size: int) -> dict[str, Any]:
     from torch.distributed import TCPStore
 
-    from distdoctor.world.rank_run import merge_check_entries
+    from distdoctor.world.rank_payload import merge_check_entries
     from distdoctor.core.findings import Finding
     from distdoctor.core.report import merge_findings
-    from distdoctor.world.store_exchange import World, WorldSpec
+    from distdoctor.world.store_exchange import World
+    from distdoctor.world.store_open import WorldSpec
 
     server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
 

@@ -83,7 +83,7 @@ def check_entry(
         render(report)
         return report.exit_code(config.fail_level)
     if launch.launcher == NONE:
-        from distdoctor.world.rank_run import working_reserve  # the cross-rank machinery stays off the local-only path
+        from distdoctor.world.rank_state import working_reserve  # the cross-rank machinery stays off the local-only path
         from distdoctor.world.selftest import out_of_time_report, run_selftest  # the cross-rank machinery stays off the local-only path
 
         PROGRESS.set_stage("start-up (importing torch)")

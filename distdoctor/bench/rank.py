@@ -38,7 +38,8 @@ from distdoctor.machine.launchers import detect
 from distdoctor.machine.probes import Probes, call_with_deadline
 from distdoctor.core.report import EXIT_INCOMPLETE, Report, WorldSummary, build_report, format_ranks
 from distdoctor.world.watchdog import Watchdog, flush_std_streams
-from distdoctor.world.store_exchange import World, WorldError, WorldSpec
+from distdoctor.world.store_exchange import World, WorldError
+from distdoctor.world.store_open import WorldSpec
 
 RESULTS_LIMIT = 4 * 2**20  # figures of one rank: ~100 B per sweep row and per led link
 ROOT_MARGIN_S, MEMBER_GRACE_S, EXPIRE_GRACE_S = 0.4, 0.4, 0.9

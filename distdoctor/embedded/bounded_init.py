@@ -42,7 +42,7 @@ from distdoctor.world.checkin import (
     malformed_finding,
 )
 from distdoctor.world import kinds as world_kinds
-from distdoctor.world.store_exchange import wait_for_listener
+from distdoctor.world.store_open import wait_for_listener
 
 CHECK = "init_process_group"
 

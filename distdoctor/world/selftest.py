@@ -46,7 +46,8 @@ from distdoctor.core.interrupt import (
 )
 from distdoctor.core.progress import LiveStatus
 from distdoctor.world.kinds import RANK_DIED
-from distdoctor.world.rank_run import NON_ROOT_GRACE_S, run_rank, working_reserve
+from distdoctor.world.rank_run import run_rank
+from distdoctor.world.rank_state import NON_ROOT_GRACE_S, working_reserve
 from distdoctor.machine.launchers import SELF_TEST_VAR
 from distdoctor.core.report import EXIT_FINDINGS, EXIT_INCOMPLETE
 from distdoctor.world.watchdog import (
@@ -56,7 +57,7 @@ from distdoctor.world.watchdog import (
     flush_std_streams,
     too_little_time,
 )
-from distdoctor.world.store_exchange import AGENT_STORE_ENV, RUN_ID_ENV
+from distdoctor.world.store_open import AGENT_STORE_ENV, RUN_ID_ENV
 
 LOOPBACK = "127.0.0.1"
 MP_SPAWN_ENV = SELF_TEST_VAR

@@ -8,7 +8,7 @@ import pytest
 
 from distdoctor.checks import rendezvous as rdzv
 from distdoctor.core.config import Config
-from distdoctor.world.rank_run import nccl_decision
+from distdoctor.world.decision import nccl_decision
 from distdoctor.fakes import fake_context
 from distdoctor.core.registry import SkipCheck
 from distdoctor.world.store_exchange import Arrival, CheckIns

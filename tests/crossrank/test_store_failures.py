@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from distdoctor.world import store_exchange as world_mod
-from distdoctor.world.rank_run import group_blockers
+from distdoctor.world import store_open as world_mod
+from distdoctor.world.decision import group_blockers
 from distdoctor.fakes import FakeProbes, fake_context
 from distdoctor.machine.probes import ConnectResult, Interface
 from distdoctor.world.watchdog import Watchdog
-from distdoctor.world.store_exchange import Arrival, CheckIns, GroupFailedElsewhere, World, WorldError, WorldSpec, open_store, wait_for_listener
+from distdoctor.world.store_exchange import Arrival, CheckIns, GroupFailedElsewhere, World, WorldError
+from distdoctor.world.store_open import WorldSpec, open_store, wait_for_listener
 from tests.conftest import free_port, measured_startup_s
 
 torch_dist = pytest.importorskip("torch.distributed")

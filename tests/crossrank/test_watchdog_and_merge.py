@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from distdoctor.world.rank_run import device_mapping, merge_check_entries
+from distdoctor.world.rank_payload import device_mapping, merge_check_entries
 from distdoctor.fakes import FakeProbes, fake_context, fake_gpus
 from distdoctor.world.watchdog import Watchdog
 from tests.conftest import measured_startup_s

@@ -8,7 +8,8 @@ import pytest
 
 from distdoctor.machine.launchers import detect
 from distdoctor.world.checkin import parse_roster
-from distdoctor.world.store_exchange import CheckIns, World, WorldError, WorldSpec, decode, encode, fit
+from distdoctor.world.store_exchange import CheckIns, World, WorldError, decode, encode, fit
+from distdoctor.world.store_open import WorldSpec
 from tests.conftest import measured_startup_s
 
 torch_dist = pytest.importorskip("torch.distributed")

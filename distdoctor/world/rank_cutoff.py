@@ -1,0 +1,133 @@
+"""A run cut off by its deadline or a signal: the partial report and the last word to the other ranks."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from distdoctor.core.interrupt import exit_code_for, signal_name
+from distdoctor.core.kinds import RUN_DEADLINE, RUN_INTERRUPTED
+from distdoctor.core.findings import Finding
+from distdoctor.machine.probes import call_with_deadline
+from distdoctor.core.stages import CROSS_RANK_STAGES
+from distdoctor.core.report import EXIT_INCOMPLETE, Report, format_ranks
+from distdoctor.world.watchdog import running_checks
+from distdoctor.world.rank_state import GOODBYE_ON_EXPIRE_S, STORE_READ_S
+from distdoctor.world.store_exchange import World
+
+
+class CutoffFlow:
+    """RankRun's watchdog and signal side (mixed into RankRun; runs on their threads)."""
+
+    def _on_deadline(self) -> int | None:
+        """Watchdog thread: the main flow is stuck. Rank 0 renders what it knows; others stay quiet.
+
+        Returns the exit code when the main flow already reported (it was finishing just as the
+        watchdog fired): the process then ends with that report's code, not with 3.
+        """
+        return self._last_word(EXIT_INCOMPLETE)
+
+    def _on_interrupt(self, signum: int) -> None:
+        """Signal thread (SIGINT/SIGTERM): rank 0 renders the partial report naming the stage; the
+        process then exits with 128 + the signal's number."""
+        self._last_word(exit_code_for(signum), interrupted=signal_name(signum))
+
+    def _last_word(self, code: int, interrupted: str | None = None) -> int | None:
+        with self._report_lock:
+            if self._reported_code is not None:
+                return self._reported_code
+        is_root = self.world is not None and self.world.is_root and self.world.rank == 0
+        if not is_root and not self.all_ranks:
+            if self.rank == 0 or not self._described:
+                # Rank 0 stuck before it reached the world (in the local stage), or a process
+                # with no world at all: it reports for itself. Other ranks stay quiet: rank 0
+                # names them as missing (under the self-test, the supervisor speaks if it cannot).
+                self._render(self._partial(None, interrupted), code)
+            return None
+        if not self._render(self._partial(self.world if is_root else None, interrupted), code):
+            with self._report_lock:
+                if self._reported_code is not None and self._reported_code != code:
+                    return self._reported_code
+        if is_root and self.world is not None:
+            # Tell the others (bounded: the store may be what hangs) so they end quietly.
+            world = self.world
+            claims = sorted(f"{r}:{c}" for r, c in (self.progress.checkins.payloads if self.progress.checkins else {}))
+            call_with_deadline(lambda: world.put("final", {"exit": code, "claims": claims}),
+                               STORE_READ_S, "final")
+            if world.hosted:
+                # The store ends with this process: let the others read the final word first.
+                arrived = len(self.progress.checkins.arrivals) if self.progress.checkins else self._roster_size(world)
+                if arrived > 1:
+                    world.await_goodbyes(arrived - 1, self.clock() + GOODBYE_ON_EXPIRE_S)
+        return None
+
+    def _roster_size(self, world: World) -> int:
+        roster = call_with_deadline(world.roster, STORE_READ_S, "roster")
+        return len(roster) if isinstance(roster, list) else 0
+
+    def _partial(self, world: World | None, interrupted: str | None = None) -> Report:
+        stage = self.progress.stage
+        stuck: list[int] = [self.rank]
+        if world is not None and stage in CROSS_RANK_STAGES:
+            expected = self.progress.expected or list(range(world.size))
+            if stage == "rendezvous" and self.progress.checkins is None:
+                roster = call_with_deadline(world.roster, STORE_READ_S, "roster")
+                arrived = {r for r, _ in roster} if isinstance(roster, list) else set()
+                stuck = [r for r in expected if r not in arrived] or [0]
+            else:
+                done = call_with_deadline(lambda: world.done_ranks(stage), STORE_READ_S, "progress")
+                done = done if isinstance(done, set) else set()
+                stuck = sorted({0, *(r for r in expected if r != 0 and r not in done)})
+        running = running_checks({r.name for r in list(self.runner.state.results)})
+        deadline_finding = self._cutoff_finding(stage, stuck, running, interrupted)
+        findings = [f for f in list(self.runner.state.findings) if f.id not in (RUN_DEADLINE.id, RUN_INTERRUPTED.id)]
+        self.runner.state.findings = findings
+        self.runner.state.incomplete = True
+        if world is not None:
+            report = self._consolidated(extra=[deadline_finding])
+        else:
+            report = self._own_report([deadline_finding])
+        # One word on the cut-off: the main flow may have marked its own stage meanwhile (its
+        # runner's core.E004, check "runner"); the watchdog's names the stage and ranks for all.
+        report.findings = [f for f in report.findings
+                           if f.id not in (RUN_DEADLINE.id, RUN_INTERRUPTED.id) or f.check in ("watchdog", "signal")]
+        report.incomplete = True
+        return report
+
+    def _cutoff_finding(self, stage: str, stuck: list[int], running: list[str], signame: str | None) -> Finding:
+        """The word on a cut-off run: the deadline (core.E004), or a signal when ``signame`` (core.E006)."""
+        doing = f" (running: {', '.join(running)})" if running else ""
+        during = f", while {', '.join(running)} {'was' if len(running) == 1 else 'were'} running" if running else ""
+        data = {"stage": stage, "running": running}
+        if signame:
+            return RUN_INTERRUPTED(
+                f"The {stage} stage was interrupted by {signame} on ranks {format_ranks(stuck)}{doing}",
+                detail=f"distdoctor received {signame} {self.clock() - self.started:.1f}s after it started, "
+                f"in the {stage} stage{during}; the report is partial.",
+                ranks=stuck, check="signal", data={**data, "signal": signame},
+            )
+        return RUN_DEADLINE(
+            f"The {stage} stage did not finish before the run's deadline on ranks {format_ranks(stuck)}{doing}",
+            detail=f"The watchdog ended the run {self.config.timeout:g}s after distdoctor started, "
+            f"in the {stage} stage{during}; the report is partial.",
+            ranks=stuck, check="watchdog", data=data,
+        )
+
+    def _testing_hang(self, stage: str) -> None:
+        """Test-only: DISTDOCTOR_TESTING=1 DISTDOCTOR_TEST_HANG=<rank>:<stage> blocks this flow.
+
+        It stands for a hang no deadline can interrupt (a C++ wait), to prove the watchdog ends
+        the run; it is ignored unless DISTDOCTOR_TESTING=1.
+        """
+        env = self.ctx.env
+        if env.get("DISTDOCTOR_TESTING") != "1":
+            return
+        want = env.get("DISTDOCTOR_TEST_HANG", "")
+        if want == f"{self.rank}:{stage}":
+            self._enter_stage("collective" if stage == "gather" else stage)
+            mark = env.get("DISTDOCTOR_TEST_HANG_FILE")
+            if mark:  # tells a test that the hang has begun (it then sends a signal, say)
+                with open(mark, "w") as fh:
+                    fh.write(str(os.getpid()))
+            while True:
+                time.sleep(3600)
