@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from table import print_table  # noqa: E402
 from timing import Figure, median  # noqa: E402
 
 # name -> (script, the design's target, what it measures)
@@ -132,52 +132,6 @@ def explain_figures(quick: bool, repeats: int) -> list[Figure]:
 
 
 ADAPTERS = {"explain": explain_figures}
-
-
-def _seconds(value: float | None) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
-
-
-def _ratio(f: Figure) -> str:
-    if f.ratio_text:
-        return f.ratio_text
-    return "-" if f.ratio is None else f"{f.ratio:.2f}x"
-
-
-def rows(figures: Sequence[tuple[str, Figure]]) -> list[list[str]]:
-    out = []
-    for bench, f in figures:
-        if f.median_s is None:
-            out.append([bench, f.name, "not available yet", "", "", f.target,
-                        f.note.removeprefix("not available yet: ")])
-            continue
-        runs = f"{_seconds(f.median_s)} (n={len(f.runs_s)})"
-        base = f.baseline
-        if f.baseline_median_s is not None:
-            base += f": {_seconds(f.baseline_median_s)}" + (f" (n={len(f.baseline_runs_s)})" if f.baseline_runs_s else "")
-        out.append([bench, f.name, runs, base, _ratio(f), f.target, f.subject + (f"; {f.note}" if f.note else "")])
-    return out
-
-
-HEADER = ["bench", "figure", "median", "baseline (median)", "ratio", "target", "subject; note"]
-
-
-def print_table(figures: Sequence[tuple[str, Figure] | Figure], markdown: bool = False, file=None) -> None:
-    """Print (benchmark, figure) pairs; bare figures (a bench script run alone) get "-"."""
-    file = file or sys.stdout
-    table = rows([item if isinstance(item, tuple) else ("-", item) for item in figures])
-    if markdown:
-        print("| " + " | ".join(HEADER) + " |", file=file)
-        print("|" + "---|" * len(HEADER), file=file)
-        for row in table:
-            print("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |", file=file)
-        return
-    widths = [min(max(len(r[i]) for r in [HEADER, *table]), 60) for i in range(len(HEADER) - 1)]
-    for row in [HEADER, *table]:
-        cells = [row[i].ljust(widths[i]) for i in range(len(HEADER) - 1)] + [row[-1]]
-        print("  ".join(cells).rstrip(), file=file)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from table import print_table
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
 DISTRIBUTED_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -149,8 +151,6 @@ def print_figures(figures: Sequence["Figure"], as_json: bool) -> None:
 
         print(json.dumps([f.to_dict() for f in figures], indent=2))
     else:
-        from run import print_table
-
         print_table(figures)
 
 
