@@ -332,11 +332,14 @@ class BenchRank:
 
     # -- the deadline ----------------------------------------------------------------------
     def _on_deadline(self) -> int | None:
-        """Watchdog thread: rank 0 renders what it measured itself; the others stay quiet."""
+        """Watchdog thread: rank 0 renders what it measured itself; the others stay quiet when
+        rank 0 left its final word, and otherwise render their own (nobody else will)."""
         with self._emit_lock:  # a report being rendered right now is finished first
             rendered = self._reported_code
-        if rendered is not None or self.rank != 0:
+        if rendered is not None:
             return rendered
+        if self.rank != 0:
+            return self._member_on_deadline()
         deadline = RUN_DEADLINE(f"The bench did not finish before its deadline (in the {self.stage} stage)",
                                 detail=f"The watchdog ended the run {self.settings.timeout:g}s after it started; "
                                 "the figures are rank 0's own and partial.", ranks=(0,), check="watchdog",
@@ -350,6 +353,22 @@ class BenchRank:
         if world is not None:
             call_with_deadline(lambda: world.put("final", {"exit": EXIT_INCOMPLETE}), 0.25, "final")
         return None
+
+
+    def _member_on_deadline(self) -> int | None:
+        world = self.world
+        if world is not None:
+            got = call_with_deadline(lambda: world.fetch_first(("final",), self.clock() + 0.25), 0.35, "final")
+            if isinstance(got, tuple) and isinstance(got[1], dict):
+                return None  # rank 0 reported for the world
+        deadline = RUN_DEADLINE(
+            f"The bench did not finish before its deadline on rank {self.rank} (in the {self.stage} stage)",
+            detail=f"The watchdog ended the run {self.settings.timeout:g}s after it started. Rank 0 left no final "
+            "word in the store (it is gone or stuck), so this rank reports its own figures, partial.",
+            ranks=tuple(sorted({0, self.rank})), check="watchdog", data={"stage": self.stage, "rank0_final_word": False})
+        stopped = {self.rank: f"the deadline came during the {self.stage} stage"}
+        report = self._full_report({self.rank: self.own}, stopped, self.backend, extra=[deadline], incomplete=True)
+        return self._emit(report, EXIT_INCOMPLETE)
 
 
 def run_bench_rank(settings: BenchSettings, *, env: Mapping[str, str], argv: Sequence[str],

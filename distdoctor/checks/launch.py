@@ -366,6 +366,11 @@ def deprecated_launcher(ctx: CheckContext):
     )
 
 
+# The variables that tell how a scheduler spread its tasks over nodes.
+_LAYOUT_VARS = {SLURM: "SLURM_NNODES, SLURM_TASKS_PER_NODE", OPENMPI: "OMPI_COMM_WORLD_LOCAL_SIZE",
+                MPICH: "MPI_LOCALNRANKS"}
+
+
 def _elastic(ctx: CheckContext) -> bool:
     return ctx.launch.launcher in (TORCHRUN, DEPRECATED_LAUNCH) or TORCHRUN in ctx.launch.also_present
 
@@ -385,8 +390,12 @@ def scheduler_consistency(ctx: CheckContext):
         doubled = (per_node is not None and per_node > 1) or (
             per_node is None and tasks is not None and nodes is not None and tasks > nodes
         )
-        if doubled:
-            where = f"{per_node} tasks per node" if per_node else f"{tasks} tasks on {nodes} node(s)"
+        # Only the task count is known (no node count, no tasks per node): several tasks each
+        # running torchrun is the misuse unless every task has a node of its own, said below.
+        unspread = per_node is None and nodes is None and tasks is not None and tasks > 1
+        if doubled or unspread:
+            where = (f"{per_node} tasks per node" if per_node else
+                     f"{tasks} tasks on {nodes} node(s)" if nodes else f"{tasks} tasks")
             fix = (
                 "srun --nodes=N --ntasks-per-node=1 torchrun --nnodes=N --nproc-per-node=G "
                 "--rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:29500 script.py; or drop torchrun: "
@@ -406,9 +415,13 @@ def scheduler_consistency(ctx: CheckContext):
                     "its own copy of the job on the same GPUs, and their checkpoints and logs "
                     "overwrite each other. With a shared --rdzv-endpoint they join one rendezvous "
                     "instead, which waits for (or rejects) the extra agents."
+                    + (f" The environment does not say how the {tasks} tasks are spread over nodes "
+                       f"({_LAYOUT_VARS.get(scheduler, 'the tasks-per-node variable')} unset): only if each task "
+                       "runs on a node of its own is this the right layout." if unspread else "")
                 ),
                 remediation=fix,
-                data={"scheduler": scheduler, "tasks_per_node": per_node, "nodes": nodes, "tasks": tasks},
+                data={"scheduler": scheduler, "tasks_per_node": per_node, "nodes": nodes, "tasks": tasks,
+                      "layout_known": not unspread},
             )
         return
     # The scheduler starts the ranks itself: its numbers must be torch's numbers.

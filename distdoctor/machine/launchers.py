@@ -198,8 +198,12 @@ def _detect_torch_launchers(env: Mapping[str, str], argv: Sequence[str], seen: _
 
 def slurm_step(env: Mapping[str, str]) -> bool:
     """True inside an srun step (its tasks are the ranks); False in a batch script or salloc shell,
-    where SLURM_PROCID=0 and SLURM_NTASKS describe the allocation, not processes that exist."""
-    return "SLURM_STEP_ID" in env or "SLURM_STEPID" in env
+    where SLURM_PROCID=0 and SLURM_NTASKS describe the allocation, not processes that exist.
+    Only srun sets SLURM_STEP_NUM_TASKS, and only its tasks other than the first have a
+    SLURM_PROCID above 0 (a batch script is task 0)."""
+    if "SLURM_STEP_ID" in env or "SLURM_STEPID" in env or "SLURM_STEP_NUM_TASKS" in env:
+        return True
+    return bool(read_int(env, "SLURM_PROCID", maximum=MAX_WORLD).value)
 
 
 def _detect_slurm(env: Mapping[str, str], seen: _Seen) -> None:

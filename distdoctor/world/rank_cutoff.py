@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -12,6 +13,7 @@ from distdoctor.machine.probes import call_with_deadline
 from distdoctor.core.stages import CROSS_RANK_STAGES
 from distdoctor.core.report import EXIT_INCOMPLETE, Report, format_ranks
 from distdoctor.world.watchdog import running_checks
+from distdoctor.world.checkin import FINAL
 from distdoctor.world.rank_state import GOODBYE_ON_EXPIRE_S, STORE_READ_S
 from distdoctor.world.store_exchange import World
 
@@ -43,6 +45,10 @@ class CutoffFlow:
                 # with no world at all: it reports for itself. Other ranks stay quiet: rank 0
                 # names them as missing (under the self-test, the supervisor speaks if it cannot).
                 self._render(self._partial(None, interrupted), code)
+            elif interrupted is None and not self._rank0_final_word():
+                # Rank 0 is gone or stuck without a word: nobody else will report this rank's
+                # results. (Rank 0's own watchdog fires before this one and leaves its word.)
+                self._render(self._partial(None, rank0_silent=True), code, alone=True)
             return None
         if not self._render(self._partial(self.world if is_root else None, interrupted), code):
             with self._report_lock:
@@ -61,13 +67,24 @@ class CutoffFlow:
                     world.await_goodbyes(arrived - 1, self.clock() + GOODBYE_ON_EXPIRE_S)
         return None
 
+    def _rank0_final_word(self) -> bool:
+        """Whether rank 0 left its final word in the store (one bounded read)."""
+        if self.final_seen.is_set():
+            return True
+        world = self.world
+        if world is None:
+            return False
+        got = call_with_deadline(lambda: world.fetch_first({"final": FINAL}, self.clock() + STORE_READ_S),
+                                 STORE_READ_S + 0.1, "final")
+        return isinstance(got, tuple) and got[0] == "final"
+
     def _roster_size(self, world: World) -> int:
         roster = call_with_deadline(world.roster, STORE_READ_S, "roster")
         return len(roster) if isinstance(roster, list) else 0
 
-    def _partial(self, world: World | None, interrupted: str | None = None) -> Report:
+    def _partial(self, world: World | None, interrupted: str | None = None, rank0_silent: bool = False) -> Report:
         stage = self.progress.stage
-        stuck: list[int] = [self.rank]
+        stuck: list[int] = sorted({0, self.rank}) if rank0_silent else [self.rank]
         if world is not None and stage in CROSS_RANK_STAGES:
             expected = self.progress.expected or list(range(world.size))
             if stage == "rendezvous" and self.progress.checkins is None:
@@ -80,6 +97,11 @@ class CutoffFlow:
                 stuck = sorted({0, *(r for r in expected if r != 0 and r not in done)})
         running = running_checks({r.name for r in list(self.runner.state.results)})
         deadline_finding = self._cutoff_finding(stage, stuck, running, interrupted)
+        if rank0_silent:
+            deadline_finding = dataclasses.replace(
+                deadline_finding, data={**deadline_finding.data, "rank0_final_word": False},
+                detail=deadline_finding.detail + " Rank 0 had left no final word in the store by then (it is gone "
+                "or stuck), so this rank reports for itself.")
         findings = [f for f in list(self.runner.state.findings) if f.id not in (RUN_DEADLINE.id, RUN_INTERRUPTED.id)]
         self.runner.state.findings = findings
         self.runner.state.incomplete = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Iterable
 
 from distdoctor.core.kinds import RUN_DEADLINE
@@ -9,8 +10,8 @@ from distdoctor.core.findings import Finding
 from distdoctor.checks.rendezvous import collision_findings
 from distdoctor.world.checkin import FINAL
 from distdoctor.world.kinds import NO_DECISION
-from distdoctor.world.rank_state import MEMBER_WAIT_S, RankOutcome
-from distdoctor.world.store_exchange import DECISION, Arrival, CheckIns, fit
+from distdoctor.world.rank_state import MEMBER_WAIT_S, NON_ROOT_GRACE_S, RankOutcome
+from distdoctor.world.store_exchange import DECISION, Arrival, CheckIns, World, fit
 
 
 class MemberFlow:
@@ -46,6 +47,7 @@ class MemberFlow:
             skip = f"skipped: rank {world.rank} is not part of rank 0's world of {decision.get('size')}"
         if skip is None and decision.get("size") != world.size:
             skip = f"skipped: WORLD_SIZE here ({world.size}) differs from rank 0's ({decision.get('size')})"
+        self._watch_final_word(world)
         self._stage("collective", skip_reason=skip)
         self._testing_hang("gather")
         try:
@@ -55,6 +57,17 @@ class MemberFlow:
             return self._finish_member(None)
         _, final = world.fetch_first({"final": FINAL}, self.deadline + MEMBER_WAIT_S)
         return self._finish_member(final)
+
+    def _watch_final_word(self, world: World) -> None:
+        """Note rank 0's final word the moment it appears, from a thread: should this rank's own
+        flow hang (in a collective, say), its watchdog then knows that rank 0 reported for it,
+        even once rank 0 has ended and its store is gone."""
+
+        def watch() -> None:
+            if isinstance(world.wait_for_final(self.deadline + NON_ROOT_GRACE_S), dict):
+                self.final_seen.set()
+
+        threading.Thread(target=watch, name="distdoctor-final-word", daemon=True).start()
 
     def _results_message(self) -> dict[str, Any]:
         results = [r for r in self.runner.state.results if r.stage == "collective"]
@@ -112,7 +125,7 @@ class MemberFlow:
                                             f"Rank 0 published no final report before this rank's deadline{why}.")
                 report = self._own_report(extra)
             code = report.exit_code(self.config.fail_level)
-            reported = self._render(report, code)
+            reported = self._render(report, code, alone=True)
         if world is not None:
             try:
                 world.say_goodbye()

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from distdoctor.core.config import Config
 from distdoctor.machine.host import build_context
+from distdoctor.machine.launchers import MP_SPAWN
 from distdoctor.core.interrupt import set_interrupt_handler
 from distdoctor.core.progress import PROGRESS
 from distdoctor.core.engine import load_registry, report_from_runner
@@ -37,7 +38,7 @@ from distdoctor.core.findings import Finding, Severity
 from distdoctor.machine.probes import Probes
 from distdoctor.core.registry import Registry
 from distdoctor.core.stages import CROSS_RANK_STAGES
-from distdoctor.core.report import EXIT_INCOMPLETE, Report
+from distdoctor.core.report import Report
 from distdoctor.core.runner import Runner
 from distdoctor.world.checkin import malformed_finding
 from distdoctor.world.kinds import STORE_ENTRY_MALFORMED, STORE_UNREACHABLE
@@ -116,6 +117,8 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
         # process may exit, or the exit would cut the winner's report off (or lose it whole).
         self._emitted = threading.Event()
         self._described = False
+        # Set once this rank (not rank 0) saw rank 0's final word (see MemberFlow._watch_final_word).
+        self.final_seen = threading.Event()
 
     def _enter_stage(self, stage: str) -> None:
         self.progress.stage = stage
@@ -136,8 +139,11 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
         finding = malformed_finding(self.world.protocol, self.rank, STORE_ENTRY_MALFORMED, check="rendezvous.store")
         return [finding] if finding is not None else []
 
-    def _render(self, report: Report, code: int | None = None) -> bool:
-        """Emit the report unless this process already emitted one (the first one wins)."""
+    def _render(self, report: Report, code: int | None = None, alone: bool = False) -> bool:
+        """Emit the report unless this process already emitted one (the first one wins).
+
+        ``alone``: this rank could not hand its results to rank 0, so its report is its own.
+        """
         with self._report_lock:
             lost = self._reported_code is not None
             if not lost:
@@ -146,7 +152,7 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
             self._emitted.wait(EMIT_WAIT_S)  # outside the lock: the winner is writing
             return False
         try:
-            if self._defers_report():
+            if self._defers_report(alone):
                 # One report per world, rank 0's: this rank says in one line why it has none of its own.
                 if self.note is not None:
                     self.note(pointer_line(self.rank, self.ctx.world_size, self._host_text(), report))
@@ -160,12 +166,14 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
         finally:
             self._emitted.set()
 
-    def _defers_report(self) -> bool:
+    def _defers_report(self, alone: bool = False) -> bool:
         """Whether another process prints the report this rank's results belong to."""
         if self.all_ranks or self.ctx.rank is None:
             return False
         if self.rank != 0:
-            return True
+            # Rank 0 never got this rank's results: nobody else can report them. In the self-test
+            # world the supervisor speaks when rank 0 cannot (one report per command).
+            return not alone or self.ctx.launch.launcher == MP_SPAWN
         # torchrun inside a multi-task srun/mpirun step (launch.E004): each task's torchrun forms
         # a world of its own; the world of the scheduler's task 0 prints the one report.
         scheduler_rank = self.ctx.launch.scheduler_rank
@@ -175,7 +183,8 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
         """This rank could not hand its results to rank 0: it reports for itself."""
         report = self._own_report(extra)
         code = report.exit_code(self.config.fail_level)
-        return RankOutcome(report, code, self._render(report, code), self.world is not None, self._described)
+        return RankOutcome(report, code, self._render(report, code, alone=True), self.world is not None,
+                           self._described)
 
     def run(self) -> RankOutcome:
         spec = WorldSpec.from_launch(self.ctx.launch, self.ctx.env)
@@ -225,9 +234,10 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
             hosting = spec.store_host == "rank0" and spec.rank == 0
             reason = ("skipped: rank 0 could not host the rendezvous store" if hosting
                       else "skipped: the rendezvous store could not be reached")
+            finding = self._store_finding(spec, exc)  # still in the rendezvous stage, should the deadline pass
             for stage in CROSS_RANK_STAGES:
                 self._stage(stage, skip_reason=reason)
-            return self._finish_alone([self._store_finding(spec, exc)])
+            return self._finish_alone([finding])
         world = self.world
         self.ctx.world = world
         try:
@@ -249,19 +259,12 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
     def _out_of_time(self, left: float) -> RankOutcome:
         """Too little time is left for the cross-rank stages: skip them with that reason.
 
-        Not a finding about the network. Rank 0 reports (every rank's deadline counts from
-        about the same moment, so the others are in the same position and stay quiet).
+        Not a finding about the network. Every rank reports for itself: none reached rank 0.
         """
         reason, finding = too_little_time("rendezvous", left, MIN_WORLD_S, self.config.timeout)
         for stage in CROSS_RANK_STAGES:
             self._stage(stage, skip_reason=reason)
         self.runner.state.incomplete = True
-        if self.rank != 0 and not self.all_ranks:
-            report = self._own_report([finding])
-            with self._report_lock:
-                self._reported_code = EXIT_INCOMPLETE
-            self._emitted.set()
-            return RankOutcome(report, EXIT_INCOMPLETE, False, False, self._described)
         return self._finish_alone([finding])
 
     def _blocked(self) -> str | None:

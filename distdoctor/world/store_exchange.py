@@ -26,6 +26,7 @@ from distdoctor.core.context import WorldError
 from distdoctor.world.checkin import (
     CHECKS,
     CLAIM_GRACE_S,
+    FINAL,
     FINDINGS,
     MAX_MESSAGE_BYTES,
     MAX_RANK,
@@ -313,6 +314,24 @@ class World:
 
     def say_goodbye(self) -> None:
         self.protocol.acknowledge("bye")
+
+    def wait_for_final(self, until: float) -> dict[str, Any] | None:
+        """Rank 0's final word, awaited on a client of its own: the store's server wakes it (no
+        polling), and this handle stays free for the rank's own flow. None when ``until`` or the
+        end of the store comes first, or when the entry is malformed (noted)."""
+        # torch at use, as everywhere in this module (see _tcp_store).
+        from torch.distributed import PrefixStore
+
+        left = until - self.clock()
+        if left <= 0 or self.raw_store is None:
+            return None
+        try:
+            client = PrefixStore(self.spec.namespace, self._group_store(timedelta(seconds=left)))
+            client.wait(["final"], timedelta(seconds=max(until - self.clock(), 0.01)))
+            raw = client.get("final")
+        except Exception:
+            return None  # the deadline, or rank 0's store gone: nothing was said
+        return self.protocol.parse("final", raw, *FINAL)
 
     def await_goodbyes(self, expected: int, until: float) -> None:
         """Rank 0 hosting the store: keep it up until ``expected`` others read the final word."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from distdoctor.core.findings import Finding
+from distdoctor.machine.probes import call_with_deadline
+from distdoctor.world.rank_state import ROOT_MARGIN_S
 from distdoctor.world.kinds import (
     MASTER_NOT_HERE,
     STORE_DROPPED,
@@ -31,8 +33,12 @@ class StoreFindings:
             # says (net.E013 naming the holder), not "unreachable" or "firewall".
             from distdoctor.checks.network import port_held_finding
 
-            held = port_held_finding(self.ctx, spec.master_addr, spec.master_port)
-            if held is not None:
+            # Bounded by what is left before the deadline (its probes take up to seconds): the
+            # store's own finding below stands when the holder cannot be named in time.
+            left = max(self.deadline - ROOT_MARGIN_S - self.clock(), 0.05)
+            held = call_with_deadline(lambda: port_held_finding(self.ctx, spec.master_addr, spec.master_port),
+                                      left, "port holder")
+            if isinstance(held, Finding):
                 return dataclasses.replace(held, ranks=(spec.rank,), hosts=self._host())
         if exc.reason == "port_taken":
             return STORE_PORT_TAKEN(f"Rank 0 could not host the store: port {spec.master_port} is taken", **common)
