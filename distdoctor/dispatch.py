@@ -98,8 +98,15 @@ def check_entry(
 
             flush_std_streams()
             os._exit(report.exit_code(config.fail_level))  # the import thread cannot be stopped
-        return run_selftest(config, render, nproc=config.nproc, all_ranks=all_ranks, started=started,
+        code = run_selftest(config, render, nproc=config.nproc, all_ranks=all_ranks, started=started,
                             argv=list(argv), live=live)
+        if live is not None:
+            live.stop()
+        from distdoctor.world.watchdog import flush_std_streams  # the cross-rank machinery stays off the local-only path
+
+        flush_std_streams()
+        # The report is out: skip the interpreter's teardown of torch (0.35-0.45 s on a 2-core node).
+        os._exit(code)
     from distdoctor.world.rank_run import run_rank  # the cross-rank machinery stays off the local-only path
     from distdoctor.world.watchdog import flush_std_streams  # the cross-rank machinery stays off the local-only path
 

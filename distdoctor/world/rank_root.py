@@ -115,10 +115,14 @@ class RootFlow:
                     continue
                 findings += findings_from(payload.get("findings", ()))
                 entries += [([rank], c) for c in payload.get("checks", ()) if isinstance(c, Mapping)]
+        # Rank 0 names the ranks cut off by their deadline in its own word on the cut-off
+        # (_mark_stuck); theirs would say it a second time.
+        named = {r for f in findings if f.id == RUN_DEADLINE.id for r in f.ranks}
         for rank, result in sorted(self.progress.remote.items()):
             if not isinstance(result, Mapping):
                 continue
-            findings += findings_from(result.get("findings", ()))
+            findings += [f for f in findings_from(result.get("findings", ()))
+                         if f.id != RUN_DEADLINE.id or not set(f.ranks or (rank,)) <= named]
             entries += [([rank], c) for c in result.get("checks", ()) if isinstance(c, Mapping)]
         world = self.world
         summary = WorldSummary(

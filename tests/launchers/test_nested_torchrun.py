@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import child_env
+from tests.launchers.conftest import child_env
 from distdoctor.checks import launch
 from distdoctor.fakes import fake_context
 from tests.conftest import json_objects
