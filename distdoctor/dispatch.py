@@ -88,6 +88,11 @@ def check_entry(
 
         PROGRESS.set_stage("start-up (importing torch)")
         importer = start_torch_import()
+        # Meanwhile the built-in checks, which every forked rank would otherwise import for itself:
+        # none imports torch at import time (plugins and site files may: each rank loads those).
+        from distdoctor.core.registry import REGISTRY  # the cross-rank machinery stays off the local-only path
+
+        REGISTRY.load_builtins()
         importer.join(max(started + config.timeout - working_reserve(config.timeout) - time.monotonic(), 0.0))
         if importer.is_alive():
             # torch did not load within the deadline: say so now rather than past the deadline.

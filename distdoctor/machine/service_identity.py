@@ -122,6 +122,20 @@ def _parent_holds(sock: socket.socket, port: int) -> str:
     return ""
 
 
+# How long a greeting (SSH, SMTP...) is waited for before the store handshake is sent. A server
+# on this host greets within a millisecond; one that greets later answers the handshake with its
+# greeting instead, which still reads as foreign (only the detail differs).
+BANNER_WAIT_S, LOOPBACK_BANNER_WAIT_S = 0.15, 0.02
+
+
+def _banner_wait(address: Any) -> float:
+    try:
+        loopback = ipaddress.ip_address(str(address[0]).split("%", 1)[0]).is_loopback
+    except (ValueError, IndexError, TypeError):
+        loopback = False
+    return LOOPBACK_BANNER_WAIT_S if loopback else BANNER_WAIT_S
+
+
 def identify(host: str, port: int, timeout: float = 1.5) -> PortIdentity:
     """What listens on host:port. Never raises; takes at most about ``timeout`` seconds."""
     start = time.monotonic()
@@ -142,7 +156,7 @@ def identify(host: str, port: int, timeout: float = 1.5) -> PortIdentity:
     except OSError as exc:
         return PortIdentity(UNREACHABLE, f"cannot connect: {exc.strerror or exc}", elapsed_s=time.monotonic() - start)
     try:
-        banner = _recv(sock, min(0.15, left() / 4))
+        banner = _recv(sock, min(_banner_wait(address), left() / 4))
         if banner:
             return PortIdentity(
                 FOREIGN, "it sends a greeting as soon as a client connects; a c10d store never speaks first",

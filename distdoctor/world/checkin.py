@@ -36,6 +36,15 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 MAX_MESSAGE_BYTES = 64 * 1024
 # Polling back-off for waits: quick first answers on a healthy world, little load on a slow one.
 POLL_FIRST_S, POLL_MAX_S = 0.005, 0.1
+
+
+def poll_cap(size: int) -> float:
+    """The longest pause between two polls in a world of ``size`` ranks. Every rank polls the one
+    store: a small world can poll often (its answers come sooner: a 2-rank self-test waited up
+    to 0.1 s per phase), a large one backs off to POLL_MAX_S so the store's load stays bounded."""
+    if size <= 0:  # not known: back off fully
+        return POLL_MAX_S
+    return min(POLL_MAX_S, max(POLL_FIRST_S, 0.005 * size))
 # Ranks and claim numbers in keys and roster lines: ASCII digits, bounded (int() of 5000 digits
 # raises, and "²".isdigit() is True in Python).
 MAX_RANK = 1 << 20
@@ -277,7 +286,7 @@ class CheckInProtocol:
                                            "but no earlier claimant checked in")
                 return False
             time.sleep(min(delay, left))
-            delay = min(delay * 2, POLL_MAX_S)
+            delay = min(delay * 2, poll_cap(self.size))
 
     # -- the roster ------------------------------------------------------------------------
     def roster(self, expected: int = 0) -> list[tuple[int, int]]:
@@ -356,7 +365,7 @@ class CheckInProtocol:
             if now >= deadline:
                 break
             time.sleep(max(min(delay, deadline - now), 0))
-            delay = min(delay * 2, POLL_MAX_S)
+            delay = min(delay * 2, poll_cap(self.size))
         return seen, self.clock() - start
 
     def _present(self, entries: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -436,7 +445,7 @@ class CheckInProtocol:
             if left <= 0:
                 return None, None
             time.sleep(min(delay, left))
-            delay = min(delay * 2, POLL_MAX_S)
+            delay = min(delay * 2, poll_cap(self.size))
 
     # -- lists of ranks and acknowledgements ----------------------------------------------
     def mark(self, key: str, rank: int) -> None:
@@ -474,7 +483,7 @@ class CheckInProtocol:
             if left <= 0:
                 return False
             time.sleep(min(delay, left))
-            delay = min(delay * 2, POLL_MAX_S)
+            delay = min(delay * 2, poll_cap(self.size))
 
 
 # -- wire format ------------------------------------------------------------------------------

@@ -31,7 +31,6 @@ from distdoctor.world.checkin import (
     MAX_MESSAGE_BYTES,
     MAX_RANK,
     POLL_FIRST_S,
-    POLL_MAX_S,
     CheckInProtocol,
     StoreGone,
     boolean,
@@ -39,6 +38,7 @@ from distdoctor.world.checkin import (
     integer,
     list_of,
     optional,
+    poll_cap,
     text,
 )
 from distdoctor.world.checkin import decode as protocol_decode
@@ -225,7 +225,7 @@ class World:
             if left <= 0:
                 return None
             time.sleep(min(delay, left))
-            delay = min(delay * 2, POLL_MAX_S)
+            delay = min(delay * 2, poll_cap(self.size))
         with self._lock:
             return decode(self.store.get(key), limit)
 
@@ -302,7 +302,7 @@ class World:
             if done == wanted or left <= 0:
                 return done
             time.sleep(min(delay, left))
-            delay = min(delay * 2, POLL_MAX_S)
+            delay = min(delay * 2, poll_cap(self.size))
 
     def results(self, stage: str, ranks: Iterable[int]) -> dict[int, Any]:
         """Each rank's posted results; a missing or malformed one reads as ``{"unreadable": why}``."""
@@ -374,7 +374,7 @@ class World:
             failed = self.group_failures(backend)
             if failed:
                 raise GroupFailedElsewhere(backend, failed)
-            delay = min(delay * 2, POLL_MAX_S)
+            delay = min(delay * 2, poll_cap(self.size))
         if "error" in outcome:
             exc = outcome["error"]
             try:
