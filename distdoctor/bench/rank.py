@@ -133,8 +133,9 @@ class BenchRank:
             try:
                 self.world = World.open(spec, self.work_deadline, self.clock, self.probes)
             except WorldError as exc:
-                # Starting Python and torch took the whole deadline: a cut-off run, not a broken world.
-                late = self.clock() >= self.work_deadline
+                # No time was left to try (starting Python and torch took the deadline): a cut-off
+                # run, not a broken world. A store that never answered is a finding (exit 1).
+                late = exc.reason == "no_time"
                 return self._alone(NO_WORLD(detail=str(exc), ranks=(spec.rank,), data={"reason": exc.reason, "cause": exc.cause}),
                                    incomplete=late)
             if self.world.check_in(self._checkin()) > 1:

@@ -22,11 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import deadline_bound, free_port, json_objects
+from tests.conftest import deadline_bound, free_port, json_objects, measured_startup_s
 
 pytestmark = pytest.mark.multiproc
 
-TIMEOUT_S = 6
+
+def timeout_s(base: float = 6.0) -> int:
+    """The run's deadline: ``base`` seconds of work after torch's start-up on this machine now
+    (a rank that spent its whole deadline importing torch would rightly report a cut-off)."""
+    return round(base + 2 * measured_startup_s())
 
 
 def rank_env(rank: int, port: int, **extra: str) -> dict[str, str]:
@@ -42,7 +46,8 @@ def rank_env(rank: int, port: int, **extra: str) -> dict[str, str]:
 
 
 class Rank:
-    def __init__(self, env: dict[str, str], *args: str, timeout: float = TIMEOUT_S, fmt: str = "json") -> None:
+    def __init__(self, env: dict[str, str], *args: str, timeout: float | None = None, fmt: str = "json") -> None:
+        timeout = timeout_s() if timeout is None else timeout
         fmt_args = [] if fmt == "terminal" else ["--format", fmt]
         self.started = time.monotonic()
         self.popen = subprocess.Popen([sys.executable, "-m", "distdoctor", "check", *fmt_args, "--timeout", str(timeout),
@@ -105,7 +110,7 @@ def test_a_rank_alone_with_nothing_listening_prints_its_own_report(fmt):
     with ranks(Rank(rank_env(1, port), fmt=fmt)) as (rank1,):
         rank1.wait()
     assert rank1.code == 1, rank1.describe()
-    assert rank1.elapsed < deadline_bound(TIMEOUT_S), rank1.describe()
+    assert rank1.elapsed < deadline_bound(rank1.timeout), rank1.describe()
     if fmt == "json":
         report = own_report(rank1)
         (unreachable,) = [f for f in report["findings"] if f["id"] == "rdzv.C001"]
@@ -162,7 +167,7 @@ def test_a_listener_that_never_accepts_gets_a_report_from_the_rank():
         filler.close()
         holder.close()
     assert rank1.code in (1, 3), rank1.describe()
-    assert rank1.elapsed < deadline_bound(TIMEOUT_S), rank1.describe()
+    assert rank1.elapsed < deadline_bound(rank1.timeout), rank1.describe()
     report = own_report(rank1)
     severe = [f for f in report["findings"] if f["severity"] in ("error", "critical") and 1 in f["ranks"]]
     assert severe and {f["cause"] for f in severe} & {"port_in_use", "firewall", "master_unreachable"}, severe
@@ -180,7 +185,7 @@ def test_rank_0_killed_mid_run_leaves_rank_1_reporting_for_itself(tmp_path):
     # Rank 0 hosts the store; it hangs after the collectives (so rank 1 is past them too) and is
     # killed: its store goes with it, and rank 1 learns that while it waits for the final word.
     port, mark = free_port(), tmp_path / "hung"
-    timeout = 20
+    timeout = timeout_s(14)
     rank0 = Rank(rank_env(0, port, DISTDOCTOR_TESTING="1", DISTDOCTOR_TEST_HANG="0:gather",
                           DISTDOCTOR_TEST_HANG_FILE=str(mark)), timeout=timeout)
     rank1 = Rank(rank_env(1, port), timeout=timeout)
@@ -211,7 +216,7 @@ def launcher_store():
 
 def test_rank_0_killed_under_a_launchers_store_leaves_rank_1_reporting_at_its_deadline(tmp_path):
     mark = tmp_path / "hung"
-    timeout = 12
+    timeout = timeout_s(6)
     with launcher_store() as port:
         agent = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
         rank0 = Rank(rank_env(0, port, DISTDOCTOR_TESTING="1", DISTDOCTOR_TEST_HANG="0:rendezvous",
@@ -230,7 +235,7 @@ def test_rank_0_killed_under_a_launchers_store_leaves_rank_1_reporting_at_its_de
 def test_the_deadline_on_a_hung_rank_1_whose_rank_0_is_gone_gives_rank_1s_report(tmp_path):
     # Both ranks hang after the collectives; rank 0 is killed. Only rank 1's watchdog is left.
     port, mark0, mark1 = free_port(), tmp_path / "hung0", tmp_path / "hung1"
-    timeout = 15
+    timeout = timeout_s(9)
     hang = {"DISTDOCTOR_TESTING": "1"}
     rank0 = Rank(rank_env(0, port, DISTDOCTOR_TEST_HANG="0:gather", DISTDOCTOR_TEST_HANG_FILE=str(mark0), **hang),
                  timeout=timeout)
@@ -251,7 +256,7 @@ def test_the_deadline_on_a_hung_rank_1_whose_rank_0_is_gone_gives_rank_1s_report
 def test_a_hung_rank_1_stays_quiet_when_rank_0_reported_for_it(tmp_path):
     # The control: rank 0 is alive, names rank 1 as stuck and leaves its final word.
     port, mark = free_port(), tmp_path / "hung1"
-    timeout = 12
+    timeout = timeout_s(6)
     rank0 = Rank(rank_env(0, port), timeout=timeout)
     rank1 = Rank(rank_env(1, port, DISTDOCTOR_TESTING="1", DISTDOCTOR_TEST_HANG="1:gather",
                           DISTDOCTOR_TEST_HANG_FILE=str(mark)), timeout=timeout)
