@@ -280,3 +280,15 @@ def test_a_rank_1_with_too_little_time_for_the_world_reports_for_itself():
     (report,) = json_objects(rank1.stdout)
     assert report["status"] == "incomplete" and report["world"]["ranks_reported"] == [1], report
     assert ids(report) & {"core.E004", "core.E005"}, report["findings"]
+
+
+def test_a_rank_1_whose_environment_describes_no_usable_world_reports_for_itself():
+    env = rank_env(1, free_port())
+    del env["MASTER_ADDR"]
+    with ranks(Rank(env)) as (rank1,):
+        rank1.wait()
+    assert rank1.code == 1, rank1.describe()
+    report = own_report(rank1)
+    assert any(f["id"].startswith("launch.") and 1 in f["ranks"] for f in report["findings"]), report["findings"]
+    skipped = [c for c in report["checks"] if c["stage"] != "local"]
+    assert skipped and all(c["status"] == "skip" and "usable world" in c["reason"] for c in skipped), skipped
