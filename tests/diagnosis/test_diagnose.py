@@ -117,3 +117,11 @@ def test_the_users_frame_is_the_innermost_outside_torch_and_the_stdlib():
     assert user_frame(stack) == stack[0]
     assert not is_user_file("<frozen importlib._bootstrap>")
     assert parse_frame("train.py:12 in <module>") == Frame("train.py", 12, "<module>")
+
+
+def test_a_rank_that_ended_with_an_exit_status_nobody_saw_is_missing():
+    # `distdoctor stacks` finds no process of rank 1 (its launcher reaped it): ended, code unknown.
+    gone = RankSnapshot(1, status="exited", notes=("no process of this rank on this node",))
+    finding = only(diagnose([waiting(0), gone]))
+    assert (finding.id, finding.cause, finding.ranks) == ("job.E004", "rank_missing", (1,))
+    assert "ended while the others wait" in finding.title and "no process of this rank" in finding.detail
