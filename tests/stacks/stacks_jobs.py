@@ -59,20 +59,22 @@ class Job:
         return (self.ready.parent / "job.log").read_text(errors="replace")[-3000:]
 
 
-def _end(pid: int, parent: int | None = None) -> None:
-    """SIGKILL pid, and only while it is still the process we started (a descendant of parent)."""
+def _end(pid: int, mark: str | None = None) -> None:
+    """SIGKILL pid, and only while it is still a process we started (its command line holds mark,
+    the job's own ready directory): a PID that ended may belong to another process now."""
     import psutil
 
     try:
-        if parent is not None and parent not in {p.pid for p in psutil.Process(pid).parents()}:
-            return  # it ended and the PID may belong to another process now
+        if mark is not None and mark not in psutil.Process(pid).cmdline():
+            return
         os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, psutil.NoSuchProcess):
+    except (ProcessLookupError, psutil.NoSuchProcess, psutil.ZombieProcess):
         pass
 
 
 @contextmanager
-def hung_job(tmp: Path, mode: str, nproc: int, *launcher_args: str, argv_prefix: tuple[str, ...] = ()) -> Iterator[Job]:
+def hung_job(tmp: Path, mode: str, nproc: int, *launcher_args: str, argv_prefix: tuple[str, ...] = (),
+             env: dict[str, str] | None = None) -> Iterator[Job]:
     """torchrun (sys.executable -m torch.distributed.run) running train.py MODE, every rank at its hang point."""
     ready = tmp / "ready"
     ready.mkdir(parents=True, exist_ok=True)
@@ -80,7 +82,7 @@ def hung_job(tmp: Path, mode: str, nproc: int, *launcher_args: str, argv_prefix:
             *launcher_args, str(TRAIN), mode, str(ready)]
     with open(tmp / "job.log", "wb") as log:
         launcher = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=child_env(), cwd=str(tmp))
+                                    env=env or child_env(), cwd=str(tmp))
     job = Job(launcher, ready, nproc)
     try:
         deadline = time.monotonic() + READY_S
@@ -92,7 +94,7 @@ def hung_job(tmp: Path, mode: str, nproc: int, *launcher_args: str, argv_prefix:
     finally:
         # The workers first (by the PIDs they wrote), then the launcher; nothing else is touched.
         for pid in job.rank_pids().values():
-            _end(pid, parent=launcher.pid)
+            _end(pid, mark=str(ready))
         _end(launcher.pid)
         launcher.wait(30)
 
