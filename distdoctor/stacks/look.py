@@ -13,7 +13,9 @@ from distdoctor.core.report import Report, WorldSummary, build_report
 from distdoctor.stacks import pyspy
 from distdoctor.stacks.job import JobView, judge, renumber
 from distdoctor.stacks.procs import Discovery, RankProcess, discover
-from distdoctor.stacks.snapshots import RankView, read_rank
+from distdoctor.diagnosis.snapshot import UNKNOWN
+from distdoctor.stacks.proc_state import ProcState
+from distdoctor.stacks.snapshots import RankView, build, read_rank
 
 LAUNCHER = "stacks"
 _MAX_PARALLEL = 16
@@ -24,9 +26,15 @@ def _read_all(ranks: Sequence[RankProcess], *, native: bool, pyspy_path: str, ti
     """Every rank's stacks, read in parallel: one py-spy per rank, each bounded by timeout_s."""
     if not ranks:
         return []
+    def one(rank: RankProcess) -> RankView:
+        try:
+            return read_rank(rank, native=native, pyspy_path=pyspy_path, timeout_s=timeout_s, host=host)
+        except Exception as exc:  # one rank's surprise must not cost the others' report
+            dump = pyspy.Dump(problem=pyspy.FAILED, message=f"{type(exc).__name__}: {exc}"[:300])
+            return build(rank, dump, ProcState(UNKNOWN), native=native, host=host)
+
     with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL, len(ranks)), thread_name_prefix="distdoctor-pyspy") as pool:
-        return list(pool.map(lambda r: read_rank(r, native=native, pyspy_path=pyspy_path, timeout_s=timeout_s,
-                                                 host=host), ranks))
+        return list(pool.map(one, ranks))
 
 
 def _whole(members: Sequence[RankProcess]) -> tuple[int | None, bool]:
