@@ -262,7 +262,7 @@ def group_jobs(ranks: Iterable[RankProcess], *, by_pid: bool) -> dict[str, list[
     jobs: dict[str, list[RankProcess]] = {}
     unique = {r.pid: r for r in ranks}.values()
     for rank in unique:
-        loose = by_pid and not (rank.env.get("MASTER_PORT") or rank.env.get("SLURM_JOB_ID"))
+        loose = by_pid and not (rank.env.get("MASTER_PORT") or rank.env.get("SLURM_JOB_ID") or rank.launcher_pid)
         jobs.setdefault("the PIDs given" if loose else rank.job_key, []).append(rank)
     for members in jobs.values():
         members.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.pid))

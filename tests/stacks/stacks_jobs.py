@@ -59,7 +59,7 @@ class Job:
         return (self.ready.parent / "job.log").read_text(errors="replace")[-3000:]
 
 
-def _end(pid: int, mark: str | None = None) -> None:
+def end_process(pid: int, mark: str | None = None) -> None:
     """SIGKILL pid, and only while it is still a process we started (its command line holds mark,
     the job's own ready directory): a PID that ended may belong to another process now."""
     import psutil
@@ -94,8 +94,8 @@ def hung_job(tmp: Path, mode: str, nproc: int, *launcher_args: str, argv_prefix:
     finally:
         # The workers first (by the PIDs they wrote), then the launcher; nothing else is touched.
         for pid in job.rank_pids().values():
-            _end(pid, mark=str(ready))
-        _end(launcher.pid)
+            end_process(pid, mark=str(ready))
+        end_process(launcher.pid)
         launcher.wait(30)
 
 
