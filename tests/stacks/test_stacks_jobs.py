@@ -83,20 +83,27 @@ def test_py_spy_missing_from_path_is_a_finding(sleeping_rank):
     assert list(missing["data"]["jobs"].values())[0], missing["data"]
 
 
-def test_four_ranks_one_asleep_three_in_backward(tmp_path):
+def test_four_ranks_one_asleep_three_in_backward_beside_another_job(tmp_path, sleeping_rank):
     with hung_job(tmp_path, "sleep", 4) as job:
-        # No PID: every job on the node; this one is told apart by its ranks' PIDs.
+        # No PID: every job on the node (the 2-rank job too, and whatever else runs here);
+        # this one is told apart by its ranks' PIDs.
         pids = set(job.rank_pids().values())
+        other = set(sleeping_rank.rank_pids().values())
 
-        def ours(report):
+        def ours(report, pids=pids):
             return [f for f in report["findings"] if f["id"] == "job.E002" and _job_pids(report, f) == pids]
 
-        report, _ = stacks_until([], lambda r: bool(ours(r)))
+        report, _ = stacks_until([], lambda r: bool(ours(r)) and bool(ours(r, other)))
         late = ours(report)
         assert late and late[0]["ranks"] == [1], ids(report)
+        key = late[0]["data"]["job"]
+        assert late[0]["detail"].startswith(f"job {key}\n")
         groups = [f for f in report["findings"] if f["id"] == "stacks.I002" and _job_pids(report, f) == pids]
         assert groups[0]["title"] == "ranks 0, 2-3 share one stack; rank 1 differs"
-        assert job.alive()
+        several = finding(report, "stacks.I001")
+        assert several is not None and key in several["data"]["jobs"]
+        assert ours(report, other)[0]["data"]["job"] in several["data"]["jobs"]
+        assert job.alive() and sleeping_rank.alive()
 
 
 def _job_pids(report: dict, found: dict) -> set[int]:
