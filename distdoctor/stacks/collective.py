@@ -19,6 +19,12 @@ _C10D = re.compile(r"(^|[/\\])torch[/\\]distributed[/\\]distributed_c10d\.py$")
 _BACKWARD = re.compile(r"(^|[/\\])torch[/\\]autograd[/\\](graph|__init__)\.py$")
 _DDP = re.compile(r"(^|[/\\])torch[/\\]nn[/\\]parallel[/\\]distributed\.py$")
 _NATIVE_WAIT = ("c10d::Reducer::", "ProcessGroupGloo", "ProcessGroupNCCL", "gloo::", "c10d::ProcessGroup")
+# The CPU waiting for the GPU: where a rank of an NCCL job blocks while a collective on the GPU
+# does not complete (NCCL's collectives are asynchronous to the CPU; the wait surfaces at the
+# next synchronization: loss.item(), .cpu(), an event or stream synchronize).
+_CUDA_SYNC = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cuStreamSynchronize",
+              "cuEventSynchronize", "cuCtxSynchronize", "cudaMemcpy", "cuMemcpy")
+CUDA_WAIT = "a CUDA synchronization (the GPU's queue, where NCCL's collectives run)"
 # distributed_c10d functions that are not a collective the user waits in.
 _NOT_OPS = frozenset({"wrapper", "_get_default_group", "get_rank", "get_world_size", "is_initialized", "_rank_not_in_group",
             "_check_single_tensor", "_check_tensor_list", "_warn_not_in_group", "_get_group_size",
@@ -47,6 +53,10 @@ def in_collective(thread: Thread, *, native: bool) -> tuple[str | None, str]:
     ddp = _outermost(frames, _DDP)
     if ddp is not None and ddp.function in _DDP_INIT:
         return "DistributedDataParallel() (parameter check and broadcast)", ""
+    if native and thread.idle:
+        sync = next((f.function for f in frames if f.native and any(w in f.function for w in _CUDA_SYNC)), None)
+        if sync is not None:
+            return CUDA_WAIT, f"native frames show {sync}: the CPU waits for the GPU"
     backward = _outermost(frames, _BACKWARD)
     if backward is None:
         return None, ""

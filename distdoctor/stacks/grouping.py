@@ -47,7 +47,12 @@ def _describe(members: Sequence[RankSnapshot]) -> list[str]:
     return lines
 
 
-def stack_groups(snaps: Sequence[RankSnapshot], job: str = "") -> Finding | None:
+NCCL_NOTE = ("no rank's Python stack is inside a collective. With NCCL, collectives run on the GPU and the CPU "
+             "waits later, at a synchronization (loss.item(), .cpu(), an optimizer step): run with --native to see "
+             "those waits")
+
+
+def stack_groups(snaps: Sequence[RankSnapshot], *, native: bool = False) -> Finding | None:
     """One info finding: the groups of identical stacks (None when no stack was read)."""
     found = groups(snaps)
     if not found:
@@ -59,6 +64,8 @@ def stack_groups(snaps: Sequence[RankSnapshot], job: str = "") -> Finding | None
         title = (f"{_ranks_text(found[0])} share{'s' if len(found[0]) == 1 else ''} one stack; "
                  f"{_ranks_text(odd)} differ{'s' if len(odd) == 1 else ''}")
     detail = [line for g in found for line in _describe(g)]
+    if not native and not any(s.in_collective for g in found for s in g):
+        detail.append(NCCL_NOTE)
     hosts = sorted({s.host for g in found for s in g if s.host})
     return STACK_GROUPS(title, detail="\n".join(detail), ranks=[s.rank for g in found for s in g], hosts=hosts,
-                        data={"groups": [[s.rank for s in g] for g in found], **({"job": job} if job else {})})
+                        data={"groups": [[s.rank for s in g] for g in found]})

@@ -35,13 +35,14 @@ class JobView:
     launcher: str = ""
     nodes: list[str] = field(default_factory=list)
     read_s: dict[int, float] = field(default_factory=dict)   # rank -> seconds py-spy took
+    native: bool = False           # read with --native (C/C++ frames)
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.key, "world_size": self.world_size, "whole": self.whole, "launcher": self.launcher,
                 "nodes": list(self.nodes), "snapshots": [s.to_dict() for s in self.snapshots],
                 "threads": {str(r): t for r, t in self.threads.items()},
                 "problems": [f.to_dict() for f in self.problems],
-                "read_s": {str(r): round(t, 4) for r, t in self.read_s.items()}}
+                "read_s": {str(r): round(t, 4) for r, t in self.read_s.items()}, "native": self.native}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "JobView":
@@ -62,13 +63,15 @@ class JobView:
                   if str(r).lstrip("-").isdigit() and isinstance(t, (int, float))}
         return cls(str(raw.get("job") or "?"), snaps, threads, problems,
                    world if isinstance(world, int) and not isinstance(world, bool) else None, False,
-                   str(raw.get("launcher") or ""), [str(n) for n in raw.get("nodes") or []], read_s)
+                   str(raw.get("launcher") or ""), [str(n) for n in raw.get("nodes") or []], read_s,
+                   raw.get("native") is True)
 
 
 def merge(views: list[JobView], *, whole: bool) -> JobView:
     """One job seen from several nodes: their ranks together."""
     first = views[0]
-    merged = JobView(first.key, world_size=first.world_size, whole=whole, launcher=first.launcher)
+    merged = JobView(first.key, world_size=first.world_size, whole=whole, launcher=first.launcher,
+                     native=all(v.native for v in views))
     seen: set[int] = set()
     for view in views:
         for snap in view.snapshots:
@@ -118,7 +121,7 @@ def judge(view: JobView, *, several: bool = False) -> list[Finding]:
                            ranks=[s.rank for s in ended], hosts=[s.host for s in ended if s.host]))
     if snaps and (unread or (not view.whole and view.world_size and len(snaps) < view.world_size)):
         found.append(_partial(view, snaps, unread))
-    groups = stack_groups(snaps)
+    groups = stack_groups(snaps, native=view.native)
     if groups is not None:
         found.append(groups)
     found += view.problems

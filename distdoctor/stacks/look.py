@@ -46,7 +46,7 @@ def _whole(members: Sequence[RankProcess]) -> tuple[int | None, bool]:
 
 
 def job_view(key: str, members: Sequence[RankProcess], views: Sequence[RankView], host: str, *,
-             picked: bool) -> JobView:
+             picked: bool, native: bool = False) -> JobView:
     world, whole = _whole(members)
     snaps = renumber([v.snapshot for v in views])
     pid_rank = {s.pid: s.rank for s in snaps}
@@ -54,7 +54,7 @@ def job_view(key: str, members: Sequence[RankProcess], views: Sequence[RankView]
     launchers = sorted({m.launcher for m in members})
     return JobView(key, snaps, threads, [v.finding for v in views if v.finding is not None], world,
                    whole and not picked, ", ".join(launchers), [host],
-                   {pid_rank[v.snapshot.pid]: v.seconds for v in views})
+                   {pid_rank[v.snapshot.pid]: v.seconds for v in views}, native)
 
 
 def gather(pids: Sequence[int] = (), *, native: bool = False, timeout_s: float = pyspy.DUMP_TIMEOUT_S,
@@ -71,7 +71,7 @@ def gather(pids: Sequence[int] = (), *, native: bool = False, timeout_s: float =
     jobs = []
     for key, members in found.jobs.items():
         views = _read_all(members, native=native, pyspy_path=program or "py-spy", timeout_s=timeout_s, host=host)
-        jobs.append(job_view(key, members, views, host, picked=key in found.picked))
+        jobs.append(job_view(key, members, views, host, picked=key in found.picked, native=native))
     return jobs, found.findings
 
 

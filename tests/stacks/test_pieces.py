@@ -110,3 +110,20 @@ def test_a_rank_with_no_process_anywhere_has_ended():
     missing = next(f for f in judge(job) if f.id == "job.E004")
     assert missing.ranks == (3,) and "ended" in missing.title
     assert "no process of this rank on this node" in missing.detail
+
+
+def test_with_native_frames_a_cpu_waiting_for_the_gpu_is_a_wait():
+    # GPU frames are simulated (no GPU here): the names are CUDA's runtime and driver API.
+    sync = frame("cudaStreamSynchronize", "libcudart.so.12", native=True)
+    item = frame("main", "/job/train.py", 50)
+    assert in_collective(thread(sync, item, idle=True), native=True)[0].startswith("a CUDA synchronization")
+    assert in_collective(thread(sync, item, idle=True), native=False)[0] is None
+
+
+def test_when_no_rank_is_in_a_collective_the_groups_say_how_to_see_gpu_waits():
+    from distdoctor.diagnosis.snapshot import Frame
+    from distdoctor.stacks.grouping import stack_groups
+
+    snaps = [RankSnapshot(rank=r, status="running", stack=(Frame("train.py", 50, "main"),)) for r in range(2)]
+    assert "run with --native" in stack_groups(snaps).detail
+    assert "run with --native" not in stack_groups(snaps, native=True).detail
