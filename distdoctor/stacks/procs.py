@@ -84,6 +84,15 @@ def _environ(proc: psutil.Process) -> dict[str, str] | None:
         return None  # another user's process, or gone: its variables are not readable
 
 
+def _why_no_environ(proc: psutil.Process) -> str:
+    try:
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return "it has ended (a zombie): its environment is gone, so its rank is not known"
+    except psutil.Error:
+        pass
+    return "its environment is not readable (another user's process?), so its rank is not known"
+
+
 def _cmdline(proc: psutil.Process) -> list[str]:
     try:
         return proc.cmdline()
@@ -199,7 +208,7 @@ def scan_node(job_filter: Mapping[str, str] | None = None) -> list[RankProcess]:
     """Every rank process on this node (optionally only those whose variables match job_filter)."""
     skip = _own_lineage()
     candidates: dict[int, tuple] = {}
-    procs: dict[int, tuple[psutil.Process, dict[str, str]]] = {}
+    procs: dict[int, tuple[psutil.Process, RankProcess]] = {}
     for proc in list(psutil.process_iter())[:_MAX_PROCESSES * 4]:
         if proc.pid in skip:
             continue
@@ -210,13 +219,10 @@ def scan_node(job_filter: Mapping[str, str] | None = None) -> list[RankProcess]:
             continue
         rank = rank_process(proc, env)
         candidates[proc.pid] = (rank.job_key, rank.rank)
-        procs[proc.pid] = (proc, env)
+        procs[proc.pid] = (proc, rank)
         if len(procs) >= _MAX_PROCESSES:
             break
-    ranks = []
-    for pid, (proc, env) in sorted(procs.items()):
-        if not _is_rank_child(proc, candidates[pid], candidates):
-            ranks.append(rank_process(proc, env))
+    ranks = [rank for pid, (proc, rank) in sorted(procs.items()) if not _is_rank_child(proc, candidates[pid], candidates)]
     return ranks + ended_siblings(ranks)
 
 
@@ -248,7 +254,7 @@ def from_pids(pids: Sequence[int]) -> tuple[list[RankProcess], list, set[int]]:
                                        detail=f"{' '.join(_cmdline(proc))[:200]}: its workers have not started yet, or ended",
                                        data={"pid": pid}))
         else:
-            notes = [] if env is not None else ["its environment is not readable (another user's process?)"]
+            notes = [] if env is not None else [_why_no_environ(proc)]
             if env is not None and not describes_rank(env):
                 notes.append("no rank variables in its environment")
             ranks.append(rank_process(proc, env, notes))

@@ -127,3 +127,24 @@ def test_another_users_process_is_denied_with_the_fix(started):
     assert pyspy.classify(done.returncode, done.stderr)[0] == pyspy.DENIED, done.stderr
     problem = attach.explain_denied(target.pid)
     assert problem.fix and problem.reason in ("denied", "no_cap_sys_ptrace", "ptrace_scope")
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.2, 0.5])
+def test_a_process_exiting_while_stacks_runs_gives_a_report_whatever_the_timing(started, delay):
+    """Which moment stacks catches is a race (still starting, before, during or after the dump);
+    every outcome is a clean report: the process read, py-spy's failure on a half-started
+    interpreter, or its end named with its exit code."""
+    proc = subprocess.Popen([sys.executable, "-c", f"import sys, time; time.sleep({delay}); sys.exit(5)"],
+                            env=child_env(RANK="0", WORLD_SIZE="1"))
+    started.append(proc)
+    result = distdoctor("stacks", "--format", "json", str(proc.pid))
+    report = report_of(result)
+    assert result.returncode in (0, 1), result.stderr
+    ended = [f for f in report["findings"] if f["id"] in ("job.E004", "stacks.W002")]
+    unread = [f for f in report["findings"] if f["id"] in ("stacks.E003", "stacks.E004")]
+    if result.returncode == 1 and not unread:
+        assert ended and "code 5" in ended[0]["title"] + ended[0]["detail"], report["findings"]
+    elif result.returncode == 1:
+        assert unread[0]["data"]["pid"] == proc.pid
+    else:
+        assert ids(report) == ["stacks.I002"], report["findings"]  # read while it still ran
