@@ -136,3 +136,30 @@ def test_every_rank_waiting_in_one_collective_is_a_hang(tmp_path):
         assert hang is not None and hang["ranks"] == [0, 1], ids(report)
         assert "recv" in hang["title"] and f"train.py:{RECV_LINE}" in hang["detail"]
         assert job.alive()
+
+
+def test_reading_the_stacks_sends_the_job_no_signal_and_no_ptrace(sleeping_rank, tmp_path):
+    """strace on distdoctor and its py-spy children: no kill, tgkill, ptrace or memory write aimed
+    at any process of the job (py-spy --nonblocking only reads with process_vm_readv)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.stacks.stacks_jobs import child_env
+
+    if shutil.which("strace") is None:
+        pytest.skip("strace not installed")
+    trace = tmp_path / "strace.txt"
+    calls = "kill,tgkill,tkill,ptrace,process_vm_writev,pidfd_send_signal,rt_sigqueueinfo,rt_tgsigqueueinfo"
+    done = subprocess.run(["strace", "-f", "-qq", "-e", f"trace={calls}", "-o", str(trace), sys.executable, "-m",
+                           "distdoctor", "stacks", "--format", "json", str(sleeping_rank.pid)],
+                          capture_output=True, text=True, timeout=120, env=child_env())
+    if done.returncode not in (0, 1) and "ptrace" in done.stderr:
+        pytest.skip(f"strace cannot run here: {done.stderr[-300:]}")
+    assert finding(report_of(done), "job.E002") is not None
+    job_pids = {str(p) for p in (sleeping_rank.pid, *sleeping_rank.rank_pids().values())}
+    syscalls = [line for line in trace.read_text().splitlines() if "(" in line and not line.split(maxsplit=1)[1].startswith(("---", "+++"))]
+    aimed = [line for line in syscalls if any(f"({pid}," in line or f", {pid}," in line for pid in job_pids)]
+    assert not aimed, aimed
+    assert not [line for line in syscalls if "ptrace(" in line], syscalls[:5]
+    assert sleeping_rank.alive()
