@@ -135,7 +135,8 @@ def _partial(view: JobView, snaps: list[RankSnapshot], unread: list[RankSnapshot
     if unread:
         lines.append(f"ranks whose stack could not be read: {format_ranks(s.rank for s in unread)} (see their findings)")
     if not view.whole and view.world_size and len(snaps) + len(unread) < view.world_size:
-        lines.append(f"the job's other ranks run on other nodes (nodes looked at: {', '.join(view.nodes) or '?'})")
+        lines.append(f"the job's other ranks were not looked at: they run on other nodes, or were not among the PIDs "
+                     f"given (nodes looked at: {', '.join(view.nodes) or '?'})")
     return PARTIAL(f"The verdict covers ranks {here}{of} only", detail="\n".join(lines), ranks=[s.rank for s in snaps],
                    remediation=None if not unread or lines[1:] else "Fix what kept the other ranks' stacks from being read (their findings say what), then run again")
 
