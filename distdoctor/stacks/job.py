@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from distdoctor.core.findings import Finding
 from distdoctor.core.registry import finding_kind
 from distdoctor.core.report import format_ranks
+from distdoctor.diagnosis import kinds as job_kinds
 from distdoctor.diagnosis.diagnose import diagnose
 from distdoctor.diagnosis.snapshot import EXITED, KILLED, UNKNOWN, RankSnapshot
 from distdoctor.stacks.grouping import stack_groups
@@ -120,7 +121,10 @@ def judge(view: JobView, *, several: bool = False) -> list[Finding]:
                            detail="\n".join(f"rank {s.rank} (PID {s.pid}): {'; '.join(s.notes)}" for s in ended),
                            ranks=[s.rank for s in ended], hosts=[s.host for s in ended if s.host]))
     if snaps and (unread or (not view.whole and view.world_size and len(snaps) < view.world_size)):
-        found.append(_partial(view, snaps, unread))
+        # "Every rank waits" holds only for the ranks seen: a rank not seen may be the late one.
+        hang = [f for f in found if f.id == job_kinds.HANG.id]
+        found = [f for f in found if f.id != job_kinds.HANG.id]
+        found.append(_partial(view, snaps, unread, hang[0].title if hang else ""))
     groups = stack_groups(snaps, native=view.native)
     if groups is not None:
         found.append(groups)
@@ -128,17 +132,18 @@ def judge(view: JobView, *, several: bool = False) -> list[Finding]:
     return [_labelled(f, view, several) for f in found]
 
 
-def _partial(view: JobView, snaps: list[RankSnapshot], unread: list[RankSnapshot]) -> Finding:
+def _partial(view: JobView, snaps: list[RankSnapshot], unread: list[RankSnapshot], hang: str) -> Finding:
     here = format_ranks(s.rank for s in snaps)
     of = f" of {view.world_size}" if view.world_size else ""
-    lines = []
+    lines = [f"among the ranks seen: {hang[0].lower() + hang[1:]}; a rank not seen may be the one they wait for"] if hang else []
     if unread:
         lines.append(f"ranks whose stack could not be read: {format_ranks(s.rank for s in unread)} (see their findings)")
-    if not view.whole and view.world_size and len(snaps) + len(unread) < view.world_size:
+    unseen_elsewhere = not view.whole and view.world_size and len(snaps) + len(unread) < view.world_size
+    if unseen_elsewhere:
         lines.append(f"the job's other ranks were not looked at: they run on other nodes, or were not among the PIDs "
                      f"given (nodes looked at: {', '.join(view.nodes) or '?'})")
     return PARTIAL(f"The verdict covers ranks {here}{of} only", detail="\n".join(lines), ranks=[s.rank for s in snaps],
-                   remediation=None if not unread or lines[1:] else "Fix what kept the other ranks' stacks from being read (their findings say what), then run again")
+                   remediation=None if not unread or unseen_elsewhere else "Fix what kept the other ranks' stacks from being read (their findings say what), then run again")
 
 
 def renumber(snaps: list[RankSnapshot]) -> list[RankSnapshot]:

@@ -163,3 +163,13 @@ def test_reading_the_stacks_sends_the_job_no_signal_and_no_ptrace(sleeping_rank,
     assert not aimed, aimed
     assert not [line for line in syscalls if "ptrace(" in line], syscalls[:5]
     assert sleeping_rank.alive()
+
+
+def test_one_rank_given_alone_is_read_and_the_others_are_not_called_missing(sleeping_rank):
+    rank0 = sleeping_rank.rank_pids()[0]
+    report, _ = stacks_until([str(rank0)], lambda r: bool(finding(r, "stacks.W003")))
+    partial = finding(report, "stacks.W003")
+    assert partial["title"] == "The verdict covers ranks 0 of 2 only", ids(report)
+    # Rank 0 waits; whether rank 1 does was not seen: no "every rank waits", no "rank 1 missing".
+    assert not [i for i in ids(report) if i.startswith("job.")], ids(report)
+    assert "among the ranks seen: every rank waits in backward" in partial["detail"]
