@@ -19,10 +19,12 @@ ALLOWED = {
     "core": {"core"},
     "machine": {"core", "machine"},
     "checks": {"core", "machine", "checks"},
-    "explain": {"core", "explain"},
+    "diagnosis": {"core", "diagnosis"},
+    "explain": {"core", "diagnosis", "explain"},
     "lint": {"core", "lint"},
     "world": {"core", "machine", "checks", "world"},
-    "embedded": {"core", "machine", "checks", "world", "embedded"},
+    "embedded": {"core", "machine", "checks", "world", "diagnosis", "embedded"},
+    "stacks": {"core", "machine", "diagnosis", "stacks"},
     "bench": {"core", "machine", "checks", "world", "bench"},
 }
 

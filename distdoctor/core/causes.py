@@ -100,6 +100,9 @@ CAUSES: dict[str, str] = {
     'shm_permission': (
         '/dev/shm is not writable by the job'
     ),
+    'worker_exception': (
+        "one rank's own code raised (an exception in the training loop, its data, its checkpointing) and that process exited; its peers then fail with \"Connection closed by peer\", a collective timeout or the launcher's SIGTERM — their errors are consequences, the first rank's exception is the cause"
+    ),
     'oom_killed_rank': (
         "a rank was killed by the host's out-of-memory killer (exit code -9 / SIGKILL)"
     ),

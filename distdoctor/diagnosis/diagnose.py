@@ -1,0 +1,319 @@
+"""Per-rank snapshots -> findings: who raised, was killed or left, who is behind, who disagrees."""
+
+# The guard, `distdoctor stacks` and `explain` all end here, so one fault gets one answer
+# whichever way it was seen. The order of the questions is the order of causation:
+#   1. the first failure (an exception, a signal, a non-zero exit) is the cause and what its
+#      peers did afterwards (connection closed, a timeout, SIGTERM from the launcher) is folded
+#      under it as a consequence;
+#   2. a rank that left cleanly while others still wait in a collective: uneven inputs;
+#   3. a rank that does not answer while others wait: missing;
+#   4. a rank alive and outside any collective while others wait: the straggler;
+#   5. ranks at one sequence number with different operations, sizes or dtypes: a mismatch
+#      (also reported beside 1-4 when the recorder's history shows one);
+#   6. every rank waiting in the same collective: a hang with no more specific cause.
+# Nothing failed and nobody waits: no finding (the caller says what it looked at).
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from typing import Any, Iterable, Sequence
+
+from distdoctor.core.findings import Finding
+from distdoctor.diagnosis import kinds
+from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNKNOWN, UNREACHABLE,
+                                           PendingOp, RankSnapshot)
+
+DEFAULT_GROUP = "0"
+_LAUNCHER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def diagnose(snapshots: Iterable[RankSnapshot], *, world_size: int | None = None,
+             waited_s: float | None = None) -> list[Finding]:
+    """Findings for the job the snapshots describe (one per rank; a missing rank is unreachable)."""
+    snaps = _complete(list(snapshots), world_size)
+    if not snaps:
+        return []
+    mismatch = _mismatch(snaps)
+    primary = (_first_failure(snaps) or _left_early(snaps) or _missing(snaps) or _straggler(snaps, waited_s)
+               or (None if mismatch else _all_waiting(snaps, waited_s)))
+    found = [f for f in (primary, mismatch) if f is not None]
+    return [f.with_(check=kinds.CHECK) for f in found]
+
+
+def _complete(snaps: list[RankSnapshot], world_size: int | None) -> list[RankSnapshot]:
+    by_rank: dict[int, RankSnapshot] = {}
+    for snap in snaps:
+        by_rank.setdefault(snap.rank, snap)
+    for rank in range(world_size or 0):
+        by_rank.setdefault(rank, RankSnapshot(rank=rank, status=UNREACHABLE, notes=("no snapshot of this rank",)))
+    return [by_rank[r] for r in sorted(by_rank)]
+
+
+# -- who is where -----------------------------------------------------------------------------
+
+def _where(snap: RankSnapshot) -> str:
+    return f" at {snap.where.describe()}" if snap.where else ""
+
+
+def _waiting_op(snap: RankSnapshot) -> tuple[str, PendingOp | None]:
+    """(group, the op it waits in) for a waiting rank; the default group first."""
+    waiting = sorted((g for g in snap.groups if g.waiting), key=lambda g: (g.group != DEFAULT_GROUP, g.group))
+    if waiting:
+        group = waiting[0]
+        pending = group.pending or PendingOp(op="a collective", seq=group.last_completed + 1
+                                             if group.last_completed is not None else None)
+        return group.group, pending
+    return DEFAULT_GROUP, PendingOp(op=snap.in_collective) if snap.in_collective else None
+
+
+def group_label(group: str) -> str:
+    return "the default group" if group in (DEFAULT_GROUP, "default", "default_pg", "WORLD") else f"group {group}"
+
+
+def _op_text(group: str, op: PendingOp | None) -> str:
+    return f"{op.describe() if op else 'a collective'} of {group_label(group)}"
+
+
+def _waiters_text(waiting: Sequence[RankSnapshot]) -> str:
+    parts = []
+    for snap in waiting:
+        group, op = _waiting_op(snap)
+        since = f" for {op.age_s:.1f} s" if op and op.age_s is not None else ""
+        parts.append(f"rank {snap.rank} waits in {_op_text(group, op)}{_where(snap)}{since}")
+    return "; ".join(parts)
+
+
+def _progress_text(snap: RankSnapshot, group: str = DEFAULT_GROUP) -> str:
+    progress = snap.group(group)
+    if progress is None or progress.last_enqueued is None:
+        return f"{snap.collectives} collectives issued" if snap.collectives is not None else ""
+    return f"its last collective in {group_label(group)}: #{progress.last_enqueued}"
+
+
+def _exit_text(snap: RankSnapshot) -> str:
+    if snap.status == KILLED and snap.exit_code is not None:
+        return f"killed by {signal_name(-snap.exit_code)} (exit {snap.exit_code})"
+    if snap.exit_code is not None:
+        return f"exited with code {snap.exit_code}"
+    return {RAISED: "raised", FINISHED: "left the job", UNREACHABLE: "did not answer"}.get(snap.status, snap.status)
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _stack_lines(snap: RankSnapshot, limit: int = 8) -> list[str]:
+    if not snap.stack:
+        return []
+    lines = [f"  {frame.label} in {frame.function}" if frame.function else f"  {frame.label}" for frame in snap.stack[-limit:]]
+    return [f"rank {snap.rank}'s stack (innermost last):", *lines]
+
+
+def _data(snaps: Sequence[RankSnapshot], **extra: Any) -> dict[str, Any]:
+    return {**extra, "snapshots": [s.to_dict() for s in snaps]}
+
+
+def _hosts(snaps: Iterable[RankSnapshot]) -> list[str]:
+    return [s.host for s in snaps if s.host]
+
+
+# -- 1. the first failure ---------------------------------------------------------------------
+
+def _failure_rank(snap: RankSnapshot) -> int | None:
+    """How strongly this rank's end is a cause of its own (lower: stronger); None: no failure."""
+    if snap.error is not None and not snap.error.consequence:
+        return 0
+    if snap.status == KILLED and snap.exit_code is not None and -snap.exit_code not in _LAUNCHER_SIGNALS:
+        return 1
+    if snap.status in (EXITED, RAISED) and snap.exit_code not in (None, 0) and snap.error is None:
+        return 2
+    return None
+
+
+def _first_failure(snaps: Sequence[RankSnapshot]) -> Finding | None:
+    failed = [(s.error.time if s.error and s.error.time is not None else s.time, _failure_rank(s), s)
+              for s in snaps if _failure_rank(s) is not None]
+    if not failed:
+        return None
+    # The earliest in time when the source knows times; otherwise the strongest evidence.
+    timed = [f for f in failed if f[0] is not None]
+    first = min(timed, key=lambda f: (f[0], f[1], f[2].rank))[2] if timed else min(failed, key=lambda f: (f[1], f[2].rank))[2]
+    others = [s for s in snaps if s.rank != first.rank]
+    consequences = [_consequence_text(s) for s in others]
+    detail_tail = [c for c in consequences if c]
+    if first.error is not None and not first.error.consequence:
+        error = first.error
+        title = f"Rank {first.rank} raised {error.type}: {error.message}"[:300]
+        frame = error.frame or first.where
+        lines = [f"rank {first.rank}{' on ' + first.host if first.host else ''} raised {error.type}"
+                 + (f" at {frame.describe()}" if frame else "") + (f": {error.message}" if error.message else "")]
+        kind = kinds.EXCEPTION
+    elif first.status == KILLED and first.exit_code == -signal.SIGKILL:
+        title = f"Rank {first.rank} was killed by SIGKILL (exit -9): the out-of-memory killer's signal"
+        lines = [f"rank {first.rank}{' on ' + first.host if first.host else ''} was {_exit_text(first)}{_where(first)}"]
+        kind = kinds.KILLED
+    else:
+        title = f"Rank {first.rank} {_exit_text(first)} before its peers"
+        lines = [f"rank {first.rank}{' on ' + first.host if first.host else ''} {_exit_text(first)}{_where(first)}"
+                 + " without an error this source could read"]
+        kind = kinds.MISSING
+    if detail_tail:
+        lines.append("then, as a consequence: " + "; ".join(detail_tail))
+    lines += _stack_lines(first)
+    return kind(title, detail="\n".join(lines), ranks=[first.rank], hosts=_hosts([first]),
+                data=_data(snaps, first_rank=first.rank,
+                           consequences=[s.rank for s in others if _consequence_text(s)]))
+
+
+def _consequence_text(snap: RankSnapshot) -> str:
+    if snap.error is not None:
+        return f"rank {snap.rank} {'failed' if snap.error.consequence else 'also raised'} with {snap.error.describe()}"
+    if snap.status in (KILLED, EXITED) and snap.exit_code not in (None, 0):
+        return f"rank {snap.rank} {_exit_text(snap)}"
+    if snap.waiting:
+        return _waiters_text([snap])
+    return ""
+
+
+# -- 2-4. a rank that left, went silent or is late -------------------------------------------------
+
+def _left_early(snaps: Sequence[RankSnapshot]) -> Finding | None:
+    waiting = [s for s in snaps if s.waiting]
+    left = [s for s in snaps if not s.waiting and (s.status == FINISHED or (s.status == EXITED and s.exit_code == 0))]
+    if not waiting or not left:
+        return None
+    group, op = _waiting_op(waiting[0])
+    leavers = "; ".join(f"rank {s.rank} {_exit_text(s)}" + (f" ({_progress_text(s, group)})" if _progress_text(s, group) else "")
+                        + _where(s) for s in left)
+    title = (f"Rank{'s' if len(left) > 1 else ''} {', '.join(str(s.rank) for s in left)} left the job while "
+             f"rank{'s' if len(waiting) > 1 else ''} {', '.join(str(s.rank) for s in waiting)} still "
+             f"wait{'' if len(waiting) > 1 else 's'} in {_op_text(group, op)}")
+    detail = "\n".join([leavers, _waiters_text(waiting)])
+    return kinds.UNEVEN(title, detail=detail, ranks=[s.rank for s in left], hosts=_hosts(left),
+                        data=_data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None,
+                                   left=[s.rank for s in left], waiting=[s.rank for s in waiting]))
+
+
+def _missing(snaps: Sequence[RankSnapshot]) -> Finding | None:
+    waiting = [s for s in snaps if s.waiting]
+    # An exit whose status the source did not see (the launcher reaped it) is missing too.
+    silent = [s for s in snaps if s.status in (UNREACHABLE, UNKNOWN)
+              or (s.status == KILLED and s.exit_code is not None) or (s.status == EXITED and s.exit_code is None)]
+    if not waiting or not silent:
+        return None
+    group, op = _waiting_op(waiting[0])
+    title = (f"Rank{'s' if len(silent) > 1 else ''} {', '.join(str(s.rank) for s in silent)} "
+             f"{'did not answer' if all(s.status not in (KILLED, EXITED) for s in silent) else 'ended'} while the others wait in {_op_text(group, op)}")
+    lines = [f"rank {s.rank}{' on ' + s.host if s.host else ''} {_exit_text(s)}"
+             + (f" ({'; '.join(s.notes)})" if s.notes else "") for s in silent]
+    lines.append(_waiters_text(waiting))
+    return kinds.MISSING(title, detail="\n".join(lines), ranks=[s.rank for s in silent], hosts=_hosts(silent),
+                         data=_data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None,
+                                    missing=[s.rank for s in silent], waiting=[s.rank for s in waiting]))
+
+
+def _straggler(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Finding | None:
+    waiting = [s for s in snaps if s.waiting]
+    idle = [s for s in snaps if s.status == RUNNING and not s.waiting]
+    if not waiting or not idle:
+        return None
+    group, op = _waiting_op(waiting[0])
+    late = ", ".join(str(s.rank) for s in idle)
+    title = (f"Rank{'s' if len(idle) > 1 else ''} {late} {'have' if len(idle) > 1 else 'has'} not arrived at "
+             f"{_op_text(group, op)}" + (f": at {idle[0].where.describe()}" if idle[0].where else ""))
+    lines = []
+    for snap in idle:
+        progress = _progress_text(snap, group)
+        lines.append(f"rank {snap.rank}{' on ' + snap.host if snap.host else ''} is not in a collective"
+                     + (f", at {snap.where.describe()}" if snap.where else " (its stack has no frame of your code)")
+                     + (f" ({progress})" if progress else ""))
+    lines.append(_waiters_text(waiting) + (f" (the first waited {waited_s:.1f} s)" if waited_s else ""))
+    for snap in idle:
+        lines += _stack_lines(snap)
+    return kinds.STRAGGLER(title, detail="\n".join(lines), ranks=[s.rank for s in idle], hosts=_hosts(idle),
+                           data=_data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None,
+                                      late=[s.rank for s in idle], waiting=[s.rank for s in waiting]))
+
+
+# -- 5-6. what the ranks are in ------------------------------------------------------------------
+
+def _ops_by_seq(snaps: Sequence[RankSnapshot]) -> dict[tuple[str, int], dict[int, PendingOp]]:
+    table: dict[tuple[str, int], dict[int, PendingOp]] = {}
+    for snap in snaps:
+        for group in snap.groups:
+            for op in (*group.recent, *([group.pending] if group.pending else [])):
+                if op.seq is not None:
+                    table.setdefault((group.group, op.seq), {})[snap.rank] = op
+    return table
+
+
+def _odd(values: dict[int, Any]) -> list[int]:
+    """Ranks whose value is not the most common (a tie: the lowest rank's value is the norm)."""
+    counts = Counter(values.values())
+    norm = values[min(values)]
+    top = max(counts.values())
+    if counts[norm] != top:
+        norm = next(v for v, n in counts.items() if n == top)
+    return sorted(r for r, v in values.items() if v != norm)
+
+
+def _mismatch(snaps: Sequence[RankSnapshot]) -> Finding | None:
+    for (group, seq), ops in sorted(_ops_by_seq(snaps).items(), key=lambda item: item[0][1]):
+        if len(ops) < 2:
+            continue
+        for field, kind in (("op", kinds.MISMATCH), ("sizes", kinds.SHAPE), ("dtypes", kinds.DTYPE)):
+            values = {r: getattr(op, field) for r, op in ops.items()}
+            if len(set(values.values())) < 2:
+                continue
+            odd = _odd(values)
+            lines = [f"rank {r}: {ops[r].describe()}" for r in sorted(ops)]
+            title = f"{ops[min(ops)].op} #{seq} of {group_label(group)} differs in {field} across ranks: " + \
+                "; ".join(f"rank {r}: {_field_text(field, ops[r])}" for r in sorted(ops))
+            return kind(title[:400], detail="\n".join(lines), ranks=odd,
+                        hosts=_hosts(s for s in snaps if s.rank in odd),
+                        data=_data(snaps, group=group, seq=seq, field=field))
+    return _diverged(snaps)
+
+
+def _field_text(field: str, op: PendingOp) -> str:
+    if field == "sizes":
+        return ", ".join(str(list(s)) for s in op.sizes) or "no tensor"
+    if field == "dtypes":
+        return ", ".join(op.dtypes) or "none"
+    return op.op
+
+
+def _diverged(snaps: Sequence[RankSnapshot]) -> Finding | None:
+    """Waiting ranks of one group at different sequence numbers: they issued different collectives."""
+    at: dict[str, dict[int, PendingOp]] = {}
+    for snap in snaps:
+        if snap.status != RUNNING:
+            continue
+        for group in snap.groups:
+            if group.pending is not None and group.pending.seq is not None:
+                at.setdefault(group.group, {})[snap.rank] = group.pending
+    for group, ops in sorted(at.items()):
+        if len({op.seq for op in ops.values()}) > 1:
+            odd = _odd({r: op.seq for r, op in ops.items()})
+            lines = [f"rank {r} waits in {ops[r].describe()}" for r in sorted(ops)]
+            return kinds.MISMATCH(
+                f"Ranks wait at different collectives of {group_label(group)}: "
+                + "; ".join(f"rank {r} in {ops[r].describe()}" for r in sorted(ops)),
+                detail="\n".join(lines + ["one rank issued collectives the others did not (a rank-dependent branch, an extra step)"]),
+                ranks=odd, hosts=_hosts(s for s in snaps if s.rank in odd), data=_data(snaps, group=group))
+    return None
+
+
+def _all_waiting(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Finding | None:
+    waiting = [s for s in snaps if s.waiting]
+    if not waiting or len(waiting) != len(snaps):
+        return None
+    group, op = _waiting_op(waiting[0])
+    title = f"Every rank waits in {_op_text(group, op)} and it does not complete" + (
+        f" ({waited_s:.1f} s)" if waited_s else "")
+    return kinds.HANG(title, detail=_waiters_text(waiting), ranks=[s.rank for s in waiting], hosts=_hosts(waiting),
+                      data=_data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None))

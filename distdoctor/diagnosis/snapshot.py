@@ -1,0 +1,236 @@
+"""One rank of a job at one moment, as plain data: what the guard, `stacks` and `explain` all build."""
+
+# The guard (live, through the store), `distdoctor stacks` (py-spy, from outside) and `explain`
+# (logs and flight-recorder dumps, afterwards) each describe every rank they can see as a
+# RankSnapshot; diagnosis.diagnose turns a set of them into findings. Every field but the rank is
+# optional: each source knows different things, and what it does not know stays None / empty.
+# to_dict/from_dict give the JSON form (reports, the store channel); from_dict never trusts its
+# input: a malformed value becomes "not known", never an exception.
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+# What a rank's process is doing, as far as the source can tell.
+RUNNING = "running"          # alive (in a collective or not: see groups / in_collective)
+RAISED = "raised"            # its code raised an exception (the process ended or is ending)
+EXITED = "exited"            # the process ended with exit_code (0: a clean exit)
+KILLED = "killed"            # ended by a signal: exit_code is minus the signal number
+FINISHED = "finished"        # it left the job (loop done, destroy_process_group) but may still be alive
+UNREACHABLE = "unreachable"  # it did not answer (frozen, GIL held, gone without a trace)
+UNKNOWN = "unknown"
+STATUSES = (RUNNING, RAISED, EXITED, KILLED, FINISHED, UNREACHABLE, UNKNOWN)
+
+_MAX_TEXT = 2000
+_MAX_ITEMS = 64
+
+
+def _text(value: Any, limit: int = _MAX_TEXT) -> str:
+    return str(value)[:limit] if value is not None else ""
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _items(value: Any) -> list[Any]:
+    return list(value)[:_MAX_ITEMS] if isinstance(value, (list, tuple)) else []
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One Python frame: file, line, function and, when it could be read, the source line."""
+
+    file: str
+    line: int | None = None
+    function: str = ""
+    code: str = ""
+
+    @property
+    def label(self) -> str:
+        """`train.py:42`"""
+        return f"{self.file}:{self.line}" if self.line is not None else self.file
+
+    def describe(self) -> str:
+        """`loss.backward() at train.py:42` when the source line is known, else `train.py:42 in train`."""
+        if self.code:
+            return f"`{self.code.strip()}` at {self.label}"
+        return f"{self.label} in {self.function}" if self.function else self.label
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function, "code": self.code}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> "Frame | None":
+        if not isinstance(raw, Mapping) or not raw.get("file"):
+            return None
+        return cls(_text(raw.get("file"), 500), _int(raw.get("line")), _text(raw.get("function"), 200),
+                   _text(raw.get("code"), 300))
+
+
+@dataclass(frozen=True)
+class PendingOp:
+    """A collective as the flight recorder or the guard saw it: operation, sequence number, sizes."""
+
+    op: str                                   # all_reduce, broadcast, ... (no backend prefix)
+    seq: int | None = None                    # its collective sequence number in its group
+    sizes: tuple[tuple[int, ...], ...] = ()   # input sizes
+    dtypes: tuple[str, ...] = ()              # input dtypes
+    state: str = ""                           # scheduled / started / completed (the recorder's words)
+    age_s: float | None = None                # how long it has been pending, when known
+
+    def signature(self) -> tuple[str, tuple, tuple]:
+        return (self.op, self.sizes, self.dtypes)
+
+    def describe(self) -> str:
+        """`all_reduce #7 (Float[3])`"""
+        seq = f" #{self.seq}" if self.seq is not None else ""
+        shapes = ", ".join(f"{d}{list(s)}" for d, s in zip(self.dtypes or ("",) * len(self.sizes), self.sizes))
+        return f"{self.op}{seq}" + (f" ({shapes})" if shapes else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "seq": self.seq, "sizes": [list(s) for s in self.sizes],
+                "dtypes": list(self.dtypes), "state": self.state, "age_s": self.age_s}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> "PendingOp | None":
+        if not isinstance(raw, Mapping) or not raw.get("op"):
+            return None
+        sizes = tuple(tuple(v for v in (_int(x) for x in _items(s)) if v is not None) for s in _items(raw.get("sizes")))
+        return cls(_text(raw.get("op"), 100), _int(raw.get("seq")), sizes,
+                   tuple(_text(d, 40) for d in _items(raw.get("dtypes"))), _text(raw.get("state"), 40),
+                   _float(raw.get("age_s")))
+
+
+@dataclass(frozen=True)
+class GroupProgress:
+    """One process group on one rank: how far it got, what it waits in, what it last ran."""
+
+    group: str                                # the group's id ("0" is the default group)
+    ranks: tuple[int, ...] = ()               # its global ranks, when known
+    last_enqueued: int | None = None          # highest collective sequence number issued
+    last_completed: int | None = None         # highest one completed
+    pending: PendingOp | None = None          # the oldest collective issued and not completed
+    recent: tuple[PendingOp, ...] = ()        # the last collectives recorded (to compare ranks at one seq)
+
+    @property
+    def waiting(self) -> bool:
+        if self.pending is not None:
+            return True
+        return (self.last_enqueued is not None and self.last_completed is not None
+                and self.last_enqueued > self.last_completed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"group": self.group, "ranks": list(self.ranks), "last_enqueued": self.last_enqueued,
+                "last_completed": self.last_completed,
+                "pending": self.pending.to_dict() if self.pending else None,
+                "recent": [op.to_dict() for op in self.recent]}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> "GroupProgress | None":
+        if not isinstance(raw, Mapping) or raw.get("group") is None:
+            return None
+        recent = tuple(op for op in (PendingOp.from_dict(r) for r in _items(raw.get("recent"))) if op)
+        return cls(_text(raw.get("group"), 100),
+                   tuple(r for r in (_int(x) for x in _items(raw.get("ranks"))) if r is not None),
+                   _int(raw.get("last_enqueued")), _int(raw.get("last_completed")),
+                   PendingOp.from_dict(raw.get("pending")), recent)
+
+
+@dataclass(frozen=True)
+class RaisedError:
+    """An exception a rank raised: type, message, the innermost frame of the user's code."""
+
+    type: str
+    message: str = ""
+    frame: Frame | None = None
+    time: float | None = None                 # epoch seconds, when known
+    consequence: bool = False                 # a peer's failure seen here (connection closed, timeout)
+
+    def describe(self) -> str:
+        text = f"{self.type}: {self.message}" if self.message else self.type
+        return text + (f" at {self.frame.label}" if self.frame else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "message": self.message,
+                "frame": self.frame.to_dict() if self.frame else None, "time": self.time,
+                "consequence": self.consequence}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> "RaisedError | None":
+        if not isinstance(raw, Mapping) or not raw.get("type"):
+            return None
+        return cls(_text(raw.get("type"), 200), _text(raw.get("message")), Frame.from_dict(raw.get("frame")),
+                   _float(raw.get("time")), bool(raw.get("consequence")))
+
+
+@dataclass(frozen=True)
+class RankSnapshot:
+    """One rank: its process, its progress per process group, its main thread's stack, its error."""
+
+    rank: int
+    host: str = ""
+    pid: int | None = None
+    status: str = UNKNOWN
+    exit_code: int | None = None              # the process's exit code; minus the signal when killed
+    groups: tuple[GroupProgress, ...] = ()
+    stack: tuple[Frame, ...] = ()             # the main thread's Python stack, innermost last
+    where: Frame | None = None                # the innermost frame of the user's code in that stack
+    in_collective: str | None = None          # the collective its stack shows it in, when no recorder says
+    error: RaisedError | None = None
+    time: float | None = None                 # epoch seconds of this snapshot (or of the exit)
+    collectives: int | None = None            # how many collectives it issued (default group), when known
+    source: str = ""                          # guard / stacks / flight_recorder / log
+    notes: tuple[str, ...] = ()               # what this source could not tell, in words
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            object.__setattr__(self, "status", UNKNOWN)
+
+    @property
+    def alive(self) -> bool:
+        return self.status in (RUNNING, FINISHED)
+
+    @property
+    def waiting(self) -> bool:
+        """In a collective, by the recorder's count or by its stack."""
+        return self.alive and (any(g.waiting for g in self.groups) or bool(self.in_collective))
+
+    def group(self, name: str) -> GroupProgress | None:
+        return next((g for g in self.groups if g.group == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "host": self.host, "pid": self.pid, "status": self.status,
+                "exit_code": self.exit_code, "groups": [g.to_dict() for g in self.groups],
+                "stack": [f.to_dict() for f in self.stack], "where": self.where.to_dict() if self.where else None,
+                "in_collective": self.in_collective, "error": self.error.to_dict() if self.error else None,
+                "time": self.time, "collectives": self.collectives, "source": self.source,
+                "notes": list(self.notes)}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> "RankSnapshot | None":
+        if not isinstance(raw, Mapping) or _int(raw.get("rank")) is None:
+            return None
+        groups = tuple(g for g in (GroupProgress.from_dict(x) for x in _items(raw.get("groups"))) if g)
+        stack = tuple(f for f in (Frame.from_dict(x) for x in _items(raw.get("stack"))) if f)
+        collective = raw.get("in_collective")
+        return cls(
+            rank=int(raw["rank"]), host=_text(raw.get("host"), 200), pid=_int(raw.get("pid")),
+            status=_text(raw.get("status"), 20) or UNKNOWN, exit_code=_int(raw.get("exit_code")),
+            groups=groups, stack=stack, where=Frame.from_dict(raw.get("where")),
+            in_collective=_text(collective, 100) if collective else None,
+            error=RaisedError.from_dict(raw.get("error")), time=_float(raw.get("time")),
+            collectives=_int(raw.get("collectives")), source=_text(raw.get("source"), 40),
+            notes=tuple(_text(n, 500) for n in _items(raw.get("notes"))),
+        )

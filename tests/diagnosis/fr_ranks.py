@@ -1,0 +1,46 @@
+"""Rank bodies for test_flight_recorder: real gloo worlds whose recorder dumps the tests read."""
+
+from __future__ import annotations
+
+import json
+import time
+
+
+def dump_after_mismatch(out: str) -> None:
+    """Rank 0 all-reduces 3 float32, rank 1 3 int32: as many bytes, so gloo moves them anyway."""
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import _dump_fr_trace_json
+
+    rank = dist.get_rank()
+    dist.all_reduce(torch.ones(2))
+    dist.all_reduce(torch.ones(3, dtype=torch.float32 if rank == 0 else torch.int32))
+    time.sleep(0.5)  # gloo marks completion from its own thread
+    _write(out, rank, json.loads(_dump_fr_trace_json(includeCollectives=True, onlyActive=False)))
+
+
+def dump_while_waiting(out: str) -> None:
+    """Rank 0 dumps from a thread while it waits in a barrier that rank 1 joins 2 s late."""
+    import threading
+
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import _dump_fr_trace_json
+
+    seen: dict = {}
+    if dist.get_rank() == 0:
+        def dump() -> None:
+            time.sleep(1.0)
+            seen.update(json.loads(_dump_fr_trace_json(includeCollectives=True, onlyActive=False)))
+        thread = threading.Thread(target=dump)
+        thread.start()
+        dist.barrier()
+        thread.join()
+    else:
+        time.sleep(2.0)
+        dist.barrier()
+    _write(out, dist.get_rank(), seen)
+
+
+def _write(out: str, rank: int, dump: dict) -> None:
+    with open(f"{out}/dump-{rank}.json", "w") as handle:
+        json.dump(dump, handle)

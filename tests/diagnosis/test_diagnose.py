@@ -1,0 +1,127 @@
+"""The one diagnosis over per-rank snapshots: the order of causation, the ranks and lines it names."""
+
+from __future__ import annotations
+
+import pytest
+
+from distdoctor.diagnosis.diagnose import diagnose
+from distdoctor.diagnosis.frames import is_user_file, parse_frame, user_frame
+from distdoctor.diagnosis.snapshot import (Frame, GroupProgress, PendingOp, RaisedError, RankSnapshot)
+
+BACKWARD = Frame("train.py", 25, "main", "loss.backward()")
+SLEEP = Frame("train.py", 18, "main", "time.sleep(120)")
+
+
+def waiting(rank: int, seq: int = 12, op: str = "all_reduce", sizes=((4,),), dtypes=("Float",)) -> RankSnapshot:
+    pending = PendingOp(op, seq, sizes, dtypes, "scheduled", 10.0)
+    return RankSnapshot(rank, host="node-a", status="running", where=BACKWARD,
+                        groups=(GroupProgress("0", (0, 1), seq, seq - 1, pending),))
+
+
+def idle(rank: int, last: int = 11) -> RankSnapshot:
+    return RankSnapshot(rank, host="node-b", status="running", where=SLEEP,
+                        groups=(GroupProgress("0", (0, 1), last, last),))
+
+
+def only(findings):
+    assert len(findings) == 1, [f.id for f in findings]
+    return findings[0]
+
+
+def test_a_rank_outside_any_collective_is_the_straggler_with_both_lines():
+    finding = only(diagnose([waiting(0), idle(1)]))
+    assert (finding.id, finding.cause, finding.ranks, finding.hosts) == ("job.E002", "straggler_rank", (1,), ("node-b",))
+    assert "all_reduce #12" in finding.title and "`time.sleep(120)` at train.py:18" in finding.title
+    assert "rank 0 waits in all_reduce #12" in finding.detail and "`loss.backward()` at train.py:25" in finding.detail
+    assert finding.data["late"] == [1] and finding.data["seq"] == 12
+
+
+def test_the_first_exception_is_the_cause_and_the_peers_failure_its_consequence():
+    raised = RankSnapshot(1, status="raised", exit_code=1, time=100.0,
+                          error=RaisedError("ValueError", "bad batch on rank 1", Frame("train.py", 31, "main"), 100.0))
+    peer = RankSnapshot(0, status="raised", exit_code=1, time=101.0,
+                        error=RaisedError("RuntimeError", "Connection closed by peer", None, 101.0, consequence=True))
+    finding = only(diagnose([peer, raised]))
+    assert (finding.id, finding.cause, finding.ranks) == ("job.E001", "worker_exception", (1,))
+    assert "ValueError" in finding.title and "train.py:31" in finding.detail
+    assert "rank 0 failed with RuntimeError: Connection closed by peer" in finding.detail
+
+
+def test_of_two_own_exceptions_the_earlier_is_the_cause():
+    late = RankSnapshot(0, status="raised", error=RaisedError("KeyError", "'x'", None, 200.0))
+    early = RankSnapshot(1, status="raised", error=RaisedError("OSError", "disk full", None, 150.0))
+    assert only(diagnose([late, early])).ranks == (1,)
+
+
+@pytest.mark.parametrize("code, kind, cause", [(-9, "job.E005", "oom_killed_rank"), (-11, "job.E004", "rank_missing"),
+                                               (3, "job.E004", "rank_missing")])
+def test_a_rank_ended_by_a_signal_or_an_unexplained_exit(code, kind, cause):
+    status = "killed" if code < 0 else "exited"
+    finding = only(diagnose([waiting(0), RankSnapshot(1, status=status, exit_code=code)]))
+    assert (finding.id, finding.cause, finding.ranks) == (kind, cause, (1,))
+
+
+def test_the_launchers_sigterm_is_a_consequence_not_a_cause():
+    finding = only(diagnose([RankSnapshot(0, status="killed", exit_code=-15),
+                             RankSnapshot(1, status="raised", error=RaisedError("ValueError", "x"))]))
+    assert finding.ranks == (1,) and finding.cause == "worker_exception"
+
+
+def test_a_rank_that_exited_cleanly_while_others_wait_had_fewer_batches():
+    left = RankSnapshot(1, status="exited", exit_code=0, groups=(GroupProgress("0", (), 11, 11),))
+    finding = only(diagnose([waiting(0), left]))
+    assert (finding.id, finding.cause, finding.ranks) == ("job.E003", "uneven_inputs", (1,))
+    assert "its last collective in the default group: #11" in finding.detail and "Join" in finding.remediation
+
+
+def test_a_rank_that_never_answered_is_missing():
+    finding = only(diagnose([waiting(0)], world_size=2))
+    assert (finding.id, finding.ranks) == ("job.E004", (1,))
+
+
+def test_every_rank_in_the_same_collective_is_a_hang():
+    finding = only(diagnose([waiting(0), waiting(1)], waited_s=30.0))
+    assert finding.id == "job.E009" and finding.ranks == (0, 1)
+
+
+@pytest.mark.parametrize("change, kind", [({"op": "broadcast"}, "job.E006"), ({"sizes": ((5,),)}, "job.E007"),
+                                          ({"dtypes": ("Half",)}, "job.E008")])
+def test_ranks_that_disagree_at_one_sequence_number(change, kind):
+    args = {"op": "all_reduce", "sizes": ((4,),), "dtypes": ("Float",), **change}
+    finding = only(diagnose([waiting(0), waiting(1), waiting(2, **args)]))
+    assert finding.id == kind and finding.ranks == (2,)
+
+
+def test_ranks_waiting_at_different_sequence_numbers_issued_different_collectives():
+    finding = only(diagnose([waiting(0, seq=12), waiting(1, seq=13), waiting(2, seq=12)]))
+    assert finding.id == "job.E006" and finding.ranks == (1,)
+
+
+def test_a_healthy_job_has_no_finding():
+    assert diagnose([idle(0), idle(1)]) == []
+    assert diagnose([]) == []
+
+
+def test_snapshots_survive_json_and_hostile_input_is_not_an_exception():
+    snap = waiting(0)
+    assert RankSnapshot.from_dict(snap.to_dict()) == snap
+    assert RankSnapshot.from_dict({"rank": "x"}) is None
+    odd = RankSnapshot.from_dict({"rank": 3, "status": "bogus", "groups": [7, {"group": "0", "last_enqueued": "nan"}],
+                                  "stack": "no", "error": {"type": ""}, "where": {"file": ""}})
+    assert odd.status == "unknown" and odd.groups[0].last_enqueued is None and odd.error is None and odd.where is None
+
+
+def test_the_users_frame_is_the_innermost_outside_torch_and_the_stdlib():
+    stack = [Frame("train.py", 40, "main"), Frame("/usr/lib/python3.11/site-packages/torch/_tensor.py", 600, "backward"),
+             Frame("/usr/lib/python3.11/threading.py", 300, "wait")]
+    assert user_frame(stack) == stack[0]
+    assert not is_user_file("<frozen importlib._bootstrap>")
+    assert parse_frame("train.py:12 in <module>") == Frame("train.py", 12, "<module>")
+
+
+def test_a_rank_that_ended_with_an_exit_status_nobody_saw_is_missing():
+    # `distdoctor stacks` finds no process of rank 1 (its launcher reaped it): ended, code unknown.
+    gone = RankSnapshot(1, status="exited", notes=("no process of this rank on this node",))
+    finding = only(diagnose([waiting(0), gone]))
+    assert (finding.id, finding.cause, finding.ranks) == ("job.E004", "rank_missing", (1,))
+    assert "ended while the others wait" in finding.title and "no process of this rank" in finding.detail

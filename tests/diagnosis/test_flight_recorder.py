@@ -1,0 +1,58 @@
+"""The flight recorder's dump, read from real gloo worlds and from damaged input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from distdoctor.diagnosis.diagnose import diagnose
+from distdoctor.diagnosis.flight_recorder import read_dump
+from distdoctor.diagnosis.snapshot import RUNNING, RankSnapshot
+from distdoctor.testing import run_distributed
+
+FR_ENV = {"TORCH_FR_BUFFER_SIZE": "200"}
+RANKS = str(Path(__file__).with_name("fr_ranks.py"))
+
+
+def _dumps(body: str, out: Path) -> list:
+    result = run_distributed(f"fr_ranks:{body}", world_size=2, module_file=RANKS, env=FR_ENV, timeout=120,
+                             args=(str(out),))
+    assert result.ok, result.failure_message()
+    return [json.loads((out / f"dump-{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.multiproc
+def test_a_dtype_mismatch_that_gloo_lets_through_is_named_from_the_dumps(tmp_path):
+    dumps = _dumps("dump_after_mismatch", tmp_path)
+    snaps = [RankSnapshot(rank=r, status=RUNNING, groups=read_dump(dumps[r])) for r in (0, 1)]
+    assert snaps[0].groups[0].last_completed == 2
+    [finding] = diagnose(snaps)
+    assert finding.id == "job.E008" and finding.cause == "dtype_mismatch"
+    assert "all_reduce #2" in finding.title and "Float" in finding.title and "Int" in finding.title
+
+
+@pytest.mark.multiproc
+def test_a_collective_in_flight_is_pending_with_its_age(tmp_path):
+    [group] = read_dump(_dumps("dump_while_waiting", tmp_path)[0])
+    assert group.waiting and group.pending is not None
+    assert group.pending.op == "barrier" and group.pending.seq == group.last_enqueued
+    assert group.pending.age_s is not None and group.pending.age_s >= 0.5
+
+
+@pytest.mark.parametrize("dump", [None, 3, "text", [], {"pg_status": 7}, {"entries": "x"},
+                                  {"entries": [{"collective_seq_id": "x"}, 5, None], "pg_status": {}}])
+def test_a_foreign_or_damaged_dump_is_no_dump_or_no_groups(dump):
+    groups = read_dump(dump)
+    assert groups is None or groups == ()
+
+
+def test_text_counters_and_minus_one_are_read():
+    dump = {"pg_status": {"0": {"last_enqueued_collective": "4", "last_completed_collective": "-1"}},
+            "pg_config": {"0": {"ranks": "[0, 1]"}},
+            "entries": [{"collective_seq_id": 4, "profiling_name": "nccl:all_reduce", "process_group": ["0", "default_pg"],
+                         "input_sizes": [[2, 2]], "input_dtypes": ["Float"], "state": "started", "is_p2p": False}]}
+    [group] = read_dump(dump)
+    assert (group.last_enqueued, group.last_completed, group.ranks) == (4, None, (0, 1))
+    assert group.pending.op == "all_reduce" and group.pending.sizes == ((2, 2),)
