@@ -47,7 +47,8 @@ class MemberFlow:
             skip = f"skipped: rank {world.rank} is not part of rank 0's world of {decision.get('size')}"
         if skip is None and decision.get("size") != world.size:
             skip = f"skipped: WORLD_SIZE here ({world.size}) differs from rank 0's ({decision.get('size')})"
-        self._watch_final_word(world)
+        if self.use_watchdog:  # only the watchdog reads it; an embedded run has none (and exits normally)
+            self._watch_final_word(world)
         self._stage("collective", skip_reason=skip)
         self._testing_hang("gather")
         try:
@@ -61,7 +62,9 @@ class MemberFlow:
     def _watch_final_word(self, world: World) -> None:
         """Note rank 0's final word the moment it appears, from a thread: should this rank's own
         flow hang (in a collective, say), its watchdog then knows that rank 0 reported for it,
-        even once rank 0 has ended and its store is gone."""
+        even once rank 0 has ended and its store is gone. The thread's store wait ends by the
+        watchdog's own time at the latest; the process ends with os._exit (a thread blocked in a
+        store client at interpreter exit can abort the process)."""
 
         def watch() -> None:
             if isinstance(world.wait_for_final(self.deadline + NON_ROOT_GRACE_S), dict):
