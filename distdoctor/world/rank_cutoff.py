@@ -14,7 +14,7 @@ from distdoctor.core.stages import CROSS_RANK_STAGES
 from distdoctor.core.report import EXIT_INCOMPLETE, Report, format_ranks
 from distdoctor.world.watchdog import running_checks
 from distdoctor.world.checkin import FINAL
-from distdoctor.world.rank_state import GOODBYE_ON_EXPIRE_S, STORE_READ_S
+from distdoctor.world.rank_state import GOODBYE_ON_EXPIRE_S, INTERRUPT_FINAL_WAIT_S, STORE_READ_S
 from distdoctor.world.store_exchange import World
 
 
@@ -45,10 +45,11 @@ class CutoffFlow:
                 # with no world at all: it reports for itself. Other ranks stay quiet: rank 0
                 # names them as missing (under the self-test, the supervisor speaks if it cannot).
                 self._render(self._partial(None, interrupted), code)
-            elif interrupted is None and not self._rank0_final_word():
+            elif not self._rank0_final_word(INTERRUPT_FINAL_WAIT_S if interrupted else STORE_READ_S):
                 # Rank 0 is gone or stuck without a word: nobody else will report this rank's
-                # results. (Rank 0's own watchdog fires before this one and leaves its word.)
-                self._render(self._partial(None, rank0_silent=True), code, alone=True)
+                # results. (Rank 0's own watchdog fires before this one and leaves its word; a
+                # signal sent to every rank reaches rank 0 too, which then gives it within the wait.)
+                self._render(self._partial(None, interrupted, rank0_silent=True), code, alone=True)
             return None
         if not self._render(self._partial(self.world if is_root else None, interrupted), code):
             with self._report_lock:
@@ -67,15 +68,15 @@ class CutoffFlow:
                     world.await_goodbyes(arrived - 1, self.clock() + GOODBYE_ON_EXPIRE_S)
         return None
 
-    def _rank0_final_word(self) -> bool:
-        """Whether rank 0 left its final word in the store (one bounded read)."""
+    def _rank0_final_word(self, wait_s: float) -> bool:
+        """Whether rank 0 left its final word in the store (or does within ``wait_s``)."""
         if self.final_seen.is_set():
             return True
         world = self.world
         if world is None:
             return False
-        got = call_with_deadline(lambda: world.fetch_first({"final": FINAL}, self.clock() + STORE_READ_S),
-                                 STORE_READ_S + 0.1, "final")
+        got = call_with_deadline(lambda: world.fetch_first({"final": FINAL}, self.clock() + wait_s),
+                                 wait_s + 0.1, "final")
         return isinstance(got, tuple) and got[0] == "final"
 
     def _roster_size(self, world: World) -> int:

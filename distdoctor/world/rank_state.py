@@ -30,6 +30,9 @@ SETTLE_S = 0.05
 # normal end, and after its watchdog fired: members poll every 0.1 s at most).
 GOODBYE_S = 1.0
 GOODBYE_ON_EXPIRE_S = 0.3
+# How long an interrupted rank other than 0 waits for rank 0's final word (the same signal usually
+# reaches rank 0, which renders its partial report and then gives it) before reporting itself.
+INTERRUPT_FINAL_WAIT_S = 1.0
 # How long a flow that lost the race to report waits for the winner's report to be written.
 EMIT_WAIT_S = 3.0
 

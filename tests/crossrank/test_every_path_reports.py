@@ -203,13 +203,13 @@ def test_rank_0_killed_mid_run_leaves_rank_1_reporting_for_itself(tmp_path):
 
 
 @contextmanager
-def launcher_store():
+def launcher_store(with_store: bool = False):
     """A c10d store this test hosts, as torchrun's agent does: it outlives rank 0."""
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
     try:
-        yield store.port
+        yield (store.port, store) if with_store else store.port
     finally:
         del store
 
@@ -292,3 +292,23 @@ def test_a_rank_1_whose_environment_describes_no_usable_world_reports_for_itself
     assert any(f["id"].startswith("launch.") and 1 in f["ranks"] for f in report["findings"]), report["findings"]
     skipped = [c for c in report["checks"] if c["stage"] != "local"]
     assert skipped and all(c["status"] == "skip" and "usable world" in c["reason"] for c in skipped), skipped
+
+
+def test_an_interrupted_rank_1_whose_rank_0_never_came_reports_for_itself():
+    from torch.distributed import PrefixStore
+
+    timeout = timeout_s(30)
+    with launcher_store(with_store=True) as (port, store):
+        rank1 = Rank(rank_env(1, port, TORCHELASTIC_USE_AGENT_STORE="True"), timeout=timeout)
+        with ranks(rank1):
+            world = PrefixStore("distdoctor/default", store)
+            until = time.monotonic() + deadline_bound(timeout)
+            while not world.check(["roster"]):  # rank 1 has checked in and waits for rank 0
+                assert rank1.popen.poll() is None and time.monotonic() < until, rank1.wait().describe()
+                time.sleep(0.05)
+            os.kill(rank1.popen.pid, signal.SIGINT)
+            rank1.wait()
+    assert rank1.code == 130, rank1.describe()
+    report = own_report(rank1)
+    (cut,) = [f for f in report["findings"] if f["id"] == "core.E006"]
+    assert cut["ranks"] == [0, 1] and cut["data"]["signal"] == "SIGINT", cut
