@@ -504,7 +504,7 @@ def guard(
     torch's 10-30 minutes. The exit code is the command's. See docs/guard.md.
     """
 
-    from distdoctor.embedded.guard_launch import guard_environment  # the embedded modules import torch; loaded only on this path
+    from distdoctor.embedded.guard.launch import guard_environment  # the embedded modules import torch; loaded only on this path
 
     try:
         env = guard_environment(os.environ, hang_timeout=hang_timeout, verify=verify, on_hang=on_hang,

@@ -10,14 +10,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from distdoctor.embedded import guard_findings as gf
+from distdoctor.embedded.guard import findings as gf
 from distdoctor.embedded.guard import GuardSettings, settings_from_env
-from distdoctor.embedded.guard_calls import Verifier, run_call
-from distdoctor.embedded.guard_hang import HangWatch, SideChannel, _tcp_store_address
-from distdoctor.embedded.guard_launch import HOOK_DIR, guard_environment
-from distdoctor.embedded.guard_record import CallRecord, Recorder
-from distdoctor.embedded.guard_sample import Sampler
-from distdoctor.embedded.guard_works import WorkTracker
+from distdoctor.embedded.guard.calls import Verifier, run_call
+from distdoctor.embedded.guard.hang import HangWatch, SideChannel, _tcp_store_address
+from distdoctor.embedded.guard.launch import HOOK_DIR, guard_environment
+from distdoctor.embedded.guard.record import CallRecord, Recorder
+from distdoctor.embedded.guard.sample import Sampler
+from distdoctor.embedded.guard.works import WorkTracker
 
 
 class FakeWork:

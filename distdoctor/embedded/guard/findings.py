@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-from distdoctor.embedded.guard_record import COLLECTIVES, POINT_TO_POINT, CallRecord
+from distdoctor.embedded.guard.record import COLLECTIVES, POINT_TO_POINT, CallRecord
 from distdoctor.core.findings import Finding
 from distdoctor.core.registry import finding_kind
 

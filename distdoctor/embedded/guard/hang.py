@@ -20,7 +20,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable
 
-from distdoctor.embedded.guard_record import CallRecord, Recorder, thread_stack, user_frame
+from distdoctor.embedded.guard.record import CallRecord, Recorder, thread_stack, user_frame
 import uuid
 from distdoctor.core.findings import Finding
 
@@ -154,7 +154,7 @@ class HangWatch:
             self._render_local(stuck)
 
     def _render_local(self, stuck: CallRecord) -> None:
-        from distdoctor.embedded.guard_findings import hang_findings  # the embedded modules import torch; loaded only on this path
+        from distdoctor.embedded.guard.findings import hang_findings  # the embedded modules import torch; loaded only on this path
 
         waited = self.recorder.clock() - stuck.started
         findings = hang_findings(stuck, [self.rank], {self.rank: self.state()}, {}, waited, 0.0)
@@ -176,7 +176,7 @@ class HangWatch:
             self._follow(int(renderer))
 
     def _render(self) -> None:
-        from distdoctor.embedded.guard_findings import hang_findings  # the embedded modules import torch; loaded only on this path
+        from distdoctor.embedded.guard.findings import hang_findings  # the embedded modules import torch; loaded only on this path
 
         side = self.side
         assert side is not None

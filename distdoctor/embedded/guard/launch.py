@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-HOOK_DIR = Path(__file__).resolve().parent / "guard_hook"
+HOOK_DIR = Path(__file__).resolve().parent / "hook"
 
 
 def guard_environment(env: Mapping[str, str], *, hang_timeout: float | None = None, report_dir: str | None = None,
@@ -25,7 +25,7 @@ def guard_environment(env: Mapping[str, str], *, hang_timeout: float | None = No
     if out.get("DISTDOCTOR_REPORT_DIR"):
         out["DISTDOCTOR_REPORT_DIR"] = str(Path(out["DISTDOCTOR_REPORT_DIR"]).resolve())
     settings_from_env(out)
-    package_root = str(Path(__file__).resolve().parents[2])
+    package_root = str(Path(__file__).resolve().parents[3])
     paths = [str(HOOK_DIR), package_root] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
     out["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     out["DISTDOCTOR_GUARD"] = "1"

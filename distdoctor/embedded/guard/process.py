@@ -11,14 +11,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from distdoctor.embedded import guard_report as api
-from distdoctor.embedded import guard_findings as gf
-from distdoctor.embedded.guard_calls import Verifier, make_record, run_call, wrap
-from distdoctor.embedded.guard_hang import HangWatch, SideChannel, rank_state
-from distdoctor.embedded.guard_record import (_COLLECTIVE_SET, COLLECTIVES, POINT_TO_POINT, CallRecord, Recorder,
+from distdoctor.embedded.guard import report as api
+from distdoctor.embedded.guard import findings as gf
+from distdoctor.embedded.guard.calls import Verifier, make_record, run_call, wrap
+from distdoctor.embedded.guard.hang import HangWatch, SideChannel, rank_state
+from distdoctor.embedded.guard.record import (_COLLECTIVE_SET, COLLECTIVES, POINT_TO_POINT, CallRecord, Recorder,
                                               call_site)
-from distdoctor.embedded.guard_sample import Sampler
-from distdoctor.embedded.guard_works import WorkTracker
+from distdoctor.embedded.guard.sample import Sampler
+from distdoctor.embedded.guard.works import WorkTracker
 from distdoctor.core.findings import Finding
 from distdoctor.core.report import Report, WorldSummary, build_report
 from distdoctor.machine.launchers import detect
