@@ -56,6 +56,11 @@ def _where(snap: RankSnapshot) -> str:
     return f" at {snap.where.describe()}" if snap.where else ""
 
 
+def _blocked(snap: RankSnapshot) -> bool:
+    """Waiting in a collective, or failed in one because of a peer (its error is a consequence)."""
+    return snap.waiting or (snap.error is not None and snap.error.consequence)
+
+
 def _waiting_op(snap: RankSnapshot) -> tuple[str, PendingOp | None]:
     """(group, the op it waits in) for a waiting rank; the default group first."""
     waiting = sorted((g for g in snap.groups if g.waiting), key=lambda g: (g.group != DEFAULT_GROUP, g.group))
@@ -79,6 +84,10 @@ def _waiters_text(waiting: Sequence[RankSnapshot]) -> str:
     parts = []
     for snap in waiting:
         group, op = _waiting_op(snap)
+        if not snap.waiting and snap.error is not None:
+            parts.append(f"rank {snap.rank} failed in {_op_text(group, op)}{_where(snap)} with {snap.error.type}: "
+                         f"{snap.error.message}"[:400])
+            continue
         since = f" for {op.age_s:.1f} s" if op and op.age_s is not None else ""
         parts.append(f"rank {snap.rank} waits in {_op_text(group, op)}{_where(snap)}{since}")
     return "; ".join(parts)
@@ -182,8 +191,8 @@ def _consequence_text(snap: RankSnapshot) -> str:
 # -- 2-4. a rank that left, went silent or is late -------------------------------------------------
 
 def _left_early(snaps: Sequence[RankSnapshot]) -> Finding | None:
-    waiting = [s for s in snaps if s.waiting]
-    left = [s for s in snaps if not s.waiting and (s.status == FINISHED or (s.status == EXITED and s.exit_code == 0))]
+    waiting = [s for s in snaps if _blocked(s)]
+    left = [s for s in snaps if not _blocked(s) and (s.status == FINISHED or (s.status == EXITED and s.exit_code == 0))]
     if not waiting or not left:
         return None
     group, op = _waiting_op(waiting[0])
@@ -199,7 +208,7 @@ def _left_early(snaps: Sequence[RankSnapshot]) -> Finding | None:
 
 
 def _missing(snaps: Sequence[RankSnapshot]) -> Finding | None:
-    waiting = [s for s in snaps if s.waiting]
+    waiting = [s for s in snaps if _blocked(s)]
     silent = [s for s in snaps if s.status in (UNREACHABLE, UNKNOWN)
               or (s.status == KILLED and s.exit_code is not None)]
     if not waiting or not silent:
@@ -216,7 +225,7 @@ def _missing(snaps: Sequence[RankSnapshot]) -> Finding | None:
 
 
 def _straggler(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Finding | None:
-    waiting = [s for s in snaps if s.waiting]
+    waiting = [s for s in snaps if _blocked(s)]
     idle = [s for s in snaps if s.status == RUNNING and not s.waiting]
     if not waiting or not idle:
         return None
