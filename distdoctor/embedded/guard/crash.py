@@ -98,13 +98,19 @@ class CrashHook:
         sys.stderr.flush()
         guard.write_json(report, "exception")
 
-    def verdict(self, exc: BaseException, tb: TracebackType | None, ranks: list[int]) -> list[Any]:
-        """Leave this rank's final snapshot; the job's findings from it and the peers' finals."""
+    def verdict(self, exc: BaseException, tb: TracebackType | None, ranks: list[int], call: Any = None) -> list[Any]:
+        """Leave this rank's final snapshot; the job's findings from it and the peers' finals.
+
+        ``call``: the guarded call that failed (the stack above it, not the traceback, holds the
+        user's line then)."""
         from distdoctor.embedded.guard.verdict import decide  # loaded only when a rank fails
 
         guard = self.guard
         error = snapshots.raised_error(exc, tb)
-        own = guard.state(RAISED, error=error, stack=snapshots.traceback_frames(tb))
+        if call is None:
+            own = guard.state(RAISED, error=error, stack=snapshots.traceback_frames(tb))
+        else:
+            own = guard.state(RAISED, error=error, in_collective=snapshots.call_text(call))
         guard.leave_final(own)
         states: dict[int, Any] = {guard.rank: own}
         side = guard.watch.side if guard.watch is not None else None

@@ -245,10 +245,12 @@ class Guard:
         """
         if isinstance(exc, api.GuardError) or not snapshots.is_consequence(exc):
             return None
-        findings = self.crash.verdict(exc, exc.__traceback__, ranks)
+        # The traceback starts in this wrapper: the stack above it holds the user's line.
+        findings = self.crash.verdict(exc, exc.__traceback__, ranks, call=record)
         if not findings:
             return None
-        return api.GuardError(self.report(findings, ranks=ranks))
+        heading = f"distdoctor guard: {record.label()} failed on rank {self.rank} ({type(exc).__name__}); the cause:"
+        return api.GuardError(self.report(findings, ranks=ranks), heading)
 
     # -- point-to-point hygiene ----------------------------------------------------------------
     def _dropped(self, record: CallRecord) -> None:

@@ -66,6 +66,11 @@ def raised_error(exc: BaseException, tb: TracebackType | None) -> RaisedError:
                        consequence=is_consequence(exc))
 
 
+def call_text(record: CallRecord) -> str:
+    """`all_reduce (float32[4])`: a guarded call as the diagnosis words a collective."""
+    return PendingOp(record.op, None, tuple(tuple(x) for x in record.shapes), tuple(record.dtypes)).describe()
+
+
 def _pending(record: CallRecord, now: float) -> PendingOp:
     return PendingOp(op=record.op, seq=record.seq, sizes=tuple(tuple(s) for s in record.shapes),
                      dtypes=tuple(record.dtypes), state="started", age_s=round(now - record.started, 2))
@@ -87,6 +92,23 @@ def guard_groups(recorder: Any, groups: dict[str, list[int]]) -> tuple[GroupProg
     return tuple(out)
 
 
+def _as_guarded(groups: tuple[GroupProgress, ...], running: list[CallRecord], now: float) -> tuple[GroupProgress, ...]:
+    """A pending op the recorder saw issued inside a guarded call shows as that call (the guard's own
+    verification exchange is an all_gather of int64 words: the user called all_reduce)."""
+    calls = {r.group: r for r in running if r.op in COLLECTIVES}
+    out = []
+    for group in groups:
+        call, pending = calls.get(group.group), group.pending
+        if call is not None and pending is not None and pending.age_s is not None \
+                and pending.age_s <= now - call.started + 0.05:
+            pending = PendingOp(call.op, pending.seq, tuple(tuple(x) for x in call.shapes), tuple(call.dtypes),
+                                pending.state, pending.age_s)
+            group = GroupProgress(group.group, group.ranks, group.last_enqueued, group.last_completed, pending,
+                                  group.recent)
+        out.append(group)
+    return tuple(out)
+
+
 def last_issued(groups: Iterable[GroupProgress]) -> str | None:
     """The collective a failed rank issued last (the one its error came from), as text."""
     last = [g.recent[-1] for g in groups if g.recent]
@@ -95,15 +117,16 @@ def last_issued(groups: Iterable[GroupProgress]) -> str | None:
 
 def build(*, rank: int, status: str = RUNNING, recorder: Any, groups: dict[str, list[int]], flight: Any = None,
           error: RaisedError | None = None, stack: tuple[Frame, ...] | None = None,
-          notes: Iterable[str] = ()) -> RankSnapshot:
+          in_collective: str | None = None, notes: Iterable[str] = ()) -> RankSnapshot:
     """This rank now. Groups come from torch's flight recorder when it works, else from the guard's records."""
     recorded = flight.groups() if flight is not None and flight.usable else ()
     notes = list(notes)
     if flight is not None and not flight.usable:
         notes.append(f"only Python-issued collectives counted: {flight.problem}")
     running = recorder.running_records()
+    recorded = _as_guarded(recorded, running, recorder.clock()) if running else recorded
     stack = main_stack() if stack is None else stack
-    in_collective = running[0].label() if running else None
+    in_collective = in_collective or (call_text(running[0]) if running else None)
     if in_collective is None and error is not None and error.consequence:
         in_collective = last_issued(recorded)
     return RankSnapshot(
