@@ -2,54 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+import guard_torchrun  # noqa: E402 - a helper beside this file
+from guard_torchrun import REPO, reports
 
 pytestmark = pytest.mark.multiproc
 SCRIPT = Path(__file__).with_name("scripts") / "faulty_job.py"
-REPO = Path(__file__).resolve().parents[2]
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def line_of(tag: str) -> str:
-    for number, text in enumerate(SCRIPT.read_text().splitlines(), 1):
-        if text.rstrip().endswith(f"# LINE:{tag}"):
-            return f"{SCRIPT}:{number}"  # the jobs run in tmp_path: the guard shows the full path
-    raise AssertionError(tag)
+    return guard_torchrun.line_of(SCRIPT, tag)
 
 
 def guarded_run(fault: str, tmp_path: Path, *options: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
-    """Run the script under torch's launcher via `distdoctor guard`; (result, seconds)."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith(("DISTDOCTOR_", "TORCHELASTIC_"))}
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)})
-    cmd = [sys.executable, "-m", "distdoctor", "guard", "--report-dir", str(tmp_path), *options, "--",
-           sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPT), fault]
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"distdoctor guard did not end within {timeout} s:\n{out[-4000:]}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the launcher's workers, if any outlived it
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, ""), time.monotonic() - started
-
-
-def reports(tmp_path: Path, kind: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(tmp_path.glob(f"distdoctor-guard-{kind}-rank*.json"))]
+    return guard_torchrun.guarded_run(SCRIPT, [fault], tmp_path, *options, timeout=timeout)
 
 
 @pytest.mark.parametrize("fault, finding_id, cause, tags", [
