@@ -128,3 +128,15 @@ def test_the_hook_runs_before_the_users_hook_and_the_users_hook_still_runs(monke
         hook.uninstall()
     assert seen == ["guard", "user", "user"]
     assert not getattr(sys.excepthook, "__distdoctor_guard__", False)
+
+
+def test_init_process_group_with_the_guard_sets_the_buffer_in_this_process_unless_the_user_did(monkeypatch):
+    from distdoctor.embedded.guard.flight import prepare_this_process
+
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "DISTDOCTOR_GUARD_FR_NOTE"):
+        monkeypatch.delenv(name, raising=False)
+    prepare_this_process()
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000" and "DISTDOCTOR_GUARD_FR_NOTE" not in os.environ
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "x")
+    prepare_this_process()
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "0" and "'x' is not an integer" in os.environ["DISTDOCTOR_GUARD_FR_NOTE"]

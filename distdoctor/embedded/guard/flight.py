@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import time
 from typing import Any, Mapping
@@ -51,6 +52,18 @@ def launch_environment(env: dict[str, str]) -> str:
         return (f"{name}={bad!r} is not an integer (torch aborts on it in init_process_group); "
                 f"the guard runs the job with {name}=0")
     return ""
+
+
+def prepare_this_process() -> None:
+    """Before this process's init_process_group (distdoctor.init_process_group(guard=True)):
+    the recorder's buffer as `distdoctor guard --` sets it for its workers."""
+    env = dict(os.environ)
+    note = launch_environment(env)
+    for name in BUFFER_VARS:
+        if name in env and os.environ.get(name) != env[name]:
+            os.environ[name] = env[name]
+    if note:
+        os.environ["DISTDOCTOR_GUARD_FR_NOTE"] = note
 
 
 def _problem_from_env(env: Mapping[str, str]) -> str:
