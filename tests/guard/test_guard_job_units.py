@@ -26,7 +26,8 @@ def test_a_group_is_stalled_only_while_its_pending_collective_does_not_move():
     assert clock.update({"0": (6, 5)}, 1.0) == ("0", 0.0)
     assert clock.update({"0": (6, 5)}, 4.0) == ("0", 3.0)
     assert clock.update({"0": (7, 6)}, 5.0) == ("0", 0.0)  # progress: the clock starts again
-    assert clock.update({"0": (7, 7)}, 9.0) is None       # gloo caught up: nothing pending
+    assert clock.update({"0": (9, 6)}, 6.0) == ("0", 1.0)  # more enqueued (NCCL), none completed: still stalled
+    assert clock.update({"0": (9, 9)}, 9.0) is None       # gloo caught up: nothing pending
 
 
 def test_the_launch_sets_the_buffer_when_unset_and_a_garbage_value_is_turned_off_and_named():
