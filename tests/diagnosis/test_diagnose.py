@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from distdoctor.diagnosis.diagnose import diagnose
@@ -137,3 +139,14 @@ def test_a_rank_whose_collective_failed_after_a_peer_vanished_names_the_missing_
     gone = RankSnapshot(1, status="unreachable", notes=("its process is gone",))
     finding = only(diagnose([failed_in_collective(0), gone]))
     assert (finding.id, finding.ranks) == ("job.E004", (1,)) and "its process is gone" in finding.detail
+
+
+def test_a_collective_another_rank_completed_is_not_what_a_rank_waits_in():
+    # Gloo marks completion late: rank 1 sleeps in its data loader, its recorder still shows #11 pending.
+    lagging = RankSnapshot(1, status="running", where=SLEEP, stack=(SLEEP,), groups=(
+        GroupProgress("0", (0, 1), 11, 10, PendingOp("all_reduce", 11, ((4,),), ("Float",), "scheduled", 2.1)),))
+    finding = only(diagnose([waiting(0, seq=12), lagging]))
+    assert (finding.id, finding.ranks) == ("job.E002", (1,)) and "all_reduce #12" in finding.title
+    # In a torch call (its innermost frame is torch's), the same recorder counts stand: it waits there.
+    inside = replace(lagging, stack=(SLEEP, Frame("/x/site-packages/torch/distributed/distributed_c10d.py", 3000, "wait")))
+    assert only(diagnose([waiting(0, seq=12), inside])).id == "job.E006"
