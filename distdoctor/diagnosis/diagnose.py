@@ -92,7 +92,11 @@ def _where(snap: RankSnapshot) -> str:
 
 
 def _blocked(snap: RankSnapshot) -> bool:
-    """Waiting in a collective, or failed in one because of a peer (its error is a consequence)."""
+    """Waiting in a collective, or failed in one because of a peer (its error is a consequence).
+
+    A rank that left the job waits in nothing, whatever its recorder still shows pending."""
+    if snap.status == FINISHED:
+        return False
     return snap.waiting or (snap.error is not None and snap.error.consequence)
 
 

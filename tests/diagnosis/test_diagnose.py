@@ -150,3 +150,10 @@ def test_a_collective_another_rank_completed_is_not_what_a_rank_waits_in():
     # In a torch call (its innermost frame is torch's), the same recorder counts stand: it waits there.
     inside = replace(lagging, stack=(SLEEP, Frame("/x/site-packages/torch/distributed/distributed_c10d.py", 3000, "wait")))
     assert only(diagnose([waiting(0, seq=12), inside])).id == "job.E006"
+
+
+def test_a_rank_that_left_waits_in_nothing_even_when_its_recorder_lags():
+    left = RankSnapshot(1, status="finished", groups=(
+        GroupProgress("0", (0, 1), 11, 10, PendingOp("all_reduce", 11, ((4,),), ("Float",), "scheduled", 0.3)),))
+    finding = only(diagnose([waiting(0, seq=12), left]))
+    assert (finding.id, finding.ranks) == ("job.E003", (1,))

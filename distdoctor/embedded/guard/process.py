@@ -139,18 +139,11 @@ class Guard:
         if self.watch is not None:
             self.watch.stop(join_s=1.0)
             if not self.final_left:
-                self._settle()
                 self.leave_final(self.state(FINISHED, keep=False))
         if self.findings and not self.concluded:
             report = self.report()
             sys.stderr.write(api.render_text(report, f"distdoctor guard (rank {self.rank}) at {where}:") + "\n")
             self.write_json(report, "summary")
-
-    def _settle(self, limit_s: float = 0.6) -> None:
-        """Gloo marks a finished collective completed asynchronously: let the recorder catch up."""
-        until = time.monotonic() + limit_s
-        while time.monotonic() < until and any(e > c for e, c in self.flight.status().values()):
-            time.sleep(0.05)
 
     def leave_final(self, state: dict[str, Any]) -> None:
         """A rank that finishes or raises leaves its last state, so a peer still waiting can say so."""
