@@ -11,7 +11,6 @@ import sys
 import time
 from types import SimpleNamespace
 
-import pytest
 
 from distdoctor.diagnosis.snapshot import EXITED, KILLED, RUNNING, UNREACHABLE
 from distdoctor.embedded.guard.crash import CrashHook
