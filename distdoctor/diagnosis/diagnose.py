@@ -248,13 +248,14 @@ def _left_early(snaps: Sequence[RankSnapshot]) -> Finding | None:
 
 def _missing(snaps: Sequence[RankSnapshot]) -> Finding | None:
     waiting = [s for s in snaps if _blocked(s)]
+    # An exit whose status the source did not see (the launcher reaped it) is missing too.
     silent = [s for s in snaps if s.status in (UNREACHABLE, UNKNOWN)
-              or (s.status == KILLED and s.exit_code is not None)]
+              or (s.status == KILLED and s.exit_code is not None) or (s.status == EXITED and s.exit_code is None)]
     if not waiting or not silent:
         return None
     group, op = _waiting_op(waiting[0])
     title = (f"Rank{'s' if len(silent) > 1 else ''} {', '.join(str(s.rank) for s in silent)} "
-             f"{'did not answer' if all(s.status != KILLED for s in silent) else 'ended'} while the others wait in {_op_text(group, op)}")
+             f"{'did not answer' if all(s.status not in (KILLED, EXITED) for s in silent) else 'ended'} while the others wait in {_op_text(group, op)}")
     lines = [f"rank {s.rank}{' on ' + s.host if s.host else ''} {_exit_text(s)}"
              + (f" ({'; '.join(s.notes)})" if s.notes else "") for s in silent]
     lines.append(_waiters_text(waiting))

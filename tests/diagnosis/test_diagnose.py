@@ -157,3 +157,11 @@ def test_a_rank_that_left_waits_in_nothing_even_when_its_recorder_lags():
         GroupProgress("0", (0, 1), 11, 10, PendingOp("all_reduce", 11, ((4,),), ("Float",), "scheduled", 0.3)),))
     finding = only(diagnose([waiting(0, seq=12), left]))
     assert (finding.id, finding.ranks) == ("job.E003", (1,))
+
+
+def test_a_rank_that_ended_with_an_exit_status_nobody_saw_is_missing():
+    # `distdoctor stacks` finds no process of rank 1 (its launcher reaped it): ended, code unknown.
+    gone = RankSnapshot(1, status="exited", notes=("no process of this rank on this node",))
+    finding = only(diagnose([waiting(0), gone]))
+    assert (finding.id, finding.cause, finding.ranks) == ("job.E004", "rank_missing", (1,))
+    assert "ended while the others wait" in finding.title and "no process of this rank" in finding.detail
