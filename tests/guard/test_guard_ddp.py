@@ -93,8 +93,9 @@ def test_a_rank_killed_by_a_signal_is_named_missing_or_killed(tmp_path):
     assert report["findings"][0]["ranks"] == [1]
 
 
-def test_a_healthy_ddp_run_exits_0_with_no_finding(tmp_path):
-    result = run(tmp_path, "healthy")
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp"])
+def test_a_healthy_run_exits_0_with_no_finding(tmp_path, wrapper):
+    result = run(tmp_path, "healthy", wrapper)
     assert result.returncode == 0, result.stdout[-5000:]
     assert "distdoctor guard" not in result.stdout and "rank 0 done" in result.stdout
     assert not list(tmp_path.glob("distdoctor-guard-*")) and not (tmp_path / "snapshots").exists()
