@@ -60,19 +60,23 @@ def test_a_straggler_is_named_with_its_line_while_the_others_wait_in_a_cpp_colle
             f"distdoctor guard (rank {rank}): a collective has not completed" in result.stdout
 
 
-def test_an_exception_in_one_rank_is_named_on_every_rank_with_the_peers_failure_as_its_consequence(tmp_path):
-    result = run(tmp_path, "raise")
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_an_exception_in_one_rank_is_named_on_the_other_ranks_with_their_failure_as_its_consequence(tmp_path, nproc):
+    result = run(tmp_path, "raise", nproc=nproc)
     assert result.returncode != 0
     assert "[rank1]: ValueError: bad batch at step 3" in result.stdout  # the user's traceback is still printed
     assert "distdoctor guard (rank 1): this rank raised ValueError" in result.stdout, result.stdout[-5000:]
-    assert "distdoctor guard (rank 0): this rank's RuntimeError is a consequence" in result.stdout, result.stdout[-5000:]
+    # A peer whose collective failed names rank 1's error too (torchrun may SIGTERM a peer first;
+    # rank 0 of 2 always got there in these runs).
+    if nproc == 2:
+        assert "distdoctor guard (rank 0): this rank's RuntimeError is a consequence" in result.stdout, result.stdout[-5000:]
     for report in reports(tmp_path, "exception"):
         [finding] = report["findings"]
         assert (finding["id"], finding["ranks"]) == ("job.E001", [1])
         assert finding["title"] == "Rank 1 raised ValueError: bad batch at step 3"
         assert f"at {line('raise')}" in finding["detail"]
-    [rank0] = [r for r in reports(tmp_path, "exception") if "consequence" in r["findings"][0]["detail"]]
-    assert "rank 0 failed with RuntimeError" in rank0["findings"][0]["detail"]
+    peers = [r for r in reports(tmp_path, "exception") if "consequence" in r["findings"][0]["detail"]]
+    assert peers and all(re.search(r"rank [023] failed with RuntimeError", r["findings"][0]["detail"]) for r in peers)
 
 
 def test_a_rank_with_one_batch_more_is_named_uneven_inputs(tmp_path):
