@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import signal
 from collections import Counter
+from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
 from distdoctor.core.findings import Finding
 from distdoctor.diagnosis import kinds
+from distdoctor.diagnosis.frames import is_user_file
 from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNKNOWN, UNREACHABLE,
                                            PendingOp, RankSnapshot)
 
@@ -31,7 +33,7 @@ _LAUNCHER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 def diagnose(snapshots: Iterable[RankSnapshot], *, world_size: int | None = None,
              waited_s: float | None = None) -> list[Finding]:
     """Findings for the job the snapshots describe (one per rank; a missing rank is unreachable)."""
-    snaps = _complete(list(snapshots), world_size)
+    snaps = _settled(_complete(list(snapshots), world_size))
     if not snaps:
         return []
     mismatch = _mismatch(snaps)
@@ -50,10 +52,52 @@ def _complete(snaps: list[RankSnapshot], world_size: int | None) -> list[RankSna
     return [by_rank[r] for r in sorted(by_rank)]
 
 
+def _outside_torch(snap: RankSnapshot) -> bool:
+    return bool(snap.stack) and is_user_file(snap.stack[-1].file) and not snap.in_collective
+
+
+def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
+    """A collective that one rank of a group completed is complete on every rank that issued it.
+
+    Gloo marks a collective completed in the flight recorder late (about 0.5 s on a quiet
+    machine; more than 2 s was seen on a loaded one), so a rank that left the collective and
+    sleeps in its data loader can still show it pending. When its main thread is in the user's
+    own code (its innermost frame is the user's, so it is in no torch call) its real position
+    is what the other ranks' completed count says.
+    """
+    done: dict[str, int] = {}
+    for snap in snaps:
+        for group in snap.groups:
+            if group.last_completed is not None:
+                done[group.group] = max(done.get(group.group, -1), group.last_completed)
+    out = []
+    for snap in snaps:
+        groups = []
+        for group in snap.groups:
+            top = done.get(group.group)
+            if (group.pending is not None and group.pending.seq is not None and top is not None
+                    and group.pending.seq <= top and _outside_torch(snap)):
+                completed = min(top, group.last_enqueued) if group.last_enqueued is not None else top
+                later = next((op for op in group.recent if op.seq is not None and op.seq > completed), None)
+                group = replace(group, last_completed=max(group.last_completed or -1, completed), pending=later)
+            groups.append(group)
+        out.append(replace(snap, groups=tuple(groups)))
+    return out
+
+
 # -- who is where -----------------------------------------------------------------------------
 
 def _where(snap: RankSnapshot) -> str:
     return f" at {snap.where.describe()}" if snap.where else ""
+
+
+def _blocked(snap: RankSnapshot) -> bool:
+    """Waiting in a collective, or failed in one because of a peer (its error is a consequence).
+
+    A rank that left the job waits in nothing, whatever its recorder still shows pending."""
+    if snap.status == FINISHED:
+        return False
+    return snap.waiting or (snap.error is not None and snap.error.consequence)
 
 
 def _waiting_op(snap: RankSnapshot) -> tuple[str, PendingOp | None]:
@@ -79,6 +123,10 @@ def _waiters_text(waiting: Sequence[RankSnapshot]) -> str:
     parts = []
     for snap in waiting:
         group, op = _waiting_op(snap)
+        if not snap.waiting and snap.error is not None:
+            parts.append(f"rank {snap.rank} failed in {_op_text(group, op)}{_where(snap)} with {snap.error.type}: "
+                         f"{snap.error.message}"[:400])
+            continue
         since = f" for {op.age_s:.1f} s" if op and op.age_s is not None else ""
         parts.append(f"rank {snap.rank} waits in {_op_text(group, op)}{_where(snap)}{since}")
     return "; ".join(parts)
@@ -182,8 +230,8 @@ def _consequence_text(snap: RankSnapshot) -> str:
 # -- 2-4. a rank that left, went silent or is late -------------------------------------------------
 
 def _left_early(snaps: Sequence[RankSnapshot]) -> Finding | None:
-    waiting = [s for s in snaps if s.waiting]
-    left = [s for s in snaps if not s.waiting and (s.status == FINISHED or (s.status == EXITED and s.exit_code == 0))]
+    waiting = [s for s in snaps if _blocked(s)]
+    left = [s for s in snaps if not _blocked(s) and (s.status == FINISHED or (s.status == EXITED and s.exit_code == 0))]
     if not waiting or not left:
         return None
     group, op = _waiting_op(waiting[0])
@@ -199,7 +247,7 @@ def _left_early(snaps: Sequence[RankSnapshot]) -> Finding | None:
 
 
 def _missing(snaps: Sequence[RankSnapshot]) -> Finding | None:
-    waiting = [s for s in snaps if s.waiting]
+    waiting = [s for s in snaps if _blocked(s)]
     # An exit whose status the source did not see (the launcher reaped it) is missing too.
     silent = [s for s in snaps if s.status in (UNREACHABLE, UNKNOWN)
               or (s.status == KILLED and s.exit_code is not None) or (s.status == EXITED and s.exit_code is None)]
@@ -217,7 +265,7 @@ def _missing(snaps: Sequence[RankSnapshot]) -> Finding | None:
 
 
 def _straggler(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Finding | None:
-    waiting = [s for s in snaps if s.waiting]
+    waiting = [s for s in snaps if _blocked(s)]
     idle = [s for s in snaps if s.status == RUNNING and not s.waiting]
     if not waiting or not idle:
         return None
