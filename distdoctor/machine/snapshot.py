@@ -46,6 +46,14 @@ def distdoctor_version() -> str:
     return str(getattr(sys.modules.get("distdoctor"), "__version__", "unknown"))
 
 
+def _loaded(name: str) -> bool:
+    """Whether a module is in sys.modules and done importing: one still importing on another
+    thread (a rank's watchdog firing while its main thread imports torch) would make a reader
+    wait on the import lock until the import ends."""
+    module = sys.modules.get(name)
+    return module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
+
+
 def report_facts() -> dict[str, Any]:
     """What a bug report needs next to the findings: versions, host, time (additive to the schema).
 
@@ -66,7 +74,7 @@ def report_facts() -> dict[str, Any]:
     info: Any = None
     if child is not None:
         info = (child.finished() or {}).get("torch_info")
-    elif "torch" in sys.modules:
+    elif _loaded("torch") and _loaded("torch.distributed"):
         info = Probes().torch_info()
     if isinstance(info, dict):
         facts.update(torch=info.get("torch"), cuda=info.get("cuda"), nccl=info.get("nccl"))

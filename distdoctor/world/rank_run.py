@@ -188,13 +188,15 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
 
     def run(self) -> RankOutcome:
         spec = WorldSpec.from_launch(self.ctx.launch, self.ctx.env)
-        root = self.rank == 0
-        watchdog = Watchdog(
-            self.deadline + (-ROOT_MARGIN_S if root else NON_ROOT_GRACE_S),
+        # Every rank starts with rank 0's timing: until it reaches the store, a rank reports for
+        # itself when its deadline comes (nobody else has its results), with the time that takes.
+        # A rank other than 0 that reaches the store defers to rank 0 (see _defer_to_rank_0).
+        watchdog = self._watchdog = Watchdog(
+            self.deadline - ROOT_MARGIN_S,
             self._on_deadline,
             clock=self.clock,
             exit=self.exit,
-            grace_s=ROOT_EXPIRE_GRACE_S if root else MEMBER_EXPIRE_GRACE_S,
+            grace_s=ROOT_EXPIRE_GRACE_S,
         )
         if self.use_watchdog:
             watchdog.start()
@@ -228,6 +230,8 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
             return self._out_of_time(left)
         try:
             self.world = World.open(spec, self.work_deadline, self.clock, self.ctx.probes)
+            if spec.rank != 0:
+                self._defer_to_rank_0()
         except WorldError as exc:
             if exc.reason == "no_time":
                 return self._out_of_time(self.work_deadline - self.clock())
@@ -255,6 +259,12 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
         if world.rank == 0:
             return self._run_root()
         return self._run_member()
+
+    def _defer_to_rank_0(self) -> None:
+        """A rank other than 0 in the world: its watchdog fires after rank 0's, so that rank 0
+        (which knows the most) reports first and this rank can tell whether it did."""
+        self._watchdog.deadline = self.deadline + NON_ROOT_GRACE_S
+        self._watchdog.grace_s = MEMBER_EXPIRE_GRACE_S
 
     def _out_of_time(self, left: float) -> RankOutcome:
         """Too little time is left for the cross-rank stages: skip them with that reason.
