@@ -75,10 +75,26 @@ def _op_text(group: str, op: PendingOp | None) -> str:
     return f"{op.describe() if op else 'a collective'} of {group_label(group)}"
 
 
+def _waits(snap: RankSnapshot) -> bool:
+    """In a collective: alive and waiting in one, or failed inside one with a peer's failure.
+
+    A log or a launcher sees the second: the rank that waited gave up (a timeout, "Connection
+    closed by peer") and ended; for the job it was one of the ranks left waiting.
+    """
+    if snap.waiting:
+        return True
+    return (snap.error is not None and snap.error.consequence
+            and (bool(snap.in_collective) or any(g.waiting for g in snap.groups)))
+
+
 def _waiters_text(waiting: Sequence[RankSnapshot]) -> str:
     parts = []
     for snap in waiting:
         group, op = _waiting_op(snap)
+        if not snap.waiting and snap.error is not None:
+            parts.append(f"rank {snap.rank} failed in {_op_text(group, op)}{_where(snap)} with {snap.error.type}"
+                         + (f": {snap.error.message[:160]}" if snap.error.message else ""))
+            continue
         since = f" for {op.age_s:.1f} s" if op and op.age_s is not None else ""
         parts.append(f"rank {snap.rank} waits in {_op_text(group, op)}{_where(snap)}{since}")
     return "; ".join(parts)
@@ -174,7 +190,7 @@ def _consequence_text(snap: RankSnapshot) -> str:
         return f"rank {snap.rank} {'failed' if snap.error.consequence else 'also raised'} with {snap.error.describe()}"
     if snap.status in (KILLED, EXITED) and snap.exit_code not in (None, 0):
         return f"rank {snap.rank} {_exit_text(snap)}"
-    if snap.waiting:
+    if _waits(snap):
         return _waiters_text([snap])
     return ""
 
@@ -182,8 +198,8 @@ def _consequence_text(snap: RankSnapshot) -> str:
 # -- 2-4. a rank that left, went silent or is late -------------------------------------------------
 
 def _left_early(snaps: Sequence[RankSnapshot]) -> Finding | None:
-    waiting = [s for s in snaps if s.waiting]
-    left = [s for s in snaps if not s.waiting and (s.status == FINISHED or (s.status == EXITED and s.exit_code == 0))]
+    waiting = [s for s in snaps if _waits(s)]
+    left = [s for s in snaps if not _waits(s) and (s.status == FINISHED or (s.status == EXITED and s.exit_code == 0))]
     if not waiting or not left:
         return None
     group, op = _waiting_op(waiting[0])
@@ -199,9 +215,9 @@ def _left_early(snaps: Sequence[RankSnapshot]) -> Finding | None:
 
 
 def _missing(snaps: Sequence[RankSnapshot]) -> Finding | None:
-    waiting = [s for s in snaps if s.waiting]
-    silent = [s for s in snaps if s.status in (UNREACHABLE, UNKNOWN)
-              or (s.status == KILLED and s.exit_code is not None)]
+    waiting = [s for s in snaps if _waits(s)]
+    silent = [s for s in snaps if not _waits(s) and (s.status in (UNREACHABLE, UNKNOWN)
+                                                     or (s.status == KILLED and s.exit_code is not None))]
     if not waiting or not silent:
         return None
     group, op = _waiting_op(waiting[0])
@@ -216,8 +232,8 @@ def _missing(snaps: Sequence[RankSnapshot]) -> Finding | None:
 
 
 def _straggler(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Finding | None:
-    waiting = [s for s in snaps if s.waiting]
-    idle = [s for s in snaps if s.status == RUNNING and not s.waiting]
+    waiting = [s for s in snaps if _waits(s)]
+    idle = [s for s in snaps if s.status == RUNNING and not _waits(s)]
     if not waiting or not idle:
         return None
     group, op = _waiting_op(waiting[0])
@@ -308,7 +324,7 @@ def _diverged(snaps: Sequence[RankSnapshot]) -> Finding | None:
 
 
 def _all_waiting(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Finding | None:
-    waiting = [s for s in snaps if s.waiting]
+    waiting = [s for s in snaps if _waits(s)]
     if not waiting or len(waiting) != len(snaps):
         return None
     group, op = _waiting_op(waiting[0])

@@ -396,3 +396,22 @@ def _empty_logs_finding(acc: Accumulator, catalog: Catalog) -> Finding:
         check=CHECK_NAME,
         confidence=EMPTY_LOG_CONFIDENCE,
     )
+
+
+MAX_SKIPPED_SHOWN = 20
+
+
+def skipped_finding(skipped: list[str], catalog: Catalog) -> Finding:
+    """Files found in a directory that could not be read (binary, not UTF-8, a broken dump): named, not fatal."""
+    kind = catalog.kinds["log.W036"]
+    shown = skipped[:MAX_SKIPPED_SHOWN]
+    more = len(skipped) - len(shown)
+    return kind(
+        f"{len(skipped)} input file{'s' if len(skipped) != 1 else ''} could not be read and {'were' if len(skipped) != 1 else 'was'} skipped",
+        detail="\n".join(["The other files were read; these were not:", *(f"  {clean_quote(s)}" for s in shown)]
+                         + ([f"  … and {more} more"] if more else [])),
+        remediation="If one of them is the log that matters, convert it to UTF-8 text (iconv) or pass the right file.",
+        data={"signature": "skipped_inputs", "skipped": [clean_quote(s) for s in skipped[:500]], "evidence": []},
+        check=CHECK_NAME,
+        confidence=None,
+    )

@@ -117,3 +117,25 @@ def test_the_users_frame_is_the_innermost_outside_torch_and_the_stdlib():
     assert user_frame(stack) == stack[0]
     assert not is_user_file("<frozen importlib._bootstrap>")
     assert parse_frame("train.py:12 in <module>") == Frame("train.py", 12, "<module>")
+
+
+def failed_waiting(rank: int, message: str = "Connection closed by peer [127.0.0.1]:9429") -> RankSnapshot:
+    """A rank as a log shows it: it gave up inside all_reduce with a peer's failure and ended."""
+    return RankSnapshot(rank, status="raised", exit_code=1, in_collective="all_reduce",
+                        error=RaisedError("RuntimeError", message, BACKWARD, consequence=True))
+
+
+def test_a_rank_that_failed_inside_a_collective_with_a_peers_failure_counts_as_waiting():
+    left = RankSnapshot(0, status="exited", exit_code=0)
+    finding = only(diagnose([left, failed_waiting(1)]))
+    assert (finding.id, finding.cause, finding.ranks) == ("job.E003", "uneven_inputs", (0,))
+    assert "rank 1 failed in all_reduce" in finding.detail and "Connection closed by peer" in finding.detail
+    late = RankSnapshot(1, status="running")
+    assert only(diagnose([failed_waiting(0, "Timed out waiting 5000ms for recv operation to complete"), late])).id == "job.E002"
+    assert only(diagnose([failed_waiting(0), RankSnapshot(1, status="unknown")])).id == "job.E004"
+    assert only(diagnose([failed_waiting(0), failed_waiting(1)])).id == "job.E009"
+
+
+def test_a_peers_failure_without_a_collective_is_not_waiting():
+    peer = RankSnapshot(0, status="raised", error=RaisedError("RuntimeError", "Connection closed by peer", consequence=True))
+    assert diagnose([peer, RankSnapshot(1, status="exited", exit_code=0)]) == []

@@ -45,6 +45,10 @@ def section(kind_id: str) -> str:
     if kind_id == "log.W030":
         lines.append("- **Detected:** when no signature matches (the most relevant lines are quoted), or when the only "
                      "input is an empty log that names no rank.")
+    if kind_id == "log.W036":
+        lines.append("- **Detected:** when files found in a directory given to `explain` cannot be read (binary data, "
+                     "text that is not UTF-8, a corrupt or truncated flight-recorder dump), or the directory holds more "
+                     "files than explain reads; each is named, and the other files are read.")
     if kind_id == "log.E006":
         lines.append("- **Also:** when per-rank logs are empty and nothing else matched: those ranks printed nothing "
                      "(hung, killed early or never started).")

@@ -47,7 +47,8 @@ def test_sigkilled_rank_is_the_cause_and_peer_resets_its_consequences():
     top = report.findings[0]
     assert top.cause == "oom_killed_rank" and top.ranks == (3,)
     assert "Rank 3" in top.title and top.data["signal"] == "SIGKILL"
-    assert top.confidence >= 0.8  # corroborated by the peers and torchrun's first-failure mark
+    # Corroborated by the peers and torchrun's first-failure mark, but SIGKILL is not specific to the OOM killer.
+    assert 0.5 <= top.confidence < 0.8
     consequences = top.data["consequences"]
     assert "gloo_peer_lost" in {c["signature"] for c in consequences}
     assert {c["signature"] for c in consequences} <= {"gloo_peer_lost", "child_failed_generic"}

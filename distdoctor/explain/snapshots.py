@@ -1,0 +1,187 @@
+"""What the logs, error files and recorder dumps said of each rank, as the diagnosis's RankSnapshots."""
+
+# One rank's snapshot from what was read afterwards:
+# - its error: the last exception its own lines show (a traceback with the rank's prefix, in its
+#   file, or in its TORCHELASTIC error file), with the innermost frame of the user's code; it is a
+#   consequence when the message is a peer's failure as the catalog reads it (a symptom: connection
+#   closed or reset, a collective or socket timeout) or the launcher's SIGTERM;
+# - its end: torchrun's summary (exit code, signal, time, host); a rank the summary does not list
+#   while it lists others of the same agent exited 0; a rank ended by the launcher's SIGTERM without
+#   an error of its own was still running when its peer failed (it is the one the others waited for);
+# - where it waited: the collective its traceback shows it in (distributed_c10d.<op>), or its
+#   flight-recorder dump's groups.
+# What nobody said stays unknown: a rank seen in the logs with no error and no exit is `unknown`.
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Iterable
+
+from distdoctor.diagnosis.frames import user_frame
+from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNKNOWN, Frame, GroupProgress,
+                                           RaisedError, RankSnapshot)
+from distdoctor.explain.catalog import Catalog
+from distdoctor.explain.ranks import RaisedText, RankCollector, RankText, finished_line
+
+SOURCE = "log"
+_C10D = re.compile(r"[/\\]torch[/\\]distributed[/\\](?:distributed_c10d|c10d_logger)\.py$")
+# Exceptions that are the launcher's or the peer's doing whatever the catalog says.
+_CONSEQUENCE_TYPES = ("SignalException", "KeyboardInterrupt", "DistNetworkError", "DistStoreError")
+_CONSEQUENCE_WORDS = ("got signal: 15", "got signal: 1", "got signal: 2", "closed by peer", "reset by peer",
+                      "Socket Timeout", "timed out", "Timed out", "Broken pipe", "ncclRemoteError",
+                      "remote process exited", "communicator was aborted", "failed to recv, got 0 bytes")
+_OP_IN_MESSAGE = re.compile(r"OpType=(?P<op>\w{1,40})|for (?P<io>recv|send) operation")
+_YEAR = re.compile(r"^\d{4}-")
+
+
+@dataclass
+class JobEvidence:
+    """Per-rank evidence gathered from every input, and what was made of it."""
+
+    collector: RankCollector = field(default_factory=RankCollector)
+    groups: dict[int, tuple[GroupProgress, ...]] = field(default_factory=dict)   # from recorder dumps
+    dump_hosts: dict[int, str] = field(default_factory=dict)
+    reported: list[RankSnapshot] = field(default_factory=list)                   # from distdoctor's reports
+    world_sizes: dict[int, set[int]] = field(default_factory=dict)
+
+
+def is_consequence(raised: RaisedText, catalog: Catalog) -> bool:
+    """A peer's failure seen here (the catalog calls the message a symptom), or the launcher's signal."""
+    if raised.type.rsplit(".", 1)[-1] in _CONSEQUENCE_TYPES:
+        return True
+    line = f"{raised.type}: {raised.message}"
+    if any(word in line for word in _CONSEQUENCE_WORDS):
+        return True
+    for sig in catalog.signatures:
+        if sig.role == "symptom" and any(t in line for t in sig.tokens) and sig.regex.search(line):
+            return True
+    return False
+
+
+def collective_of(raised: RaisedText) -> str | None:
+    """The collective a traceback shows the rank in (torch's distributed_c10d frame), or its message names."""
+    for frame in reversed(raised.frames):
+        if _C10D.search(frame.file) and frame.function not in ("wrapper", "<module>"):
+            return frame.function[:100]
+    match = _OP_IN_MESSAGE.search(raised.message)
+    if match:
+        return (match["op"] or match["io"]).lower()
+    return None
+
+
+def _error(raised: RaisedText, catalog: Catalog, year: int) -> tuple[RaisedError, Frame | None, bool]:
+    frame = user_frame(raised.frames)
+    consequence = is_consequence(raised, catalog)
+    return (RaisedError(raised.type.rsplit(".", 1)[-1] if raised.type.count(".") > 2 else raised.type,
+                        raised.message, frame, _time(raised.time, year), consequence), frame, consequence)
+
+
+def _own_error(text: RankText) -> RaisedText | None:
+    """The exception that ended the rank: the last one its lines show, else its error file's."""
+    if text.errors:
+        return text.errors[-1]
+    return text.error_file
+
+
+def build_snapshots(evidence: JobEvidence, catalog: Catalog, quiet: set[int], empty: set[int]) -> list[RankSnapshot]:
+    """One snapshot per rank that any input named."""
+    collector = evidence.collector
+    _attribute(collector)
+    year = _summary_year(collector) or datetime.now().year
+    one_agent = len({t.exit.host for t in collector.ranks.values() if t.exit}) == 1
+    ranks = set(collector.ranks) | set(evidence.groups) | empty
+    snaps = {s.rank: s for s in evidence.reported}
+    for rank in sorted(ranks - set(snaps)):
+        text = collector.ranks.get(rank) or RankText(rank)
+        snaps[rank] = _snapshot(text, evidence, catalog, year, one_agent and collector.summary_seen, rank in empty)
+    return [snaps[r] for r in sorted(snaps)]
+
+
+def _attribute(collector: RankCollector) -> None:
+    """An exception printed without a rank prefix belongs to the rank torchrun's summary calls the root
+    cause, when that rank shows no exception of its own (a one-process job's log, torch < 2.2's output)."""
+    if not collector.unattributed:
+        return
+    root = [t for t in collector.ranks.values() if t.exit and t.exit.root_cause and not t.errors]
+    if len(root) == 1 and root[0].exit.code not in (None, 0) and root[0].exit.code > 0:
+        root[0].errors.append(collector.unattributed[-1])
+
+
+def _snapshot(text: RankText, evidence: JobEvidence, catalog: Catalog, year: int, summary_complete: bool,
+              empty: bool) -> RankSnapshot:
+    raised = _own_error(text)
+    exit_ = text.exit
+    notes: list[str] = []
+    error = where = collective = None
+    if raised is not None:
+        error, where, consequence = _error(raised, catalog, year)
+        collective = collective_of(raised) if consequence else None
+        if consequence and collective is None:
+            collective = "a collective"  # a peer's failure surfaces inside communication
+        if error.time is None and exit_ is not None and exit_.time is not None and exit_.code not in (None, 0, -15):
+            error = RaisedError(error.type, error.message, error.frame, exit_.time, error.consequence)
+    status, code = _status(text, raised is not None, summary_complete, empty, notes)
+    return RankSnapshot(rank=text.rank, host=exit_.host if exit_ else evidence.dump_hosts.get(text.rank, ""),
+                        pid=exit_.pid if exit_ else None, status=status, exit_code=code,
+                        groups=evidence.groups.get(text.rank, ()), where=where, in_collective=collective, error=error,
+                        time=exit_.time if exit_ else None, source=SOURCE, notes=tuple(notes))
+
+
+def _status(text: RankText, has_error: bool, summary_complete: bool, empty: bool,
+            notes: list[str]) -> tuple[str, int | None]:
+    exit_ = text.exit
+    if exit_ is not None and exit_.code is not None:
+        if exit_.code == -15 and not has_error:
+            notes.append("ended by the launcher's SIGTERM after a peer failed: it was still running then")
+            return RUNNING, None
+        if exit_.code < 0:
+            return (RAISED if has_error else KILLED), exit_.code
+        return (RAISED if has_error else EXITED), exit_.code
+    if has_error:
+        return RAISED, None
+    if empty:
+        notes.append("its log is empty")
+        return UNKNOWN, None
+    if summary_complete and text.lines:
+        notes.append("torchrun's failure summary does not list it: it exited 0")
+        return EXITED, 0
+    if finished_line(text.last_line):
+        notes.append(f"its last line says it finished: {text.last_line[:120]}")
+        return FINISHED, None
+    notes.append("its log ends without an error" + (f" (last line: {text.last_line[:120]})" if text.last_line else ""))
+    return UNKNOWN, None
+
+
+def _summary_year(collector: RankCollector) -> int | None:
+    for text in collector.ranks.values():
+        if text.exit and text.exit.time:
+            return datetime.fromtimestamp(text.exit.time).year
+    return None
+
+
+def _time(stamp: str | None, year: int) -> float | None:
+    """A log line's timestamp as epoch seconds (glog's MMDD has no year: the summary's or this one)."""
+    if not stamp:
+        return None
+    try:
+        if _YEAR.match(stamp):
+            return datetime.fromisoformat(stamp[:26]).timestamp()
+        return datetime.strptime(f"{year}{stamp[:4]} {stamp[5:20]}", "%Y%m%d %H:%M:%S.%f"
+                                 if "." in stamp else "%Y%m%d %H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+def merge_reported(snaps: Iterable[RankSnapshot]) -> list[RankSnapshot]:
+    """Snapshots carried by distdoctor's own reports (the guard's, stacks'): the first per rank."""
+    out: dict[int, RankSnapshot] = {}
+    for snap in snaps:
+        out.setdefault(snap.rank, snap)
+    return list(out.values())
+
+
+def error_lines(collector: RankCollector) -> dict[int, set[tuple[str, int]]]:
+    """Per rank, where its exceptions were read (file, line)."""
+    return {rank: {(e.file, e.line) for e in text.errors} for rank, text in collector.ranks.items() if text.errors}
