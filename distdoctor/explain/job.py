@@ -172,7 +172,13 @@ def _verdict(primary: Finding, first: RankSnapshot | None, snaps: Sequence[RankS
     data: dict[str, Any] = {**primary.data, "signature": "job_" + primary.id.split(".")[-1].lower(), "role": "cause",
                             "job_finding": primary.id}
     if folded_data:
-        data["consequences"] = folded_data
+        # The catalog's reading of this rank's own failure is the same failure; the rest is what followed.
+        same = [f for f in folded_data if f["ranks"] and not set(f["ranks"]) - set(primary.ranks)]
+        after = [f for f in folded_data if f not in same]
+        after += [c for f in folded for c in f.data.get("consequences") or () if isinstance(c, dict)]
+        data["consequences"] = after
+        if same:
+            data["same_failure"] = same
         data["evidence"] = [e for f in folded_data for e in f["evidence"]][:5]
     if ranked:
         data["candidates"] = [r.to_dict() for r in ranked]

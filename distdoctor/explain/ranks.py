@@ -161,6 +161,10 @@ class RankCollector:
             start = block.rfind("\n", 0, pos) + 1
             prefix = block[start:pos]
             rank, _ = split_prefix(prefix)
+            if prefix.strip().startswith("traceback") and prefix.rstrip().endswith(":"):
+                # torchrun's summary quotes the error file's traceback, indented, under its rank's entry.
+                entry = _last(_SUMMARY_RANK, block[max(0, start - 600):start])
+                prefix, rank = "  ", int(entry["rank"]) if entry else None
             line_no = first_line + block.count("\n", 0, start)
             pending = _Pending(prefix, rank if rank is not None else rank_hint, [], name, line_no, (index, line_no))
             end = block.find("\n", pos)
