@@ -1,0 +1,77 @@
+"""A job's inputs as they come: many files, interleaved ranks, broken files among good ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from distdoctor.cli import app
+from distdoctor.explain import explain_files, explain_text
+
+TRACEBACK = """Traceback (most recent call last):
+  File "/work/train.py", line 40, in <module>
+    main()
+  File "/work/train.py", line 31, in main
+    {code}
+  File "/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252, in all_reduce
+    work.wait()
+{error}
+"""
+RAISED = TRACEBACK.format(code="check(batch)", error="ValueError: bad batch on rank 1").replace(
+    '  File "/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252, in all_reduce\n    work.wait()\n', "")
+PEER = TRACEBACK.format(code="dist.all_reduce(t)", error="RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:4455")
+
+
+def prefixed(rank: int, text: str) -> list[str]:
+    return [f"[rank{rank}]: {line}" for line in text.splitlines()]
+
+
+def test_two_ranks_tracebacks_interleaved_line_by_line_are_told_apart():
+    zero, one = prefixed(0, PEER), prefixed(1, RAISED)
+    lines = [line for pair in zip(zero, one + [""] * len(zero)) for line in pair if line]
+    report = explain_text("\n".join(lines) + "\n[rank0]: a partial line with no end")
+    top = report.findings[0]
+    assert (top.cause, top.ranks) == ("worker_exception", (1,))
+    assert "/work/train.py:31" in top.title and "bad batch on rank 1" in top.title
+    assert "rank 0 failed with RuntimeError" in top.detail
+
+
+def test_per_rank_files_in_a_directory_with_bad_files_among_them(tmp_path):
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    (folder / "rank0.log").write_text(PEER)
+    (folder / "rank1.log").write_text("step 1\nstep 2\n" + RAISED)
+    (folder / "core.bin").write_bytes(b"\x7fELF\x00\x00\x01" * 100)
+    (folder / "rank2.log").write_bytes("Fehler: Größe\n".encode("latin-1"))
+    report = explain_files([str(folder)])
+    top = report.findings[0]
+    assert (top.cause, top.ranks) == ("worker_exception", (1,))
+    skipped = next(f for f in report.findings if f.id == "log.W036")
+    assert "core.bin" in skipped.detail and "rank2.log" in skipped.detail and "not UTF-8" in skipped.detail
+
+
+def test_a_directory_of_thousands_of_files_is_read_in_bounded_time_and_exits_cleanly(tmp_path):
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(3000):
+        (folder / f"worker-{i}.out").write_text(f"epoch 1 step {i}\n")
+    (folder / "rank7.log").write_text(RAISED)
+    result = CliRunner().invoke(app, ["explain", str(folder), "--format", "json"])
+    assert result.exit_code == 1, result.output
+    assert '"worker_exception"' in result.stdout and "Traceback" not in result.stderr
+
+
+def test_a_huge_line_before_the_traceback_does_not_hide_it(tmp_path):
+    log = tmp_path / "rank1.log"
+    log.write_text("x" * (3 << 20) + "\n" + RAISED)
+    top = explain_files([str(log)]).findings[0]
+    assert (top.cause, top.ranks) == ("worker_exception", (1,))
+
+
+def test_ranks_disagreeing_on_the_world_size_are_among_the_candidates():
+    text = ("[rank1]: torch.distributed.DistStoreError: Timed out initializing process group in store based barrier "
+            "on rank 1, for key: store_based_barrier_key:1 (world_size=4, num_workers_joined=2, timeout=0:30:00, "
+            "error=Socket Timeout)\n")
+    top = explain_text(text).findings[0]
+    assert "rank_config_error" in [c["cause"] for c in top.data["candidates"]]
