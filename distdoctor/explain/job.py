@@ -142,6 +142,8 @@ def _specific_log_cause(primary: Finding, lines: set[tuple[str, int]], log: list
 def _folds(finding: Finding, primary: Finding) -> bool:
     """A log finding that is the same failure seen again, or what its peers saw afterwards."""
     role = finding.data.get("role")
+    if finding.id == "log.W030":
+        return True  # "nothing matched" says nothing once the job's verdict names the failure
     if finding.data.get("signature") in LAUNCHER_SIGNATURES or finding.data.get("signature") == "silent_rank_death":
         return True
     if role == "symptom" or finding.data.get("candidates"):

@@ -111,15 +111,25 @@ def test_watchdog_timeouts_name_the_ranks_that_did_not_time_out(tmp_path):
     assert any("rank 3" in reason for reason in first["reordered_by"])
 
 
-def test_nothing_matched_is_unknown_with_the_relevant_lines():
+def test_an_exception_that_no_signature_reads_is_the_failure_named():
     text = "".join(f"step {i} loss 0.{i:04d}\n" for i in range(500))
     text += "Traceback (most recent call last):\n  File \"train.py\", line 3\nKeyError: 'labels'\n"
     text += "".join(f"step {i} loss 0.1\n" for i in range(10))
     report = explain_text(text)
+    assert [f.id for f in report.findings] == ["log.E037"]
+    top = report.findings[0]
+    assert top.cause == "worker_exception" and top.confidence < 0.8  # no rank, no frame: the message only
+    assert "KeyError: 'labels'" in top.title and any("KeyError" in e["text"] for e in top.data["evidence"])
+
+
+def test_nothing_matched_is_unknown_with_the_relevant_lines():
+    text = "".join(f"step {i} loss 0.{i:04d}\n" for i in range(500))
+    text += "warning: data loading slow, retrying\nfatal: giving up on the input pipeline\n"
+    report = explain_text(text)
     assert [f.id for f in report.findings] == ["log.W030"]
     top = report.findings[0]
     assert top.cause == "unknown" and top.confidence == 0.0
-    assert any("KeyError: 'labels'" in e["text"] for e in top.data["evidence"])
+    assert any("fatal: giving up" in e["text"] for e in top.data["evidence"])
     assert report.exit_code() == 0  # a warning: nothing at the default fail level
 
 
