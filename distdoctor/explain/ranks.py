@@ -100,6 +100,7 @@ class _Pending:
     file: str
     line: int
     order: tuple[int, int]
+    time: str | None = None    # the timestamp of the rank's last line before the traceback
     scanned: int = 0
 
 
@@ -166,7 +167,8 @@ class RankCollector:
                 entry = _last(_SUMMARY_RANK, block[max(0, start - 600):start])
                 prefix, rank = "  ", int(entry["rank"]) if entry else None
             line_no = first_line + block.count("\n", 0, start)
-            pending = _Pending(prefix, rank if rank is not None else rank_hint, [], name, line_no, (index, line_no))
+            pending = _Pending(prefix, rank if rank is not None else rank_hint, [], name, line_no, (index, line_no),
+                               time=_time_before(block, start, prefix))
             end = block.find("\n", pos)
             if end == -1:
                 self._pending.append(pending)
@@ -211,7 +213,7 @@ class RankCollector:
             return
         raised = RaisedText(match["type"], clean_quote((match["msg"] or "").strip()[:MAX_MESSAGE]),
                             tuple(pending.frames), pending.file, line_no, (pending.order[0], line_no),
-                            time=_line_time(pending.prefix + line))
+                            time=_line_time(pending.prefix + line) or pending.time)
         if raised.type.rsplit(".", 1)[-1] in _LAUNCHER_TYPES:
             return
         if pending.rank is None:
@@ -299,6 +301,26 @@ def _epoch(stamp: str) -> float | None:
         return datetime.strptime(stamp, "%Y-%m-%d_%H:%M:%S").timestamp()
     except ValueError:
         return None
+
+
+def _time_before(block: str, start: int, prefix: str, lines: int = 30) -> str | None:
+    """When the rank failed: the timestamp of its nearest line before the traceback (a logger's, glog's).
+
+    Python prints no time on a traceback; the line the rank logged just before it is the closest
+    clock reading, and what orders two ranks' failures when both raised.
+    """
+    end = start
+    for _ in range(lines):
+        if end <= 0:
+            return None
+        begin = block.rfind("\n", 0, end - 1) + 1
+        line = block[begin:end - 1]
+        end = begin
+        if line.startswith(prefix):
+            stamp = _line_time(line[len(prefix):] if prefix.strip() else line)
+            if stamp:
+                return stamp
+    return None
 
 
 def _line_time(text: str) -> str | None:

@@ -75,3 +75,12 @@ def test_ranks_disagreeing_on_the_world_size_are_among_the_candidates():
             "error=Socket Timeout)\n")
     top = explain_text(text).findings[0]
     assert "rank_config_error" in [c["cause"] for c in top.data["candidates"]]
+
+
+def test_of_two_ranks_that_raised_the_earlier_by_its_timestamps_is_the_cause():
+    late = ["[rank0]: 2024-05-01 10:00:09,120 INFO step 40", *prefixed(0, RAISED.replace(
+        "ValueError: bad batch on rank 1", "KeyError: 'x'"))]
+    early = ["[rank1]: 2024-05-01 10:00:02,500 INFO step 38", *prefixed(1, RAISED)]
+    top = explain_text("\n".join(late + early) + "\n").findings[0]
+    assert (top.cause, top.ranks) == ("worker_exception", (1,)), top.title
+    assert "rank 0 also raised with KeyError" in top.detail
