@@ -131,8 +131,8 @@ def _specific_log_cause(primary: Finding, lines: set[tuple[str, int]], log: list
         on_line = any((e.get("file"), e.get("line")) in lines for e in finding.data.get("evidence") or ())
         same_rank = bool(set(finding.ranks) & set(primary.ranks))
         if primary.id == job_kinds.EXCEPTION.id:
-            if finding.cause != "unknown" and role == "cause" and (
-                    on_line or (same_rank and (finding.confidence or 0) >= SPECIFIC)):
+            confident = (finding.confidence or 0) >= SPECIFIC and (same_rank or not finding.ranks)
+            if finding.cause != "unknown" and (on_line or confident):
                 return finding
         elif same_rank or (role == "cause" and not finding.ranks and (finding.confidence or 0) >= SPECIFIC):
             return finding

@@ -90,6 +90,7 @@ class RankText:
     noticed: int = 0                  # error-looking lines in its own per-rank files
     files: set[str] = field(default_factory=set)
     error_file: RaisedText | None = None  # from a TORCHELASTIC error file (error.json)
+    bare: list[RaisedText] = field(default_factory=list)  # exception lines seen without their traceback's header
 
 
 @dataclass
@@ -224,6 +225,20 @@ class RankCollector:
         text = self.rank(pending.rank)
         if text is not None and len(text.errors) < MAX_ERRORS:
             text.errors.append(raised)
+
+    def bare_exception(self, line: str, line_no: int, name: str, index: int, rank_hint: int | None) -> None:
+        """An exception line of a rank (its prefix, or its file), kept in case no traceback header precedes it."""
+        rank, rest = split_prefix(line)
+        rank = rank if rank is not None else rank_hint
+        match = _EXCEPTION.match(rest.strip())
+        if rank is None or match is None or match["msg"] is None or rest[:1] in " \t":
+            return
+        if match["type"].rsplit(".", 1)[-1] in _LAUNCHER_TYPES:
+            return
+        text = self.rank(rank)
+        if text is not None and len(text.bare) < MAX_ERRORS:
+            text.bare.append(RaisedText(match["type"], clean_quote(match["msg"].strip()[:MAX_MESSAGE]), (), name,
+                                        line_no, (index, line_no), time=_line_time(line)))
 
     # -- torchrun's failure summary -------------------------------------------------------------------
 

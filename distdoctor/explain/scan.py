@@ -284,7 +284,11 @@ class Scanner:
             if start in hits:
                 self._match_line(text, line_no, hits[start], source, source_index, context)
             if start in relevance:
-                score = relevance[start] + (2 if _EXCEPTION_LINE.match(text) else 0)
+                raised = _EXCEPTION_LINE.match(text)
+                score = relevance[start] + (2 if raised else 0)
+                if raised and self.ranks is not None:
+                    # A traceback cut above its header (a pasted excerpt) still names what the rank raised.
+                    self.ranks.bare_exception(text, line_no, source.name, source_index, source.rank_hint)
                 # Cut now (bounded memory), clean only the few kept (cleaning every warning line costs).
                 self.acc.add_relevant(score, source_index, line_no, source.name, _cut_line(text))
 

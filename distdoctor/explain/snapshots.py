@@ -82,7 +82,9 @@ def _own_error(text: RankText) -> RaisedText | None:
     """The exception that ended the rank: the last one its lines show, else its error file's."""
     if text.errors:
         return text.errors[-1]
-    return text.error_file
+    if text.error_file is not None:
+        return text.error_file
+    return text.bare[-1] if text.bare else None
 
 
 def build_snapshots(evidence: JobEvidence, catalog: Catalog, quiet: set[int], empty: set[int]) -> list[RankSnapshot]:
@@ -184,4 +186,5 @@ def merge_reported(snaps: Iterable[RankSnapshot]) -> list[RankSnapshot]:
 
 def error_lines(collector: RankCollector) -> dict[int, set[tuple[str, int]]]:
     """Per rank, where its exceptions were read (file, line)."""
-    return {rank: {(e.file, e.line) for e in text.errors} for rank, text in collector.ranks.items() if text.errors}
+    return {rank: {(e.file, e.line) for e in (*text.errors, *text.bare)}
+            for rank, text in collector.ranks.items() if text.errors or text.bare}

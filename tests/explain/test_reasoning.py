@@ -91,7 +91,9 @@ def test_first_failure_in_time_wins_across_files(tmp_path):
     report = explain_files([str(tmp_path / "rank0.log"), str(tmp_path / "rank1.log")])
     top = report.findings[0]
     assert top.cause == "env_missing" and top.ranks == (1,) and top.data["variable"] == "MASTER_ADDR"
-    assert [c["signature"] for c in top.data["consequences"]] == ["bare_socket_timeout"]
+    # Rank 0's timeouts (the socket's and the store's wait for workers) both follow from it.
+    assert {c["signature"] for c in top.data["consequences"]} == {"bare_socket_timeout", "store_wait_for_workers_timeout"}
+    assert len(report.findings) == 1
 
 
 def test_watchdog_timeouts_name_the_ranks_that_did_not_time_out(tmp_path):
