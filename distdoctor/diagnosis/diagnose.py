@@ -244,7 +244,8 @@ def _straggler(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Finding
     for snap in idle:
         progress = _progress_text(snap, group)
         lines.append(f"rank {snap.rank}{' on ' + snap.host if snap.host else ''} is not in a collective"
-                     + (f", at {snap.where.describe()}" if snap.where else " (its stack has no frame of your code)")
+                     + (f", at {snap.where.describe()}" if snap.where else
+                        " (its stack has no frame of your code)" if snap.stack else " (where in your code is not known)")
                      + (f" ({progress})" if progress else ""))
     lines.append(_waiters_text(waiting) + (f" (the first waited {waited_s:.1f} s)" if waited_s else ""))
     for snap in idle:

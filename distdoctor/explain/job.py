@@ -151,13 +151,18 @@ def _folds(finding: Finding, primary: Finding) -> bool:
     return finding.cause == primary.cause or (role == "crash" and not set(finding.ranks) - set(primary.ranks))
 
 
-def _folded_lines(folded: list[Finding]) -> tuple[list[str], list[dict[str, Any]]]:
+def _folded_lines(folded: list[Finding], cause: str = "") -> tuple[list[str], list[dict[str, Any]]]:
     lines, data = [], []
     for f in folded:
         evidence = list(f.data.get("evidence") or [])[:2]
         who = f"rank{'s' if len(f.ranks) > 1 else ''} {format_ranks(f.ranks)}: " if f.ranks else ""
         quote = f" — {evidence[0]['file']}:{evidence[0]['line']}: {evidence[0]['text']}" if evidence else ""
-        label = "the launcher's account of it" if f.data.get("signature") in LAUNCHER_SIGNATURES else f.title
+        if f.data.get("signature") in LAUNCHER_SIGNATURES:
+            label = "the launcher's account of it"
+        elif cause and f.cause != cause:
+            label = f"read alone, one line says: {f.title}"  # what the message would mean without the other ranks
+        else:
+            label = f.title
         lines.append(f"  {who}{label} ({f.id}){quote}"[:500])
         data.append({"id": f.id, "cause_if_alone": f.cause, "title": f.title, "ranks": list(f.ranks),
                      "signature": f.data.get("signature"), "evidence": evidence})
@@ -167,8 +172,11 @@ def _folded_lines(folded: list[Finding]) -> tuple[list[str], list[dict[str, Any]
 def _verdict(primary: Finding, first: RankSnapshot | None, snaps: Sequence[RankSnapshot], folded: list[Finding],
              acc: Accumulator, catalog: Catalog) -> Finding:
     kind, confidence, ranked = _kind_and_confidence(primary, first, snaps, acc, catalog)
-    lines, folded_data = _folded_lines(folded)
+    lines, folded_data = _folded_lines(folded, kind.cause)
     detail = [primary.detail]
+    notes = [f"  rank {s.rank}: {note}" for s in snaps for note in s.notes]
+    if notes:
+        detail += ["What each rank's own lines say of its end:", *notes[:16]]
     if lines:
         detail += ["What the logs also show (the same failure, or its consequences on the other ranks):", *lines]
     data: dict[str, Any] = {**primary.data, "signature": "job_" + primary.id.split(".")[-1].lower(), "role": "cause",
