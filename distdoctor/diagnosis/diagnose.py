@@ -87,9 +87,18 @@ def _waits(snap: RankSnapshot) -> bool:
             and (bool(snap.in_collective) or any(g.waiting for g in snap.groups)))
 
 
+MAX_LISTED = 16  # ranks described one by one in a detail line; a 1024-rank job names the rest by count
+
+
+def _listed(parts: list[str]) -> str:
+    if len(parts) <= MAX_LISTED:
+        return "; ".join(parts)
+    return "; ".join(parts[:MAX_LISTED]) + f"; … and {len(parts) - MAX_LISTED} more ranks"
+
+
 def _waiters_text(waiting: Sequence[RankSnapshot]) -> str:
     parts = []
-    for snap in waiting:
+    for snap in waiting[:MAX_LISTED + 1]:
         group, op = _waiting_op(snap)
         if not snap.waiting and snap.error is not None:
             parts.append(f"rank {snap.rank} failed in {_op_text(group, op)}{_where(snap)} with {snap.error.type}"
@@ -97,6 +106,8 @@ def _waiters_text(waiting: Sequence[RankSnapshot]) -> str:
             continue
         since = f" for {op.age_s:.1f} s" if op and op.age_s is not None else ""
         parts.append(f"rank {snap.rank} waits in {_op_text(group, op)}{_where(snap)}{since}")
+    if len(waiting) > MAX_LISTED:
+        return "; ".join(parts[:MAX_LISTED]) + f"; … and {len(waiting) - MAX_LISTED} more ranks"
     return "; ".join(parts)
 
 
@@ -178,7 +189,7 @@ def _first_failure(snaps: Sequence[RankSnapshot]) -> Finding | None:
                  + " without an error this source could read"]
         kind = kinds.MISSING
     if detail_tail:
-        lines.append("then, as a consequence: " + "; ".join(detail_tail))
+        lines.append("then, as a consequence: " + _listed(detail_tail))
     lines += _stack_lines(first)
     return kind(title, detail="\n".join(lines), ranks=[first.rank], hosts=_hosts([first]),
                 data=_data(snaps, first_rank=first.rank,

@@ -94,10 +94,14 @@ def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc
     reading of that very line from other lines).
     """
     verdict = diagnose(snaps) if snaps else []
-    if verdict and verdict[0].id == job_kinds.HANG.id and len(snaps) < 2:
-        verdict = verdict[1:]  # one rank's view: "every rank waits" would be a guess about ranks never seen
+    if verdict and verdict[0].id == job_kinds.HANG.id and (len(snaps) < 2 or _peer_gone(snaps)):
+        # One rank's view, or ranks that lost the connection to a peer none of these logs is from:
+        # "every rank waits" would be a guess about ranks never seen; the catalog's reading stays.
+        verdict = verdict[1:]
     if not verdict:
         return log_findings
+    if any(f.data.get("from_report") and f.id == verdict[0].id and f.ranks == verdict[0].ranks for f in log_findings):
+        return log_findings  # a report's own verdict over the same snapshots is already shown, as it was
     primary, extra = verdict[0], verdict[1:]
     first = _first_snapshot(primary, snaps)
     lines = (error_lines or {}).get(first.rank, set()) if first is not None else set()
@@ -222,6 +226,11 @@ def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Se
 
 PEER_GONE = ("closed by peer", "reset by peer", "remote process exited", "Broken pipe", "ncclRemoteError",
              "failed to recv, got 0 bytes", "Connection closed by remote peer")
+
+
+def _peer_gone(snaps: Sequence[RankSnapshot]) -> bool:
+    return any(word in s.error.message for s in snaps if s.error is not None and s.error.consequence
+               for word in PEER_GONE)
 
 
 def _weigh_how_peers_failed(ranked: list[Ranked], snaps: Sequence[RankSnapshot]) -> None:

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Iterable
 
@@ -94,10 +94,18 @@ def build_snapshots(evidence: JobEvidence, catalog: Catalog, quiet: set[int], em
     year = _summary_year(collector) or datetime.now().year
     one_agent = len({t.exit.host for t in collector.ranks.values() if t.exit}) == 1
     ranks = set(collector.ranks) | set(evidence.groups) | empty
-    snaps = {s.rank: s for s in evidence.reported}
-    for rank in sorted(ranks - set(snaps)):
+    snaps = {s.rank: s for s in merge_reported(evidence.reported)}
+    for rank in sorted(ranks):
         text = collector.ranks.get(rank) or RankText(rank)
-        snaps[rank] = _snapshot(text, evidence, catalog, year, one_agent and collector.summary_seen, rank in empty)
+        read = _snapshot(text, evidence, catalog, year, one_agent and collector.summary_seen, rank in empty)
+        reported = snaps.get(rank)
+        if reported is None:
+            snaps[rank] = read
+        elif read.error is not None or read.exit_code is not None:
+            # The logs saw how the rank ended (after the report's moment): that end is the newer fact;
+            # the report's progress per group stays where the logs have none.
+            snaps[rank] = replace(read, groups=read.groups or reported.groups, host=read.host or reported.host,
+                                  stack=reported.stack)
     return [snaps[r] for r in sorted(snaps)]
 
 

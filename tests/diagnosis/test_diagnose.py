@@ -139,3 +139,10 @@ def test_a_rank_that_failed_inside_a_collective_with_a_peers_failure_counts_as_w
 def test_a_peers_failure_without_a_collective_is_not_waiting():
     peer = RankSnapshot(0, status="raised", error=RaisedError("RuntimeError", "Connection closed by peer", consequence=True))
     assert diagnose([peer, RankSnapshot(1, status="exited", exit_code=0)]) == []
+
+
+def test_a_thousand_ranks_are_listed_by_count_beyond_the_first_few():
+    raised = RankSnapshot(0, status="raised", error=RaisedError("ValueError", "x", None, 1.0))
+    finding = only(diagnose([raised] + [failed_waiting(r) for r in range(1, 1024)]))
+    assert finding.id == "job.E001" and "… and 1007 more ranks" in finding.detail
+    assert len(finding.detail) < 20_000

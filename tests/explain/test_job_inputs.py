@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -84,3 +85,30 @@ def test_of_two_ranks_that_raised_the_earlier_by_its_timestamps_is_the_cause():
     top = explain_text("\n".join(late + early) + "\n").findings[0]
     assert (top.cause, top.ranks) == ("worker_exception", (1,)), top.title
     assert "rank 0 also raised with KeyError" in top.detail
+
+
+def test_a_hang_reports_snapshots_join_the_job_without_a_second_copy_of_its_verdict(tmp_path):
+    from distdoctor.core.report import build_report
+    from distdoctor.diagnosis.diagnose import diagnose
+    from distdoctor.diagnosis.snapshot import GroupProgress, PendingOp, RankSnapshot
+
+    waiting = RankSnapshot(0, status="running", groups=(GroupProgress("0", (0, 1), 7, 6, PendingOp("all_reduce", 7)),))
+    late = RankSnapshot(1, status="running", groups=(GroupProgress("0", (0, 1), 6, 6),))
+    report = build_report(diagnose([waiting, late]), [])
+    (tmp_path / "hang.json").write_text(json.dumps(report.to_dict()))
+    found = explain_files([str(tmp_path / "hang.json")]).findings
+    assert [f.id for f in found] == ["job.E002"] and found[0].ranks == (1,)
+    # With rank 1's own log beside it, the job is read again: rank 1 raised while the others waited.
+    (tmp_path / "rank1.log").write_text(RAISED)
+    found = explain_files([str(tmp_path / "hang.json"), str(tmp_path / "rank1.log")]).findings
+    assert found[0].cause == "worker_exception" and found[0].ranks == (1,)
+
+
+def test_thousands_of_ranks_give_a_bounded_answer():
+    text = "".join("\n".join(prefixed(r, PEER)) + "\n" for r in range(2000))
+    top = explain_text(text).findings[0]
+    assert top.cause != "collective_timeout_hang"  # they lost a peer none of these lines is from
+    assert len(top.detail) < 20_000
+    raising = "".join(f"[rank{r}]: ValueError: bad batch {r}\n" for r in range(5000))
+    top = explain_text(raising).findings[0]
+    assert (top.cause, top.ranks) == ("worker_exception", (0,)) and len(top.detail) < 20_000
