@@ -239,7 +239,8 @@ def _weigh_how_peers_failed(ranked: list[Ranked], snaps: Sequence[RankSnapshot])
     timeout means nobody answered in time (late, or hung)."""
     seen = [s.error.message for s in snaps if s.error is not None and s.error.consequence]
     gone = any(word in message for message in seen for word in PEER_GONE)
-    late = any("imeout" in message or "timed out" in message for message in seen)
+    late = any("imeout" in message or "timed out" in message for message in seen) or any(
+        g.pending is not None and g.pending.state == "timed out" for snap in snaps for g in snap.groups)
     for r in ranked:
         if gone and r.cause == "oom_killed_rank":
             r.confidence += 0.27

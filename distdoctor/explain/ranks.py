@@ -25,6 +25,7 @@ MAX_ERRORS = 8               # exceptions kept per rank
 MAX_RANKS = 100_000
 PREFIX_SAMPLE = 4096         # characters at each end of a block whose line prefixes are sampled
 MAX_MESSAGE = 300
+MAX_WATCHDOG_LINES = 4096    # watchdog lines read per token and block (a rank prints a handful)
 
 TRACEBACK = "Traceback (most recent call last)"
 SUMMARY_TOKEN = "exitcode  : "         # torchrun >= 1.11's failure summary, one per failed rank
@@ -42,6 +43,17 @@ _SUMMARY_HOST = re.compile(r"host\s*:\s*(?P<host>[^\s]{1,200})")
 _SUMMARY_EXIT = re.compile(r"exitcode\s*:\s*(?P<code>-?\d{1,4}) \(pid: (?P<pid>\d{1,9})\)")
 _SUMMARY_FILE = re.compile(r"error_file\s*:\s*(?P<file>[^\n]{1,500})")
 _SUMMARY_TB = re.compile(r"traceback\s*:\s*(?P<tb>[^\n]{0,500})")
+# ProcessGroupNCCL's watchdog, per rank and group (torch 2.x): which collective timed out and how far
+# the group had got. logPrefix() is "[PG ID 0 PG GUID 0(default_pg) Rank 1] " (2.4+) or "[PG 0 Rank 1] ".
+WATCHDOG_TOKENS = ("detected by watchdog at work", "Timeout at NCCL work: ", "Watchdog caught collective operation timeout")
+_WATCHDOG_STATUS = re.compile(
+    r"\[PG (?:ID )?(?P<pg>\d{1,6})(?: PG GUID [^\]]{0,80})? Rank (?P<rank>\d{1,7})\]\s+(?:"
+    r"failure detected by watchdog at work sequence id: (?P<seq>\d{1,12}) PG status: last enqueued work: "
+    r"(?P<enq>-?\d{1,12}), last completed work: (?P<done>-?\d{1,12})"
+    r"|(?:Exception \(either an error or timeout\) detected by watchdog at work|Timeout at NCCL work): "
+    r"(?P<seq2>\d{1,12}), last enqueued NCCL work: (?P<enq2>-?\d{1,12}), last completed NCCL work: (?P<done2>-?\d{1,12}))")
+_WATCHDOG_OP = re.compile(r"(?:\[Rank (?P<rank>\d{1,7})\] )?Watchdog caught collective operation timeout: "
+                          r"WorkNCCL\(SeqNum=(?P<seq>\d{1,12}), OpType=(?P<op>\w{1,40})")
 _LOG_TIME = re.compile(r"[EWIF](?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d{1,9})?)|"
                        r"(?P<iso>\d{4}-\d\d-\d\d[ T_]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?)")
 # A last line that says the loop ended (what a rank that left early prints).
@@ -91,6 +103,10 @@ class RankText:
     files: set[str] = field(default_factory=set)
     error_file: RaisedText | None = None  # from a TORCHELASTIC error file (error.json)
     bare: list[RaisedText] = field(default_factory=list)  # exception lines seen without their traceback's header
+    # NCCL's watchdog: group id -> (timed-out sequence number, last enqueued, last completed); seq -> op.
+    watchdog: dict[str, tuple[int, int | None, int | None]] = field(default_factory=dict)
+    watchdog_ops: dict[int, str] = field(default_factory=dict)
+    watchdog_line: str = ""
 
 
 @dataclass
@@ -132,6 +148,8 @@ class RankCollector:
             self._tracebacks(block, first_line, name, index, rank_hint)
         if SUMMARY_TOKEN in block or OLD_SUMMARY_TOKEN in block:
             self._summaries(block)
+        if "atchdog" in block or "Timeout at NCCL work" in block:
+            self._watchdog(block, rank_hint)
 
     # -- which ranks print --------------------------------------------------------------------
 
@@ -240,6 +258,40 @@ class RankCollector:
             text.bare.append(RaisedText(match["type"], clean_quote(match["msg"].strip()[:MAX_MESSAGE]), (), name,
                                         line_no, (index, line_no), time=_line_time(line)))
 
+    # -- NCCL's watchdog ---------------------------------------------------------------------------
+
+    def _watchdog(self, block: str, rank_hint: int | None) -> None:
+        for token in WATCHDOG_TOKENS:
+            pos = block.find(token)
+            seen = 0
+            while pos != -1 and seen < MAX_WATCHDOG_LINES:
+                seen += 1
+                start = block.rfind("\n", 0, pos) + 1
+                end = block.find("\n", pos)
+                line = block[start:end if end != -1 else len(block)][:2000]
+                self._watchdog_line(line, rank_hint)
+                pos = block.find(token, end) if end != -1 else -1
+
+    def _watchdog_line(self, line: str, rank_hint: int | None) -> None:
+        prefix_rank, _ = split_prefix(line)
+        status = _WATCHDOG_STATUS.search(line)
+        if status is not None:
+            text = self.rank(int(status["rank"]))
+            if text is None:
+                return
+            seq, enq, done = (status["seq"], status["enq"], status["done"]) if status["seq"] else \
+                (status["seq2"], status["enq2"], status["done2"])
+            text.watchdog.setdefault(status["pg"], (int(seq), _nonneg(enq), _nonneg(done)))
+            return
+        op = _WATCHDOG_OP.search(line)
+        if op is None:
+            return
+        rank = int(op["rank"]) if op["rank"] else prefix_rank if prefix_rank is not None else rank_hint
+        text = self.rank(rank) if rank is not None else None
+        if text is not None:
+            text.watchdog_ops.setdefault(int(op["seq"]), op["op"][:40])
+            text.watchdog_line = text.watchdog_line or clean_quote(line[:MAX_MESSAGE])
+
     # -- torchrun's failure summary -------------------------------------------------------------------
 
     def _summaries(self, block: str) -> None:
@@ -308,6 +360,12 @@ def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
     for found in pattern.finditer(text):
         pass
     return found
+
+
+def _nonneg(value: str | None) -> int | None:
+    """A sequence number; -1 (nothing yet) is None."""
+    number = int(value) if value is not None else -1
+    return number if number >= 0 else None
 
 
 def _epoch(stamp: str) -> float | None:

@@ -21,7 +21,7 @@ from typing import Iterable
 
 from distdoctor.diagnosis.frames import user_frame
 from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNKNOWN, Frame, GroupProgress,
-                                           RaisedError, RankSnapshot)
+                                           PendingOp, RaisedError, RankSnapshot)
 from distdoctor.explain.catalog import Catalog
 from distdoctor.explain.ranks import RaisedText, RankCollector, RankText, finished_line
 
@@ -133,10 +133,30 @@ def _snapshot(text: RankText, evidence: JobEvidence, catalog: Catalog, year: int
         if error.time is None and exit_ is not None and exit_.time is not None and exit_.code not in (None, 0, -15):
             error = RaisedError(error.type, error.message, error.frame, exit_.time, error.consequence)
     status, code = _status(text, raised is not None, summary_complete, empty, notes)
+    groups = evidence.groups.get(text.rank, ()) or watchdog_groups(text)
+    if groups and not evidence.groups.get(text.rank) and error is None:
+        # NCCL's watchdog fired while the rank waited: at that moment it was alive, in that collective.
+        status, code = RUNNING, None
+        notes.clear()
+        notes.append(f"NCCL's watchdog timed out its collective: {text.watchdog_line[:160]}")
     return RankSnapshot(rank=text.rank, host=exit_.host if exit_ else evidence.dump_hosts.get(text.rank, ""),
                         pid=exit_.pid if exit_ else None, status=status, exit_code=code,
-                        groups=evidence.groups.get(text.rank, ()), where=where, in_collective=collective, error=error,
+                        groups=groups, where=where, in_collective=collective, error=error,
                         time=exit_.time if exit_ else None, source=SOURCE, notes=tuple(notes))
+
+
+def watchdog_groups(text: RankText) -> tuple[GroupProgress, ...]:
+    """The progress NCCL's watchdog printed for a rank: per group, the collective it timed out in."""
+    groups = []
+    for pg, (seq, enqueued, completed) in sorted(text.watchdog.items()):
+        op = text.watchdog_ops.get(seq, "a collective").lower()
+        groups.append(GroupProgress(pg, (), enqueued if enqueued is not None else seq, completed,
+                                    PendingOp(op, seq, state="timed out")))
+    if not groups and text.watchdog_ops:
+        seq = min(text.watchdog_ops)
+        groups.append(GroupProgress("0", (), seq, seq - 1, PendingOp(text.watchdog_ops[seq].lower(), seq,
+                                                                      state="timed out")))
+    return tuple(groups)
 
 
 def _status(text: RankText, has_error: bool, summary_complete: bool, empty: bool,

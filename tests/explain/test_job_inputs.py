@@ -112,3 +112,22 @@ def test_thousands_of_ranks_give_a_bounded_answer():
     raising = "".join(f"[rank{r}]: ValueError: bad batch {r}\n" for r in range(5000))
     top = explain_text(raising).findings[0]
     assert (top.cause, top.ranks) == ("worker_exception", (0,)) and len(top.detail) < 20_000
+
+
+WATCHDOG = ("[rank{r}]:[E710 18:00:32.426302794 ProcessGroupNCCL.cpp:688] [Rank {r}] Watchdog caught collective operation "
+            "timeout: WorkNCCL(SeqNum=59958, OpType=ALLREDUCE, NumelIn=8388608, NumelOut=8388608, Timeout(ms)=1800000) "
+            "ran for 1800077 milliseconds before timing out.\n"
+            "[rank{r}]:[E710 18:00:32.426302794 ProcessGroupNCCL.cpp:2395] [PG ID 0 PG GUID 0(default_pg) Rank {r}]  "
+            "failure detected by watchdog at work sequence id: 59958 PG status: last enqueued work: 59960, last "
+            "completed work: 59957\n")
+
+
+def test_nccl_watchdog_lines_place_each_rank_and_name_the_one_that_never_came(tmp_path):
+    for r in range(3):
+        (tmp_path / f"rank{r}.log").write_text(f"[rank{r}]: step 9000\n" + WATCHDOG.format(r=r))
+    (tmp_path / "rank3.log").write_text("[rank3]: step 9000\n[rank3]: saving checkpoint to /ckpt/step9000\n")
+    top = explain_files([str(p) for p in sorted(tmp_path.iterdir())]).findings[0]
+    assert top.ranks == (3,) and top.id.startswith("job."), top.title
+    causes = [c["cause"] for c in top.data["candidates"]]
+    assert "straggler_rank" in causes[:2] and "rank_missing" in causes[:2]
+    assert "allreduce #59958" in top.title and top.confidence < 0.8
