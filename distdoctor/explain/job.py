@@ -94,9 +94,11 @@ def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc
     reading of that very line from other lines).
     """
     verdict = diagnose(snaps) if snaps else []
-    if verdict and verdict[0].id == job_kinds.HANG.id and (len(snaps) < 2 or _peer_gone(snaps)):
-        # One rank's view, or ranks that lost the connection to a peer none of these logs is from:
-        # "every rank waits" would be a guess about ranks never seen; the catalog's reading stays.
+    if verdict and verdict[0].id == job_kinds.HANG.id and (
+            len(snaps) < 2 or _peer_gone(snaps) or any(f.data.get("signature") for f in log_findings)):
+        # "Every rank waits" says no more than the timeouts it was read from, and less when the logs
+        # are one rank's view or lost a peer none of them is from: the catalog's reading of those
+        # lines (the op, the sequence number, the timeout, ranked alternatives) stays the answer.
         verdict = verdict[1:]
     if not verdict:
         return log_findings
@@ -194,6 +196,10 @@ def _verdict(primary: Finding, first: RankSnapshot | None, snaps: Sequence[RankS
         if same:
             data["same_failure"] = same
         data["evidence"] = [e for f in folded_data for e in f["evidence"]][:5]
+    if acc.empty_ranks:
+        data["empty_logs"] = sorted(acc.empty_ranks)
+        detail.append(f"The log of rank {format_ranks(acc.empty_ranks)} is empty: that rank printed nothing (hung, or "
+                      "killed before its first line).")
     if ranked:
         data["candidates"] = [r.to_dict() for r in ranked]
         detail += describe(ranked)

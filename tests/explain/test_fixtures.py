@@ -41,7 +41,8 @@ REAL = {
 
 SYNTHETIC = {
     "nccl_watchdog_timeout": (None, "collective_timeout_hang", "WorkNCCL(SeqNum=45, OpType=ALLREDUCE", (0, 1), TOP3),
-    "nccl_watchdog_mismatch": ("log.E018", "collective_mismatch", "OpType=BROADCAST", (0, 1)),
+    # NCCL's watchdog places each rank at SeqNum 7 in a different op: the job diagnosis names the mismatch.
+    "nccl_watchdog_mismatch": ("job.E006", "collective_mismatch", "OpType=BROADCAST", (1,)),  # 2 ranks: rank 0 is the norm
     "nccl_no_gpus": ("log.E011", "no_gpu_for_nccl", "no GPUs found", None),
     "cuda_invalid_device_ordinal": ("log.E013", "invalid_device_ordinal", "invalid device ordinal", (2,)),
     # The rank's own exception ended it: the cause is that exception (type, message, line), CUDA OOM included.
