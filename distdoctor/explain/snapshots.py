@@ -106,7 +106,26 @@ def build_snapshots(evidence: JobEvidence, catalog: Catalog, quiet: set[int], em
             # the report's progress per group stays where the logs have none.
             snaps[rank] = replace(read, groups=read.groups or reported.groups, host=read.host or reported.host,
                                   stack=reported.stack)
-    return [snaps[r] for r in sorted(snaps)]
+    return _in_log_order([snaps[r] for r in sorted(snaps)], collector)
+
+
+def _in_log_order(snaps: list[RankSnapshot], collector: RankCollector) -> list[RankSnapshot]:
+    """Ranks that each raised, in one log with no clock: the order they printed in is the order they failed.
+
+    Only within one input (across files, line numbers say nothing about time) and only when no own
+    error has a time; the times given are the summary's (or 0) plus a microsecond per line, for
+    ordering only.
+    """
+    own = [s for s in snaps if s.error is not None and not s.error.consequence]
+    if len(own) < 2 or any(s.error.time is not None and s.source != SOURCE for s in own):
+        return snaps
+    read = {s.rank: _own_error(collector.ranks[s.rank]) for s in own if s.rank in collector.ranks}
+    if len(read) != len(own) or any(r is None or r.time for r in read.values()) \
+            or len({r.order[0] for r in read.values()}) != 1:
+        return snaps
+    base = min((s.time for s in snaps if s.time is not None), default=0.0)
+    timed = {rank: base + r.order[1] * 1e-6 for rank, r in read.items()}
+    return [replace(s, error=replace(s.error, time=timed[s.rank])) if s.rank in timed else s for s in snaps]
 
 
 def _attribute(collector: RankCollector) -> None:

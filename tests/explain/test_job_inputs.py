@@ -131,3 +131,10 @@ def test_nccl_watchdog_lines_place_each_rank_and_name_the_one_that_never_came(tm
     causes = [c["cause"] for c in top.data["candidates"]]
     assert "straggler_rank" in causes[:2] and "rank_missing" in causes[:2]
     assert "allreduce #59958" in top.title and top.confidence < 0.8
+
+
+def test_of_two_ranks_that_raised_in_one_log_without_a_clock_the_first_printed_is_the_cause():
+    first = prefixed(3, RAISED.replace("ValueError: bad batch on rank 1", "ZeroDivisionError: division by zero"))
+    later = prefixed(0, RAISED.replace("ValueError: bad batch on rank 1", "KeyError: 'x'"))
+    top = explain_text("\n".join(first + later) + "\n").findings[0]
+    assert (top.cause, top.ranks) == ("worker_exception", (3,)) and "ZeroDivisionError" in top.title
