@@ -18,7 +18,7 @@ from distdoctor.explain.reader import LogInputError, LogSource, open_sources
 from distdoctor.explain.reason import findings_from, skipped_finding
 from distdoctor.explain.scan import Accumulator, Scanner
 from distdoctor.explain.job import job_findings
-from distdoctor.explain.snapshots import JobEvidence, build_snapshots, error_lines
+from distdoctor.explain.snapshots import JobEvidence, anonymous_error, build_snapshots, error_lines
 from distdoctor.explain.structured import read_structured
 from distdoctor.core.report import Report, WorldSummary, build_report
 import io
@@ -63,7 +63,8 @@ def explain_files(
     acc.quiet_ranks -= {r for r, t in evidence.collector.ranks.items() if t.errors or t.error_file}
     findings = findings_from(acc, catalog)
     snaps = build_snapshots(evidence, catalog, quiet=acc.quiet_ranks, empty=acc.empty_ranks)
-    findings = job_findings(snaps, findings, acc, catalog, error_lines(evidence.collector))
+    anonymous = anonymous_error(evidence.collector, snaps, catalog)
+    findings = job_findings(snaps, findings, acc, catalog, error_lines(evidence.collector), anonymous)
     if skipped:
         findings.append(skipped_finding(skipped, catalog))
     order = {id(f): i for i, f in enumerate(findings)}

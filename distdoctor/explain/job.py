@@ -21,7 +21,7 @@ from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis import kinds as job_kinds
 from distdoctor.diagnosis.diagnose import diagnose
 from distdoctor.diagnosis.frames import is_user_file
-from distdoctor.diagnosis.snapshot import EXITED, RankSnapshot
+from distdoctor.diagnosis.snapshot import EXITED, RaisedError, RankSnapshot
 from distdoctor.explain.candidates import Ranked, apply_cues, describe
 from distdoctor.explain.catalog import Catalog
 from distdoctor.explain.scan import Accumulator
@@ -84,16 +84,21 @@ OPEN: dict[str, list[tuple[str, float, str, str]]] = {
 CONFIDENCE = {"job.E001": 0.9, "job.E006": 0.9, "job.E007": 0.9, "job.E008": 0.9}
 RAISED_IN_LIBRARY = 0.75   # an own exception raised inside torch or another library: the message decides
 NO_TRACEBACK = 0.7         # an exception known only by its message (an error file, torchrun's summary)
+ANONYMOUS_WITH_FRAME = 0.75  # an exception with its traceback, but no rank: which process is not known
 
 
 def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc: Accumulator,
-                 catalog: Catalog, error_lines: dict[int, set[tuple[str, int]]] | None = None) -> list[Finding]:
+                 catalog: Catalog, error_lines: dict[int, set[tuple[str, int]]] | None = None,
+                 anonymous: tuple[RaisedError, tuple[str, int]] | None = None) -> list[Finding]:
     """The log findings with the job's verdict merged in, most likely cause first.
 
     error_lines: per rank, the (file, line) of the exceptions its logs show (to tell the catalog's
-    reading of that very line from other lines).
+    reading of that very line from other lines). anonymous: an exception of the job's own code that
+    no rank prefix or file names (a process's plain output), used when no rank raised one.
     """
     verdict = diagnose(snaps) if snaps else []
+    if anonymous is not None and not any(f.id == job_kinds.EXCEPTION.id for f in verdict[:1]):
+        verdict = [_anonymous_verdict(anonymous[0])]
     if verdict and verdict[0].id == job_kinds.HANG.id and (
             len(snaps) < 2 or _peer_gone(snaps) or any(f.data.get("signature") for f in log_findings)):
         # "Every rank waits" says no more than the timeouts it was read from, and less when the logs
@@ -107,6 +112,8 @@ def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc
     primary, extra = verdict[0], verdict[1:]
     first = _first_snapshot(primary, snaps)
     lines = (error_lines or {}).get(first.rank, set()) if first is not None else set()
+    if first is None and anonymous is not None:
+        lines = {anonymous[1]}
     specific = _specific_log_cause(primary, lines, log_findings)
     folded = [f for f in log_findings if f is not specific and _folds(f, primary)]
     kept = [f for f in log_findings if f is not specific and f not in folded]
@@ -115,6 +122,15 @@ def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc
     else:
         top = _verdict(primary, first, snaps, folded, acc, catalog)
     return [top] + [_recorder(f) for f in extra] + kept
+
+
+def _anonymous_verdict(error: RaisedError) -> Finding:
+    where = f" at {error.frame.label}" if error.frame else ""
+    return job_kinds.EXCEPTION(
+        f"A process raised {error.type}: {error.message}"[:300] + where,
+        detail=f"The job's code raised {error.type}" + (f" at {error.frame.describe()}" if error.frame else "")
+        + (f": {error.message}" if error.message else "") + "; no rank prefix or file names which rank printed it.",
+        data={"anonymous_error": error.to_dict()}, check=CHECK_NAME)
 
 
 def _first_snapshot(finding: Finding, snaps: Sequence[RankSnapshot]) -> RankSnapshot | None:
@@ -215,6 +231,9 @@ def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Se
                          acc: Accumulator, catalog: Catalog) -> tuple[FindingKind, float, list[Ranked]]:
     own = _job_kind(primary.id)
     if primary.id == job_kinds.EXCEPTION.id:
+        if first is None and primary.data.get("anonymous_error"):
+            raised = RaisedError.from_dict(primary.data["anonymous_error"])
+            return own, ANONYMOUS_WITH_FRAME if raised and raised.frame else NO_TRACEBACK, []
         return own, _exception_confidence(first), []
     if primary.id not in OPEN:
         return own, CONFIDENCE.get(primary.id, 0.6), []

@@ -35,6 +35,7 @@ _PREFIX = re.compile(
     r"(?:\[(?:default|rank)(?P<tr>\d{1,7})\]:"            # torchrun --tee / torch's [rankN]:
     r"|\[\d{1,7},(?P<mpi>\d{1,7})\]<(?:stdout|stderr|stddiag)>:"  # mpirun --tag-output
     r"|(?P<srun> {0,6}\d{1,7}): )")                       # srun -l
+_SPAWNED = re.compile(r"-- Process (\d{1,7}) terminated with the following error:\s*$")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]{1,500})", line (?P<line>\d{1,9})(?:, in (?P<fn>.{1,200}))?')
 _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]{0,200})(?::(?P<msg>.*))?$")
 _SUMMARY_RANK = re.compile(r"rank\s*:\s*(?P<rank>\d{1,7}) \(local_rank: (?P<local>\d{1,7})\)")
@@ -181,6 +182,10 @@ class RankCollector:
             start = block.rfind("\n", 0, pos) + 1
             prefix = block[start:pos]
             rank, _ = split_prefix(prefix)
+            if rank is None and not prefix:
+                # torch.multiprocessing.spawn: "-- Process 3 terminated with the following error:" above it.
+                spawned = _SPAWNED.search(block[max(0, start - 200):start])
+                rank = int(spawned.group(1)) if spawned else None
             if prefix.strip().startswith("traceback") and prefix.rstrip().endswith(":"):
                 # torchrun's summary quotes the error file's traceback, indented, under its rank's entry.
                 entry = _last(_SUMMARY_RANK, block[max(0, start - 600):start])

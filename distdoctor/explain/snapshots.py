@@ -235,3 +235,17 @@ def error_lines(collector: RankCollector) -> dict[int, set[tuple[str, int]]]:
     """Per rank, where its exceptions were read (file, line)."""
     return {rank: {(e.file, e.line) for e in (*text.errors, *text.bare)}
             for rank, text in collector.ranks.items() if text.errors or text.bare}
+
+
+def anonymous_error(collector: RankCollector, snaps: list[RankSnapshot],
+                    catalog: Catalog) -> tuple[RaisedError, tuple[str, int]] | None:
+    """The first exception raised in the job's own code that no rank claims (and where it was read),
+    when no rank raised one itself. An exception with no frame of the user's code is the launcher's
+    (torchrun's RendezvousTimeoutError) or a library's, not the job's."""
+    if any(s.error is not None and not s.error.consequence for s in snaps):
+        return None
+    for raised in collector.unattributed:
+        error, frame, consequence = _error(raised, catalog, datetime.now().year)
+        if frame is not None and not consequence:
+            return error, (raised.file, raised.line)
+    return None

@@ -138,3 +138,17 @@ def test_of_two_ranks_that_raised_in_one_log_without_a_clock_the_first_printed_i
     later = prefixed(0, RAISED.replace("ValueError: bad batch on rank 1", "KeyError: 'x'"))
     top = explain_text("\n".join(first + later) + "\n").findings[0]
     assert (top.cause, top.ranks) == ("worker_exception", (3,)) and "ZeroDivisionError" in top.title
+
+
+def test_an_exception_no_rank_claims_is_still_the_cause_of_the_peer_failures_after_it():
+    text = RAISED.replace("ValueError: bad batch on rank 1", "KeyError: 'labels'") + PEER
+    top = explain_text(text).findings[0]
+    assert top.cause == "worker_exception" and "KeyError" in top.title and "/work/train.py:31" in top.title
+    assert 0.5 <= top.confidence < 0.8  # which process raised it, no line says
+    assert any(c["signature"] == "gloo_peer_lost" for c in top.data["consequences"])
+
+
+def test_torch_multiprocessing_spawns_process_index_names_the_rank():
+    text = "\n\n-- Process 2 terminated with the following error:\n" + RAISED
+    top = explain_text(text).findings[0]
+    assert (top.cause, top.ranks) == ("worker_exception", (2,)) and "/work/train.py:31" in top.title
