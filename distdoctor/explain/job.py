@@ -154,7 +154,7 @@ def _specific_log_cause(primary: Finding, lines: set[tuple[str, int]], log: list
         same_rank = bool(set(finding.ranks) & set(primary.ranks))
         if primary.id == job_kinds.EXCEPTION.id:
             confident = (finding.confidence or 0) >= SPECIFIC and (same_rank or not finding.ranks)
-            if finding.cause != "unknown" and (on_line or confident):
+            if finding.cause not in ("unknown", primary.cause) and (on_line or confident):
                 return finding
         elif same_rank or (role == "cause" and not finding.ranks and (finding.confidence or 0) >= SPECIFIC):
             return finding
