@@ -119,10 +119,13 @@ def test_an_exception_that_no_signature_reads_is_the_failure_named():
     text += "Traceback (most recent call last):\n  File \"train.py\", line 3\nKeyError: 'labels'\n"
     text += "".join(f"step {i} loss 0.1\n" for i in range(10))
     report = explain_text(text)
-    assert [f.id for f in report.findings] == ["log.E037"]
+    assert [f.id for f in report.findings] == ["job.E001"]
     top = report.findings[0]
-    assert top.cause == "worker_exception" and top.confidence < 0.8  # no rank, no frame: the message only
-    assert "KeyError: 'labels'" in top.title and any("KeyError" in e["text"] for e in top.data["evidence"])
+    assert top.cause == "worker_exception" and top.confidence < 0.8  # no rank: which process, no line says
+    assert "KeyError: 'labels'" in top.title and "train.py:3" in top.title
+    # An exception line alone (no traceback, no rank) is named too, with less confidence.
+    alone = explain_text("step 1\nKeyError: 'labels'\n").findings[0]
+    assert (alone.id, alone.cause) == ("log.E037", "worker_exception") and alone.confidence <= 0.5
 
 
 def test_nothing_matched_is_unknown_with_the_relevant_lines():
