@@ -525,6 +525,49 @@ def guard(
         fail_usage(f"cannot run {command[0]}: {exc.strerror or exc}")
 
 
+STACKS_PANEL = "What to look at"
+
+
+@app.command()
+def stacks(
+    pids: Annotated[Optional[list[int]], typer.Argument(help="PIDs of ranks, or of their launcher (torchrun, srun, mpirun); none: every torch.distributed job on this node.", show_default=False)] = None,
+    native: Annotated[bool, typer.Option("--native", help="Also read C/C++ frames (py-spy --native; pauses each thread for the milliseconds of the dump, sends no signal).", rich_help_panel=STACKS_PANEL)] = False,
+    slurm_job: Annotated[Optional[str], typer.Option("--slurm-job", metavar="JOBID", help="Look at every node of this SLURM job (srun --overlap) and merge one report.", rich_help_panel=STACKS_PANEL)] = None,
+    slurm_node: Annotated[Optional[str], typer.Option("--slurm-node", hidden=True, help="One node's part of --slurm-job: only that job's ranks.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds py-spy may take per rank (ranks are read in parallel).", rich_help_panel=STACKS_PANEL)] = 10.0,
+    fmt: Annotated[Optional[str], _option("format", "--format", "-f", panel=OUTPUT_PANEL, metavar="FORMAT")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.", rich_help_panel=OUTPUT_PANEL)] = None,
+    fail_level: Annotated[Optional[str], _option("fail_level", "--fail-level", panel=POLICY_PANEL, metavar="LEVEL")] = None,
+    silence: Annotated[Optional[list[str]], _option("silence", "--silence", panel=POLICY_PANEL, metavar="ID")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every detail line and every rank read.", rich_help_panel=OUTPUT_PANEL)] = False,
+) -> None:
+    """Read every rank's stack of a running (hung) job with py-spy, group them, and name the odd rank.
+
+    Read-only: no signal is sent and nothing is written into the job, which keeps running.
+    Finds the job's ranks from their environment (RANK, TORCHELASTIC_*, SLURM_PROCID ...) and
+    launchers; names the rank that is late (and its line), the ranks that ended, or the
+    collective every rank waits in. Exit codes: 0 nothing at or above --fail-level; 1 findings
+    at or above it; 2 usage error. See docs/stacks.md.
+    """
+    try:
+        config = load_config({"format": fmt, "fail_level": fail_level, "silence": silence}, cli_flags=CLI_FLAGS)
+    except ConfigError as exc:
+        fail_usage(str(exc))
+    if not 0.5 <= timeout <= 600:
+        fail_usage(f"--timeout: {timeout:g}s is out of range (0.5 to 600 seconds per rank)")
+    if slurm_job and (pids or slurm_node):
+        fail_usage("--slurm-job looks at every node of the job: give no PIDs with it")
+    from distdoctor.stacks import look, look_slurm_job  # each command loads only its own logic: start-up stays light
+
+    if slurm_job:
+        report = look_slurm_job(slurm_job, native=native, timeout_s=timeout, silence=config.silence)
+    else:
+        job_filter = {"SLURM_JOB_ID": slurm_node} if slurm_node else None
+        report = look(pids or (), native=native, timeout_s=timeout, silence=config.silence, job_filter=job_filter)
+    render_report(report, config.format, output, verbose=verbose, quiet=False)
+    raise typer.Exit(report.exit_code(config.fail_level))
+
+
 LINT_FORMATS = ("rich", "json", "markdown", "sarif")
 
 

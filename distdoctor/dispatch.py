@@ -176,7 +176,7 @@ def diagnose(
 
 def load_every_kind(config: Config) -> Registry:
     """The registry with every finding ID declared: the checks', and those only `explain` (log.*),
-    the embedded API (pre.*, init.*, spec.*, guard.*), `bench` (bench.*), `lint` (lint.*) and the job diagnosis (job.*) emit — for
+    the embedded API (pre.*, init.*, spec.*, guard.*), `bench` (bench.*), `lint` (lint.*), `stacks` (stacks.*) and the job diagnosis (job.*) emit — for
     `list`, `show` and the docs."""
     from distdoctor.core.engine import load_registry  # a local-only run loads nothing of the other paths
 
@@ -188,5 +188,6 @@ def load_every_kind(config: Config) -> Registry:
     import distdoctor.embedded.setup_checks  # noqa: F401
     import distdoctor.explain  # noqa: F401
     import distdoctor.lint  # noqa: F401
+    import distdoctor.stacks  # noqa: F401
 
     return load_registry(config)

@@ -75,16 +75,13 @@ def _op_text(group: str, op: PendingOp | None) -> str:
     return f"{op.describe() if op else 'a collective'} of {group_label(group)}"
 
 
-def _waits(snap: RankSnapshot) -> bool:
-    """In a collective: alive and waiting in one, or failed inside one with a peer's failure.
+def _blocked(snap: RankSnapshot) -> bool:
+    """Waiting in a collective, or failed in one because of a peer (its error is a consequence).
 
-    A log or a launcher sees the second: the rank that waited gave up (a timeout, "Connection
-    closed by peer") and ended; for the job it was one of the ranks left waiting.
-    """
-    if snap.waiting:
-        return True
-    return (snap.error is not None and snap.error.consequence
-            and (bool(snap.in_collective) or any(g.waiting for g in snap.groups)))
+    A rank that left the job waits in nothing, whatever its recorder still shows pending."""
+    if snap.status == FINISHED:
+        return False
+    return snap.waiting or (snap.error is not None and snap.error.consequence)
 
 
 MAX_LISTED = 16  # ranks described one by one in a detail line; a 1024-rank job names the rest by count
@@ -101,8 +98,8 @@ def _waiters_text(waiting: Sequence[RankSnapshot]) -> str:
     for snap in waiting[:MAX_LISTED + 1]:
         group, op = _waiting_op(snap)
         if not snap.waiting and snap.error is not None:
-            parts.append(f"rank {snap.rank} failed in {_op_text(group, op)}{_where(snap)} with {snap.error.type}"
-                         + (f": {snap.error.message[:160]}" if snap.error.message else ""))
+            parts.append(f"rank {snap.rank} failed in {_op_text(group, op)}{_where(snap)} with {snap.error.type}: "
+                         f"{snap.error.message}"[:400])
             continue
         since = f" for {op.age_s:.1f} s" if op and op.age_s is not None else ""
         parts.append(f"rank {snap.rank} waits in {_op_text(group, op)}{_where(snap)}{since}")
@@ -201,7 +198,7 @@ def _consequence_text(snap: RankSnapshot) -> str:
         return f"rank {snap.rank} {'failed' if snap.error.consequence else 'also raised'} with {snap.error.describe()}"
     if snap.status in (KILLED, EXITED) and snap.exit_code not in (None, 0):
         return f"rank {snap.rank} {_exit_text(snap)}"
-    if _waits(snap):
+    if _blocked(snap):
         return _waiters_text([snap])
     return ""
 
@@ -209,8 +206,8 @@ def _consequence_text(snap: RankSnapshot) -> str:
 # -- 2-4. a rank that left, went silent or is late -------------------------------------------------
 
 def _left_early(snaps: Sequence[RankSnapshot]) -> Finding | None:
-    waiting = [s for s in snaps if _waits(s)]
-    left = [s for s in snaps if not _waits(s) and (s.status == FINISHED or (s.status == EXITED and s.exit_code == 0))]
+    waiting = [s for s in snaps if _blocked(s)]
+    left = [s for s in snaps if not _blocked(s) and (s.status == FINISHED or (s.status == EXITED and s.exit_code == 0))]
     if not waiting or not left:
         return None
     group, op = _waiting_op(waiting[0])
@@ -226,14 +223,16 @@ def _left_early(snaps: Sequence[RankSnapshot]) -> Finding | None:
 
 
 def _missing(snaps: Sequence[RankSnapshot]) -> Finding | None:
-    waiting = [s for s in snaps if _waits(s)]
-    silent = [s for s in snaps if not _waits(s) and (s.status in (UNREACHABLE, UNKNOWN)
-                                                     or (s.status == KILLED and s.exit_code is not None))]
+    waiting = [s for s in snaps if _blocked(s)]
+    # An exit whose status the source did not see (the launcher reaped it) is missing too.
+    silent = [s for s in snaps if not _blocked(s) and (
+        s.status in (UNREACHABLE, UNKNOWN) or (s.status == KILLED and s.exit_code is not None)
+        or (s.status == EXITED and s.exit_code is None))]
     if not waiting or not silent:
         return None
     group, op = _waiting_op(waiting[0])
     title = (f"Rank{'s' if len(silent) > 1 else ''} {', '.join(str(s.rank) for s in silent)} "
-             f"{'did not answer' if all(s.status != KILLED for s in silent) else 'ended'} while the others wait in {_op_text(group, op)}")
+             f"{'did not answer' if all(s.status not in (KILLED, EXITED) for s in silent) else 'ended'} while the others wait in {_op_text(group, op)}")
     lines = [f"rank {s.rank}{' on ' + s.host if s.host else ''} {_exit_text(s)}"
              + (f" ({'; '.join(s.notes)})" if s.notes else "") for s in silent]
     lines.append(_waiters_text(waiting))
@@ -243,8 +242,8 @@ def _missing(snaps: Sequence[RankSnapshot]) -> Finding | None:
 
 
 def _straggler(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Finding | None:
-    waiting = [s for s in snaps if _waits(s)]
-    idle = [s for s in snaps if s.status == RUNNING and not _waits(s)]
+    waiting = [s for s in snaps if _blocked(s)]
+    idle = [s for s in snaps if s.status == RUNNING and not s.waiting]
     if not waiting or not idle:
         return None
     group, op = _waiting_op(waiting[0])
@@ -336,7 +335,7 @@ def _diverged(snaps: Sequence[RankSnapshot]) -> Finding | None:
 
 
 def _all_waiting(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Finding | None:
-    waiting = [s for s in snaps if _waits(s)]
+    waiting = [s for s in snaps if _blocked(s)]
     if not waiting or len(waiting) != len(snaps):
         return None
     group, op = _waiting_op(waiting[0])

@@ -136,9 +136,10 @@ def test_a_rank_that_failed_inside_a_collective_with_a_peers_failure_counts_as_w
     assert only(diagnose([failed_waiting(0), failed_waiting(1)])).id == "job.E009"
 
 
-def test_a_peers_failure_without_a_collective_is_not_waiting():
-    peer = RankSnapshot(0, status="raised", error=RaisedError("RuntimeError", "Connection closed by peer", consequence=True))
-    assert diagnose([peer, RankSnapshot(1, status="exited", exit_code=0)]) == []
+def test_a_rank_that_left_the_job_waits_in_nothing_whatever_its_error():
+    left = RankSnapshot(0, status="finished", error=RaisedError("RuntimeError", "Connection closed by peer",
+                                                                  consequence=True))
+    assert diagnose([left, RankSnapshot(1, status="exited", exit_code=0)]) == []
 
 
 def test_a_thousand_ranks_are_listed_by_count_beyond_the_first_few():
@@ -146,3 +147,11 @@ def test_a_thousand_ranks_are_listed_by_count_beyond_the_first_few():
     finding = only(diagnose([raised] + [failed_waiting(r) for r in range(1, 1024)]))
     assert finding.id == "job.E001" and "… and 1007 more ranks" in finding.detail
     assert len(finding.detail) < 20_000
+
+
+def test_a_rank_that_ended_with_an_exit_status_nobody_saw_is_missing():
+    # `distdoctor stacks` finds no process of rank 1 (its launcher reaped it): ended, code unknown.
+    gone = RankSnapshot(1, status="exited", notes=("no process of this rank on this node",))
+    finding = only(diagnose([waiting(0), gone]))
+    assert (finding.id, finding.cause, finding.ranks) == ("job.E004", "rank_missing", (1,))
+    assert "ended while the others wait" in finding.title and "no process of this rank" in finding.detail

@@ -1,0 +1,73 @@
+"""Whether a rank's process runs, is a zombie (with its exit status) or is gone, from /proc only."""
+
+# A zombie's exit status is readable by anyone who may read /proc/PID/stat: its 52nd field is
+# the status in waitpid's form (Linux >= 3.5), so a rank that died but was not yet reaped by its
+# launcher (torchrun polls its workers every --monitor-interval seconds) is named with its code
+# or signal without waiting on it (only the parent may, and that would reap it under its feet).
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+import psutil
+
+from distdoctor.diagnosis.snapshot import EXITED, KILLED, RUNNING, UNKNOWN
+
+_STAT_EXIT_FIELD = 52
+
+
+@dataclass(frozen=True)
+class ProcState:
+    status: str                    # a diagnosis.snapshot status
+    exit_code: int | None = None   # the code, or minus the signal number
+    note: str = ""
+
+
+def _exit_status(pid: int) -> int | None:
+    """The waitpid status a zombie left in /proc/PID/stat, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            text = fh.read()
+        # The command name (field 2) may hold spaces and parentheses: count fields after its ')'.
+        fields = text[text.rindex(")") + 2:].split()
+        return int(fields[_STAT_EXIT_FIELD - 3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def decode_wait_status(status: int) -> tuple[str, int]:
+    """waitpid status -> (EXITED, code) or (KILLED, -signal)."""
+    if os.WIFSIGNALED(status):
+        return KILLED, -os.WTERMSIG(status)
+    return EXITED, os.WEXITSTATUS(status)
+
+
+def _signal_text(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def read_state(pid: int) -> ProcState:
+    """running / a zombie's exit / gone; never raises."""
+    try:
+        status = psutil.Process(pid).status()
+    except psutil.NoSuchProcess:
+        return ProcState(EXITED, None, "its process is gone (reaped by its launcher: the exit status was not seen)")
+    except psutil.Error as exc:
+        return ProcState(UNKNOWN, None, f"its state is not readable: {exc}")
+    if status == psutil.STATUS_ZOMBIE:
+        raw = _exit_status(pid)
+        if raw is None:
+            return ProcState(EXITED, None, "a zombie (ended, not yet reaped by its launcher); exit status not readable")
+        state, code = decode_wait_status(raw)
+        how = f"killed by {_signal_text(code)}" if state == KILLED else f"exited with code {code}"
+        return ProcState(state, code, f"a zombie: it {how} and its launcher has not reaped it yet")
+    if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+        return ProcState(RUNNING, None, f"its process is {status} (SIGSTOP, or a debugger holds it)")
+    if status == psutil.STATUS_DEAD:
+        return ProcState(EXITED, None, "its process is ending")
+    return ProcState(RUNNING)
