@@ -9,8 +9,9 @@
 #   TORCH_FR_DUMP_TEMP_FILE<rank> holds (plain dicts and lists: it is read with an unpickler that
 #   refuses every class, so a hostile pickle cannot run code), or the JSON of _dump_fr_trace_json.
 #   Its rank is the trailing number of its name (torch's own reader does the same).
-# - distdoctor's reports whose findings carry `snapshots` (the guard's hang reports, `stacks`): the
-#   snapshots are read back (RankSnapshot.from_dict never trusts its input).
+# - distdoctor's reports whose findings carry `snapshots` (the guard's hang reports, `stacks`), and
+#   bare snapshots (the guard's --report-dir snapshots/rank<R>.json): read back with
+#   RankSnapshot.from_dict, which never trusts its input.
 # A file that looks like one of these and is broken (truncated, corrupt) is skipped and named.
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def read_structured(source: LogSource, evidence: JobEvidence) -> str | None:
         _add_dump(source, first, evidence)
         consume(source)
         return "flight-recorder dump (JSON)"
+    snapshot = _bare_snapshot(first) if len(objects) == 1 else None
+    if snapshot is not None:
+        # The runtime guard's --report-dir writes each rank's RankSnapshot as snapshots/rank<R>.json.
+        evidence.reported.append(snapshot)
+        consume(source)
+        return "rank snapshot"
     if isinstance(first, dict) and "message" in first and len(objects) == 1:
         if _add_error_file(source, first, evidence):
             consume(source)
@@ -136,6 +143,15 @@ def _iso(stamp: Any) -> str | None:
         return datetime.fromtimestamp(int(stamp)).isoformat(sep=" ")
     except (TypeError, ValueError, OverflowError, OSError):
         return None
+
+
+def _bare_snapshot(obj: Any) -> RankSnapshot | None:
+    """A RankSnapshot's JSON (to_dict) on its own: a rank, a status, and no report or dump keys."""
+    if not isinstance(obj, dict) or "schema" in obj or "status" not in obj or "rank" not in obj:
+        return None
+    if not ({"groups", "stack", "error", "source"} & set(obj)):
+        return None
+    return RankSnapshot.from_dict(obj)
 
 
 def _report_snapshots(obj: Any) -> list[RankSnapshot]:

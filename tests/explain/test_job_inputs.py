@@ -152,3 +152,19 @@ def test_torch_multiprocessing_spawns_process_index_names_the_rank():
     text = "\n\n-- Process 2 terminated with the following error:\n" + RAISED
     top = explain_text(text).findings[0]
     assert (top.cause, top.ranks) == ("worker_exception", (2,)) and "/work/train.py:31" in top.title
+
+
+def test_a_guard_report_directory_of_snapshots_and_dumps_is_one_job(tmp_path):
+    """The layout the guard's --report-dir writes: snapshots/rank<R>.json, flight_recorder/..._rank_<R>."""
+    from distdoctor.diagnosis.snapshot import Frame, GroupProgress, PendingOp, RankSnapshot
+
+    (tmp_path / "snapshots").mkdir()
+    waiting = RankSnapshot(0, status="running", where=Frame("train.py", 25, "main"), source="guard",
+                           groups=(GroupProgress("0", (0, 1), 12, 11, PendingOp("all_reduce", 12)),))
+    late = RankSnapshot(1, status="running", where=Frame("train.py", 18, "main", "time.sleep(120)"), source="guard",
+                        groups=(GroupProgress("0", (0, 1), 11, 11),))
+    for snap in (waiting, late):
+        (tmp_path / "snapshots" / f"rank{snap.rank}.json").write_text(json.dumps(snap.to_dict()))
+    top = explain_files([str(tmp_path)]).findings[0]
+    assert (top.id, top.cause, top.ranks) == ("job.E002", "straggler_rank", (1,))
+    assert "all_reduce #12" in top.title and "train.py:18" in top.title
