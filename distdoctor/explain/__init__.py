@@ -17,7 +17,7 @@ from distdoctor.explain.own_reports import read_reports
 from distdoctor.explain.reader import LogInputError, LogSource, open_sources
 from distdoctor.explain.reason import findings_from, skipped_finding
 from distdoctor.explain.scan import Accumulator, Scanner
-from distdoctor.explain.job import job_findings
+from distdoctor.explain.job import job_findings, rank_config_finding
 from distdoctor.explain.snapshots import JobEvidence, anonymous_error, build_snapshots, error_lines
 from distdoctor.explain.structured import read_structured
 from distdoctor.core.report import Report, WorldSummary, build_report
@@ -65,6 +65,9 @@ def explain_files(
     snaps = build_snapshots(evidence, catalog, quiet=acc.quiet_ranks, empty=acc.empty_ranks)
     anonymous = anonymous_error(evidence.collector, snaps, catalog)
     findings = job_findings(snaps, findings, acc, catalog, error_lines(evidence.collector), anonymous)
+    disagreement = rank_config_finding(evidence.collector, catalog)
+    if disagreement is not None:
+        findings.insert(0, disagreement)  # the job was not one world: what failed afterwards follows from it
     if skipped:
         findings.append(skipped_finding(skipped, catalog))
     order = {id(f): i for i, f in enumerate(findings)}

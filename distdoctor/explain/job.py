@@ -24,6 +24,7 @@ from distdoctor.diagnosis.frames import is_user_file
 from distdoctor.diagnosis.snapshot import EXITED, RaisedError, RankSnapshot
 from distdoctor.explain.candidates import Ranked, apply_cues, describe
 from distdoctor.explain.catalog import Catalog
+from distdoctor.explain.ranks import RankCollector
 from distdoctor.explain.scan import Accumulator
 
 CHECK_NAME = "explain"
@@ -325,3 +326,39 @@ def _add_job(specific: Finding, primary: Finding, folded: list[Finding]) -> Find
 def _recorder(finding: Finding) -> Finding:
     """A mismatch the recorder's history shows beside the verdict: specific evidence."""
     return finding.with_(check=CHECK_NAME, confidence=CONFIDENCE.get(finding.id, 0.6))
+
+
+RANK_CONFIG_CONFIDENCE = 0.85
+
+
+def rank_config_finding(collector: RankCollector, catalog: Catalog) -> Finding | None:
+    """Ranks that disagree about the job: different world sizes on their own lines, or one rank
+    that torchrun's summaries put on two hosts (two processes claimed it)."""
+    said = {rank: next(iter(t.world_sizes)) for rank, t in collector.ranks.items() if len(t.world_sizes) == 1}
+    claimed = {rank: sorted(t.summary_hosts) for rank, t in collector.ranks.items() if len(t.summary_hosts) > 1}
+    by_size: dict[int, list[int]] = {}
+    for rank, size in said.items():
+        by_size.setdefault(size, []).append(rank)
+    if len(by_size) < 2 and not claimed:
+        return None
+    kind = catalog.kinds["log.E035"]
+    lines = [f"rank{'s' if len(r) > 1 else ''} {format_ranks(r)}: world size {size}" for size, r in sorted(by_size.items())]
+    lines += [f"rank {rank} was reported by torchrun on {' and '.join(hosts)}" for rank, hosts in sorted(claimed.items())]
+    if len(by_size) > 1:
+        title = "Ranks disagree on the world size: " + "; ".join(lines[:len(by_size)])
+        ranks = [r for size, rs in by_size.items() if len(rs) < max(len(v) for v in by_size.values()) for r in rs]
+    else:
+        title = f"Rank {format_ranks(claimed)} was claimed by two processes (hosts {', '.join(next(iter(claimed.values())))})"
+        ranks = list(claimed)
+    return kind(
+        title[:400],
+        detail="\n".join(["What each rank's own lines say of the job:", *(f"  {line}" for line in lines[:16])]
+                         + ["Every timeout or lost peer that follows comes from ranks waiting for peers their "
+                            "world does not have (or has twice)."]),
+        remediation="Start every process with the same WORLD_SIZE (nnodes x nproc_per_node) and a distinct RANK: "
+        "the same --nnodes / --nproc-per-node on every node, a unique --node-rank, and one launcher per node "
+        "(not torchrun inside srun -n N).",
+        ranks=ranks or list(said), data={"signature": "ranks_disagree", "role": "cause",
+                                         "world_sizes": {str(k): sorted(v) for k, v in by_size.items()},
+                                         "claimed_twice": {str(k): v for k, v in claimed.items()}, "evidence": []},
+        check=CHECK_NAME, confidence=RANK_CONFIG_CONFIDENCE)

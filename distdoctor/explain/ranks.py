@@ -35,6 +35,7 @@ _PREFIX = re.compile(
     r"(?:\[(?:default|rank)(?P<tr>\d{1,7})\]:"            # torchrun --tee / torch's [rankN]:
     r"|\[\d{1,7},(?P<mpi>\d{1,7})\]<(?:stdout|stderr|stddiag)>:"  # mpirun --tag-output
     r"|(?P<srun> {0,6}\d{1,7}): )")                       # srun -l
+_WORLD_SIZE = re.compile(r"(?<![A-Za-z_])(?i:world[_ ]size)\s*[=:]?\s*(\d{1,7})(?!\d)")
 _SPAWNED = re.compile(r"-- Process (\d{1,7}) terminated with the following error:\s*$")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]{1,500})", line (?P<line>\d{1,9})(?:, in (?P<fn>.{1,200}))?')
 _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]{0,200})(?::(?P<msg>.*))?$")
@@ -108,6 +109,10 @@ class RankText:
     watchdog: dict[str, tuple[int, int | None, int | None]] = field(default_factory=dict)
     watchdog_ops: dict[int, str] = field(default_factory=dict)
     watchdog_line: str = ""
+    # What the rank said the job is: the world sizes its lines name, the hosts torchrun's summaries
+    # put it on (two hosts for one rank: two processes claimed it).
+    world_sizes: set[int] = field(default_factory=set)
+    summary_hosts: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -129,6 +134,7 @@ class RankCollector:
         self.ranks: dict[int, RankText] = {}
         self.summary_seen = False
         self.unattributed: list[RaisedText] = []
+        self._world_seen: list[int] = []
         self._pending: list[_Pending] = []
 
     def rank(self, number: int) -> RankText | None:
@@ -151,6 +157,8 @@ class RankCollector:
             self._summaries(block)
         if "atchdog" in block or "Timeout at NCCL work" in block:
             self._watchdog(block, rank_hint)
+        if "orld_size" in block or "orld size" in block or "ORLD_SIZE" in block:
+            self._world_sizes(block, rank_hint)
 
     # -- which ranks print --------------------------------------------------------------------
 
@@ -263,6 +271,25 @@ class RankCollector:
             text.bare.append(RaisedText(match["type"], clean_quote(match["msg"].strip()[:MAX_MESSAGE]), (), name,
                                         line_no, (index, line_no), time=_line_time(line)))
 
+    # -- what each rank thinks the world is ------------------------------------------------------
+
+    def _world_sizes(self, block: str, rank_hint: int | None) -> None:
+        """`world_size=4`, `WORLD_SIZE: 4`, `world size 4` on a rank's own lines (its prefix or its file).
+
+        torch's store barrier prints the world size it was given; so do most training scripts. The
+        number is bounded (7 digits) and only lines that name their rank count.
+        """
+        for match in _WORLD_SIZE.finditer(block):
+            if len(self._world_seen) >= MAX_WATCHDOG_LINES:
+                return
+            start = block.rfind("\n", 0, match.start()) + 1
+            rank, _ = split_prefix(block[start:match.start()])
+            rank = rank if rank is not None else rank_hint
+            text = self.rank(rank) if rank is not None else None
+            if text is not None and len(text.world_sizes) < 8:
+                text.world_sizes.add(int(match.group(1)))
+                self._world_seen.append(rank)
+
     # -- NCCL's watchdog ---------------------------------------------------------------------------
 
     def _watchdog(self, block: str, rank_hint: int | None) -> None:
@@ -320,6 +347,8 @@ class RankCollector:
         self.summary_seen = True
         when = _last(_SUMMARY_TIME, before)
         host = _last(_SUMMARY_HOST, before)
+        if host is not None and len(text.summary_hosts) < 8:
+            text.summary_hosts.add(clean_quote(host["host"]))
         efile = _SUMMARY_FILE.search(after)
         tb = _SUMMARY_TB.search(after)
         signal = re.search(r"\((SIG[A-Z0-9]{2,10})\)", after.split("\n", 1)[0])

@@ -168,3 +168,19 @@ def test_a_guard_report_directory_of_snapshots_and_dumps_is_one_job(tmp_path):
     top = explain_files([str(tmp_path)]).findings[0]
     assert (top.id, top.cause, top.ranks) == ("job.E002", "straggler_rank", (1,))
     assert "all_reduce #12" in top.title and "train.py:18" in top.title
+
+
+def test_ranks_that_disagree_on_the_world_size_are_named_before_their_timeouts(tmp_path):
+    timeout = ("[rank{r}]: torch.distributed.DistStoreError: Timed out initializing process group in store based "
+               "barrier on rank {r}, for key: store_based_barrier_key:1 (world_size={w}, num_workers_joined=3, "
+               "timeout=0:30:00, error=Socket Timeout)\n")
+    (tmp_path / "node0.log").write_text("".join(f"[rank{r}]: WORLD_SIZE=4 RANK={r}\n" + timeout.format(r=r, w=4)
+                                                for r in (0, 1)))
+    (tmp_path / "node1.log").write_text("[rank2]: WORLD_SIZE=2 RANK=2\n" + timeout.format(r=2, w=2))
+    report = explain_files([str(tmp_path / "node0.log"), str(tmp_path / "node1.log")])
+    top = report.findings[0]
+    assert (top.cause, top.ranks) == ("rank_config_error", (2,)) and top.confidence >= 0.8
+    assert "world size 2" in top.title and "world size 4" in top.title
+    # local_world_size is not the world size.
+    same = explain_text("[rank0]: local_world_size=2 world_size=4\n[rank1]: world_size=4\n").findings[0]
+    assert same.cause != "rank_config_error"
