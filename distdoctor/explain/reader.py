@@ -145,10 +145,10 @@ def directory_sources(path: Path, shown: str) -> list[LogSource]:
                 left += 1
                 continue
             try:
-                if not stat.S_ISREG(full.lstat().st_mode):
-                    continue  # links, FIFOs, sockets in a log folder are not logs (a FIFO would block)
+                if not stat.S_ISREG(full.stat().st_mode):
+                    continue  # FIFOs, sockets, devices in a log folder are not logs (a FIFO would block)
             except OSError:
-                continue
+                continue  # a dangling link, a file gone since the walk
             shown_name = strip_controls(str(Path(shown) / full.relative_to(path)))
             found.append(LogSource(name=shown_name, path=full, rank_hint=rank_from_name(full), in_directory=True))
         if left > MAX_DIRECTORY_FILES:

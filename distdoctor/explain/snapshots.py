@@ -20,8 +20,8 @@ from datetime import datetime
 from typing import Iterable
 
 from distdoctor.diagnosis.frames import user_frame
-from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNKNOWN, Frame, GroupProgress,
-                                           PendingOp, RaisedError, RankSnapshot)
+from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNKNOWN, UNREACHABLE, Frame,
+                                           GroupProgress, PendingOp, RaisedError, RankSnapshot)
 from distdoctor.explain.catalog import Catalog
 from distdoctor.explain.ranks import RaisedText, RankCollector, RankText, finished_line
 
@@ -192,7 +192,7 @@ def _status(text: RankText, has_error: bool, summary_complete: bool, empty: bool
         return RAISED, None
     if empty:
         notes.append("its log is empty")
-        return UNKNOWN, None
+        return UNREACHABLE, None  # gone without a trace, as far as what was given can tell
     if summary_complete and text.lines:
         notes.append("torchrun's failure summary does not list it: it exited 0")
         return EXITED, 0
