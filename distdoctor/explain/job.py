@@ -31,7 +31,8 @@ CHECK_NAME = "explain"
 SPECIFIC = 0.8
 # Catalog signatures that are torchrun's own account of a failure (its summary, the agent's line).
 LAUNCHER_SIGNATURES = ("child_failed_generic", "launcher_nonzero_exit", "rank_sigkill", "native_crash",
-                       "rank_sigbus", "terminate_called", "launcher_return_code_kill", "shell_killed")
+                       "rank_sigbus", "terminate_called", "launcher_return_code_kill", "shell_killed",
+                       "srun_task_exited")
 
 # What each verdict leaves open, read from logs: (cause, confidence, why, what tells it apart).
 OPEN: dict[str, list[tuple[str, float, str, str]]] = {
