@@ -29,6 +29,7 @@ from distdoctor.explain.scan import Accumulator
 
 CHECK_NAME = "explain"
 SPECIFIC = 0.8
+MAX_SNAPSHOTS = 64  # rank snapshots kept in a finding's data
 # Catalog signatures that are torchrun's own account of a failure (its summary, the agent's line).
 LAUNCHER_SIGNATURES = ("child_failed_generic", "launcher_nonzero_exit", "rank_sigkill", "native_crash",
                        "rank_sigbus", "terminate_called", "launcher_return_code_kill", "shell_killed",
@@ -205,6 +206,12 @@ def _verdict(primary: Finding, first: RankSnapshot | None, snaps: Sequence[RankS
         detail += ["What the logs also show (the same failure, or its consequences on the other ranks):", *lines]
     data: dict[str, Any] = {**primary.data, "signature": "job_" + primary.id.split(".")[-1].lower(), "role": "cause",
                             "job_finding": primary.id}
+    if len(data.get("snapshots") or ()) > MAX_SNAPSHOTS:
+        # A report stays readable for a 4096-rank job: the ranks named first, the rest counted.
+        named = set(primary.ranks) | set(data.get("consequences_ranks") or ())
+        kept = [x for x in data["snapshots"] if x.get("rank") in named][:MAX_SNAPSHOTS] or data["snapshots"][:MAX_SNAPSHOTS]
+        data["snapshots_left_out"] = len(data["snapshots"]) - len(kept)
+        data["snapshots"] = kept
     if folded_data:
         # The catalog's reading of this rank's own failure is the same failure; the rest is what followed.
         same = [f for f in folded_data if f["ranks"] and not set(f["ranks"]) - set(primary.ranks)]
