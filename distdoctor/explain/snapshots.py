@@ -183,6 +183,10 @@ def _status(text: RankText, has_error: bool, summary_complete: bool, empty: bool
     exit_ = text.exit
     if exit_ is not None and exit_.code is not None:
         if exit_.code == -15 and not has_error:
+            if finished_line(text.last_line):
+                # Its loop was over (it was tearing down) when the launcher's SIGTERM came.
+                notes.append(f"its last line says it finished ({text.last_line[:120]}) before the launcher's SIGTERM")
+                return FINISHED, None
             notes.append("ended by the launcher's SIGTERM after a peer failed: it was still running then")
             return RUNNING, None
         if exit_.code < 0:

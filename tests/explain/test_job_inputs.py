@@ -184,3 +184,40 @@ def test_ranks_that_disagree_on_the_world_size_are_named_before_their_timeouts(t
     # local_world_size is not the world size.
     same = explain_text("[rank0]: local_world_size=2 world_size=4\n[rank1]: world_size=4\n").findings[0]
     assert same.cause != "rank_config_error"
+
+
+SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-25_09:00:00
+  host      : node-a
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 101)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 101
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-25_09:00:00
+  host      : node-a
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 102)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_a_sigtermed_rank_whose_loop_was_over_left_the_job_and_one_still_working_is_late():
+    """torchrun SIGTERMs every survivor; what the rank printed last tells a finished loop from a late one."""
+    peer = "\n".join(f"[default1]:{line}" for line in prefixed(1, PEER)) + "\n"
+    finished = "[default0]:step 5\n[default0]:rank 0 done\n" + peer + SUMMARY
+    top = explain_text(finished).findings[0]
+    assert (top.cause, top.ranks) == ("uneven_inputs", (0,)), top.title
+    working = "[default0]:step 5\n[default0]:loading shard 7\n" + peer.replace(
+        "Connection closed by peer [10.0.0.2]:4455", "Timed out waiting 5000ms for recv operation to complete") + SUMMARY
+    top = explain_text(working).findings[0]
+    assert (top.cause, top.ranks) == ("straggler_rank", (0,)), top.title
