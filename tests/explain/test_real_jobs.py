@@ -83,8 +83,8 @@ def test_torchelastic_error_files_name_the_exception_and_its_line(jobs):
 
 
 def test_a_rank_that_finished_while_its_peer_waited_had_fewer_batches(jobs):
-    finding, _ = top([jobs["uneven"] / "console.log"])
-    assert (finding.cause, finding.ranks) == ("uneven_inputs", (0,)), finding
+    finding, report = top([jobs["uneven"] / "console.log"])
+    assert (finding.cause, finding.ranks) == ("uneven_inputs", (0,)), [(f.id, f.title, f.detail) for f in report.findings]
     assert "collective_mismatch" in causes(finding)[:3]
     # --log-dir has no exit codes: rank 0's last line ("done") says it finished.
     finding, _ = top([jobs["uneven"] / "logs"])
@@ -103,11 +103,18 @@ def test_a_rank_that_printed_no_error_while_its_peer_timed_out_is_the_straggler(
 
 def test_a_rank_killed_by_a_signal_is_named_without_claiming_the_oom_killer(jobs):
     finding, report = top([jobs["sigkill"] / "console.log"])
-    assert (finding.cause, finding.ranks) == ("oom_killed_rank", (1,)), finding
-    assert finding.confidence < 0.8 and "resource_limit" in causes(finding)
-    assert len([f for f in report.findings if f.severity >= finding.severity]) == 1
-    finding, _ = top([jobs["sigkill"] / "logs"])
-    assert finding.ranks == (1,) and {"rank_missing", "oom_killed_rank"} <= set(causes(finding)[:3])
+    titles = [(f.id, f.title) for f in report.findings]
+    assert (finding.cause, finding.ranks) == ("oom_killed_rank", (1,)), titles
+    assert finding.confidence < 0.8 and "resource_limit" in causes(finding), (finding.confidence, causes(finding))
+    assert len([f for f in report.findings if f.severity >= finding.severity]) == 1, titles
+    # --log-dir has no exit codes: the kill shows only as rank 0's lost peer, when rank 0 raised before
+    # torchrun's SIGTERM reached it (a race the launcher decides).
+    finding, report = top([jobs["sigkill"] / "logs"])
+    titles = [(f.id, f.title) for f in report.findings]
+    if any("by peer" in p.read_text() for p in (jobs["sigkill"] / "logs").rglob("stderr.log")):
+        assert finding.ranks == (1,) and {"rank_missing", "oom_killed_rank"} <= set(causes(finding)[:3]), titles
+    else:
+        assert finding.confidence is None or finding.confidence < 0.8, titles  # no file shows the kill
 
 
 @pytest.mark.parametrize("style", ["srun", "mpirun"])
