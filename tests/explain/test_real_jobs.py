@@ -65,8 +65,11 @@ def test_an_exception_in_one_rank_is_the_cause_and_its_peers_failure_a_consequen
     assert "ValueError" in finding.title and "bad batch on rank 1" in finding.title
     assert f"train_job.py:{RAISE_LINE}" in finding.title
     assert finding.confidence >= 0.8
-    # Rank 0's "Connection closed/reset by peer" is folded under it, not a finding that outranks it.
-    assert "rank 0" in finding.detail and "peer" in finding.detail
+    # Rank 0's "Connection closed/reset by peer" (when it raised before torchrun's SIGTERM reached it)
+    # is folded under it, not a finding that outranks it.
+    assert "rank 0" in finding.detail
+    if "by peer" in path.read_text() if path.is_file() else any("by peer" in p.read_text() for p in path.rglob("*.log")):
+        assert "by peer" in finding.detail
     assert all(f.cause != "rank_missing" for f in report.findings)
     assert "without its error" not in finding.title + finding.detail
 
