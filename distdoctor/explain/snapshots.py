@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Iterable
 
 from distdoctor.diagnosis.frames import user_frame
-from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNKNOWN, UNREACHABLE, Frame,
+from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNREACHABLE, Frame,
                                            GroupProgress, PendingOp, RaisedError, RankSnapshot)
 from distdoctor.explain.catalog import Catalog
 from distdoctor.explain.ranks import RaisedText, RankCollector, RankText, finished_line
@@ -204,7 +204,7 @@ def _status(text: RankText, has_error: bool, summary_complete: bool, empty: bool
         notes.append(f"its last line says it finished: {text.last_line[:120]}")
         return FINISHED, None
     notes.append("its log ends without an error" + (f" (last line: {text.last_line[:120]})" if text.last_line else ""))
-    return UNKNOWN, None
+    return UNREACHABLE, None  # it fell silent: what it was doing, nothing given says
 
 
 def _summary_year(collector: RankCollector) -> int | None:
