@@ -184,7 +184,7 @@ def load_every_kind(config: Config) -> Registry:
     import distdoctor.bench.kinds  # noqa: F401
     import distdoctor.diagnosis.kinds  # noqa: F401
     import distdoctor.embedded.bounded_init  # noqa: F401
-    import distdoctor.embedded.guard_findings  # noqa: F401
+    import distdoctor.embedded.guard.findings  # noqa: F401
     import distdoctor.embedded.setup_checks  # noqa: F401
     import distdoctor.explain  # noqa: F401
     import distdoctor.lint  # noqa: F401

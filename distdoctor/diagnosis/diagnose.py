@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import signal
 from collections import Counter
+from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
 from distdoctor.core.findings import Finding
 from distdoctor.diagnosis import kinds
+from distdoctor.diagnosis.frames import is_user_file
 from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNKNOWN, UNREACHABLE,
                                            PendingOp, RankSnapshot)
 
@@ -31,7 +33,7 @@ _LAUNCHER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 def diagnose(snapshots: Iterable[RankSnapshot], *, world_size: int | None = None,
              waited_s: float | None = None) -> list[Finding]:
     """Findings for the job the snapshots describe (one per rank; a missing rank is unreachable)."""
-    snaps = _complete(list(snapshots), world_size)
+    snaps = _settled(_complete(list(snapshots), world_size))
     if not snaps:
         return []
     mismatch = _mismatch(snaps)
@@ -50,10 +52,52 @@ def _complete(snaps: list[RankSnapshot], world_size: int | None) -> list[RankSna
     return [by_rank[r] for r in sorted(by_rank)]
 
 
+def _outside_torch(snap: RankSnapshot) -> bool:
+    return bool(snap.stack) and is_user_file(snap.stack[-1].file) and not snap.in_collective
+
+
+def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
+    """A collective that one rank of a group completed is complete on every rank that issued it.
+
+    Gloo marks a collective completed in the flight recorder late (about 0.5 s on a quiet
+    machine; more than 2 s was seen on a loaded one), so a rank that left the collective and
+    sleeps in its data loader can still show it pending. When its main thread is in the user's
+    own code (its innermost frame is the user's, so it is in no torch call) its real position
+    is what the other ranks' completed count says.
+    """
+    done: dict[str, int] = {}
+    for snap in snaps:
+        for group in snap.groups:
+            if group.last_completed is not None:
+                done[group.group] = max(done.get(group.group, -1), group.last_completed)
+    out = []
+    for snap in snaps:
+        groups = []
+        for group in snap.groups:
+            top = done.get(group.group)
+            if (group.pending is not None and group.pending.seq is not None and top is not None
+                    and group.pending.seq <= top and _outside_torch(snap)):
+                completed = min(top, group.last_enqueued) if group.last_enqueued is not None else top
+                later = next((op for op in group.recent if op.seq is not None and op.seq > completed), None)
+                group = replace(group, last_completed=max(group.last_completed or -1, completed), pending=later)
+            groups.append(group)
+        out.append(replace(snap, groups=tuple(groups)))
+    return out
+
+
 # -- who is where -----------------------------------------------------------------------------
 
 def _where(snap: RankSnapshot) -> str:
     return f" at {snap.where.describe()}" if snap.where else ""
+
+
+def _blocked(snap: RankSnapshot) -> bool:
+    """Waiting in a collective, or failed in one because of a peer (its error is a consequence).
+
+    A rank that left the job waits in nothing, whatever its recorder still shows pending."""
+    if snap.status == FINISHED:
+        return False
+    return snap.waiting or (snap.error is not None and snap.error.consequence)
 
 
 def _waiting_op(snap: RankSnapshot) -> tuple[str, PendingOp | None]:
@@ -73,15 +117,6 @@ def group_label(group: str) -> str:
 
 def _op_text(group: str, op: PendingOp | None) -> str:
     return f"{op.describe() if op else 'a collective'} of {group_label(group)}"
-
-
-def _blocked(snap: RankSnapshot) -> bool:
-    """Waiting in a collective, or failed in one because of a peer (its error is a consequence).
-
-    A rank that left the job waits in nothing, whatever its recorder still shows pending."""
-    if snap.status == FINISHED:
-        return False
-    return snap.waiting or (snap.error is not None and snap.error.consequence)
 
 
 MAX_LISTED = 16  # ranks described one by one in a detail line; a 1024-rank job names the rest by count

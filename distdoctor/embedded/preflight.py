@@ -535,6 +535,11 @@ def init_process_group(
             report = build_report(failed.findings, world=WorldSummary(size=target.world_size, launcher=_launcher()),
                                   duration_s=time.monotonic() - started, incomplete=False)
             raise PreflightError(report) from None
+    wants_guard = guard if guard is not None else os.environ.get("DISTDOCTOR_GUARD", "") not in ("", "0")
+    if wants_guard:  # the recorder's buffer is read when the group is created
+        from distdoctor.embedded.guard.flight import prepare_this_process
+
+        prepare_this_process()
     try:
         dist.init_process_group(**given)
     except Exception as exc:
@@ -544,7 +549,7 @@ def init_process_group(
             f"torch's init_process_group failed on rank {target.rank}: {type(exc).__name__}",
             detail=str(exc)[:2000], ranks=(target.rank,), check=gi.CHECK)
         raise PreflightError(build_report([finding], duration_s=time.monotonic() - started)) from exc
-    if guard if guard is not None else os.environ.get("DISTDOCTOR_GUARD", "") not in ("", "0"):
+    if wants_guard:
         # The runtime guard (and its torch hooks) loads only when it is asked for.
         from distdoctor.embedded.guard import guard as start_guard
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from distdoctor.diagnosis.diagnose import diagnose
@@ -147,6 +149,44 @@ def test_a_thousand_ranks_are_listed_by_count_beyond_the_first_few():
     finding = only(diagnose([raised] + [failed_waiting(r) for r in range(1, 1024)]))
     assert finding.id == "job.E001" and "… and 1007 more ranks" in finding.detail
     assert len(finding.detail) < 20_000
+
+
+def failed_in_collective(rank: int) -> RankSnapshot:
+    """A rank whose collective failed because of a peer ("Connection closed by peer"): it was waiting."""
+    return RankSnapshot(rank, status="raised", where=BACKWARD, in_collective="all_reduce #12 (Float[4])",
+                        error=RaisedError("RuntimeError", "Connection closed by peer", BACKWARD, 101.0, consequence=True))
+
+
+def test_a_rank_whose_collective_failed_after_a_peer_left_is_uneven_inputs_not_silence():
+    left = RankSnapshot(1, status="finished", where=Frame("train.py", 40, "main", "dist.destroy_process_group()"),
+                        groups=(GroupProgress("0", (0, 1), 11, 11),))
+    finding = only(diagnose([failed_in_collective(0), left]))
+    assert (finding.id, finding.ranks) == ("job.E003", (1,))
+    assert "rank 0 failed in all_reduce #12 (Float[4]) of the default group at `loss.backward()`" in finding.detail
+
+
+def test_a_rank_whose_collective_failed_after_a_peer_vanished_names_the_missing_rank():
+    gone = RankSnapshot(1, status="unreachable", notes=("its process is gone",))
+    finding = only(diagnose([failed_in_collective(0), gone]))
+    assert (finding.id, finding.ranks) == ("job.E004", (1,)) and "its process is gone" in finding.detail
+
+
+def test_a_collective_another_rank_completed_is_not_what_a_rank_waits_in():
+    # Gloo marks completion late: rank 1 sleeps in its data loader, its recorder still shows #11 pending.
+    lagging = RankSnapshot(1, status="running", where=SLEEP, stack=(SLEEP,), groups=(
+        GroupProgress("0", (0, 1), 11, 10, PendingOp("all_reduce", 11, ((4,),), ("Float",), "scheduled", 2.1)),))
+    finding = only(diagnose([waiting(0, seq=12), lagging]))
+    assert (finding.id, finding.ranks) == ("job.E002", (1,)) and "all_reduce #12" in finding.title
+    # In a torch call (its innermost frame is torch's), the same recorder counts stand: it waits there.
+    inside = replace(lagging, stack=(SLEEP, Frame("/x/site-packages/torch/distributed/distributed_c10d.py", 3000, "wait")))
+    assert only(diagnose([waiting(0, seq=12), inside])).id == "job.E006"
+
+
+def test_a_rank_that_left_waits_in_nothing_even_when_its_recorder_lags():
+    left = RankSnapshot(1, status="finished", groups=(
+        GroupProgress("0", (0, 1), 11, 10, PendingOp("all_reduce", 11, ((4,),), ("Float",), "scheduled", 0.3)),))
+    finding = only(diagnose([waiting(0, seq=12), left]))
+    assert (finding.id, finding.ranks) == ("job.E003", (1,))
 
 
 def test_a_rank_that_ended_with_an_exit_status_nobody_saw_is_missing():

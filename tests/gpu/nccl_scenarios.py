@@ -68,3 +68,20 @@ def straggler() -> None:
     dist.all_reduce(t)  # returns at once on NCCL; the guard watches its Work
     torch.cuda.synchronize()
     raise AssertionError("the all_reduce completed although rank 1 sleeps")
+
+
+def ddp_straggler() -> None:
+    """DDP on NCCL; rank 1 sleeps before a step while rank 0's backward all-reduce waits (C++-issued)."""
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    device = _device()
+    distdoctor.guard(hang_timeout=4)
+    model = DDP(nn.Linear(10, 5).to(device), device_ids=[device.index])
+    for step in range(6):
+        if dist.get_rank() == 1 and step == 3:
+            time.sleep(120)
+        loss = model(torch.randn(20, 10, device=device)).sum()
+        loss.backward()
+        loss.item()  # logging: the host waits for the step
+    raise AssertionError("the loop finished although rank 1 sleeps")

@@ -39,6 +39,15 @@ def test_a_healthy_nccl_loop_leaves_nothing_running_and_no_findings():
 def test_a_straggler_on_nccl_is_named_from_the_pending_work():
     result = run("straggler")
     rank0 = result.ranks[0]
-    assert rank0.status == "failed" and "guard.E006 [straggler_rank] Rank 1 has not arrived at all_reduce #1" in rank0.message, \
+    assert rank0.status == "failed" and "job.E002 [straggler_rank] Rank 1 has not arrived at all_reduce #" in rank0.message, \
         result.failure_message()
     assert {r.exitcode for r in result.ranks.values()} == {1}, result.failure_message()
+
+
+def test_a_straggler_in_ddp_on_nccl_is_named_from_the_flight_recorder():
+    # DDP's bucket all-reduce runs in C++ on a CUDA stream; the recorder's completed count stops.
+    result = run("ddp_straggler")
+    rank0 = result.ranks[0]
+    assert rank0.status == "failed" and "job.E002 [straggler_rank] Rank 1 has not arrived at " in rank0.message, \
+        result.failure_message()
+    assert "nccl_scenarios.py" in rank0.message and "time.sleep(120)" in rank0.message, rank0.message

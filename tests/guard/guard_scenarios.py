@@ -17,7 +17,7 @@ from distdoctor import GuardError
 
 def line_of(tag: str) -> str:
     """'<this file>:<n>' of the line marked '# LINE:<tag>', the path shown as the guard shows it."""
-    from distdoctor.embedded.guard_record import display_path
+    from distdoctor.diagnosis.frames import display_path
 
     with open(__file__) as f:
         for number, text in enumerate(f, 1):

@@ -2,54 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+import guard_torchrun  # noqa: E402 - a helper beside this file
+from guard_torchrun import REPO, reports
 
 pytestmark = pytest.mark.multiproc
 SCRIPT = Path(__file__).with_name("scripts") / "faulty_job.py"
-REPO = Path(__file__).resolve().parents[2]
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def line_of(tag: str) -> str:
-    for number, text in enumerate(SCRIPT.read_text().splitlines(), 1):
-        if text.rstrip().endswith(f"# LINE:{tag}"):
-            return f"{SCRIPT}:{number}"  # the jobs run in tmp_path: the guard shows the full path
-    raise AssertionError(tag)
+    return guard_torchrun.line_of(SCRIPT, tag)
 
 
 def guarded_run(fault: str, tmp_path: Path, *options: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
-    """Run the script under torch's launcher via `distdoctor guard`; (result, seconds)."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith(("DISTDOCTOR_", "TORCHELASTIC_"))}
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)})
-    cmd = [sys.executable, "-m", "distdoctor", "guard", "--report-dir", str(tmp_path), *options, "--",
-           sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPT), fault]
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"distdoctor guard did not end within {timeout} s:\n{out[-4000:]}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the launcher's workers, if any outlived it
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, ""), time.monotonic() - started
-
-
-def reports(tmp_path: Path, kind: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(tmp_path.glob(f"distdoctor-guard-{kind}-rank*.json"))]
+    return guard_torchrun.guarded_run(SCRIPT, [fault], tmp_path, *options, timeout=timeout)
 
 
 @pytest.mark.parametrize("fault, finding_id, cause, tags", [
@@ -74,14 +45,16 @@ def test_a_straggler_in_an_unmodified_script_is_named_and_the_job_ends(tmp_path)
     hang_timeout = 3
     result, seconds = guarded_run("straggler", tmp_path, "--hang-timeout", str(hang_timeout))
     assert result.returncode != 0
-    assert "guard.E006 [straggler_rank] Rank 1 has not arrived at all_reduce #1" in result.stdout, result.stdout[-4000:]
-    assert f"it is at {line_of('sleep')} in <module>" in result.stdout
+    assert "job.E002 [straggler_rank] Rank 1 has not arrived at all_reduce #" in result.stdout, result.stdout[-4000:]
+    assert f"`time.sleep(120)  # LINE:sleep` at {line_of('sleep')}" in result.stdout
+    assert f"rank 0 waits in all_reduce #" in result.stdout and f"at {line_of('wait')}" in result.stdout
     # Start-up (two torch imports on a loaded machine) is in this figure; the sleep is 120 s.
     assert seconds < 60, seconds
     [report] = reports(tmp_path, "hang")
     [finding] = report["findings"]
     assert finding["cause"] == "straggler_rank" and finding["ranks"] == [1]
-    assert finding["data"]["states"]["1"]["where"].startswith(line_of("sleep"))
+    late = next(s for s in finding["data"]["snapshots"] if s["rank"] == 1)
+    assert f"{late['where']['file']}:{late['where']['line']}" == line_of("sleep")
 
 
 def test_a_dropped_isend_in_an_unmodified_script_is_reported(tmp_path):
@@ -93,9 +66,9 @@ def test_a_dropped_isend_in_an_unmodified_script_is_reported(tmp_path):
 def test_a_rank_that_finished_its_loop_early_is_named_instead_of_a_closed_connection(tmp_path):
     result, _ = guarded_run("uneven", tmp_path, "--hang-timeout", "10")
     assert result.returncode != 0
-    expected = (f"guard.E005 [uneven_inputs] Rank 1 finished (destroyed) after call #3 in the default group, "
-                f"so rank 0's all_reduce #4 (float32[4], op SUM) at {line_of('loop')} in <module> failed")
+    expected = "job.E003 [uneven_inputs] Rank 1 left the job while rank 0 still waits in all_reduce (float32[4])"
     assert expected in result.stdout, result.stdout[-4000:]
+    assert f"at {line_of('loop')}" in result.stdout and "Connection closed by peer" in result.stdout
 
 
 def test_usage_errors_exit_2_before_anything_runs(tmp_path):

@@ -41,5 +41,5 @@ def test_the_marker_names_the_cause_instead_of_a_timeout(pytester: pytest.Pytest
     text = result.stdout.str()
     assert "GuardError" in text and "guard.E001 [shape_mismatch] broadcast #0" in text, text
     # timeout=12: the guard's hang timeout is 4 s, the rank fails with the guard's report.
-    assert "guard.E006 [straggler_rank] Rank 1 has not arrived at barrier #0" in text, text
+    assert "job.E002 [straggler_rank] Rank 1 has not arrived at " in text, text
     assert "did not finish within the 12 s timeout" not in text, text

@@ -1,5 +1,6 @@
 """The guard's parts without a process group: NCCL semantics with fake Works and tensors, the
-diagnosis from rank states, the hang protocol over an in-memory store, the settings."""
+verdict from rank snapshots, the hang protocol over an in-memory store, the recorder's stall
+clock, the settings."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from distdoctor.embedded import guard_findings as gf
+from distdoctor.embedded.guard import findings as gf
 from distdoctor.embedded.guard import GuardSettings, settings_from_env
-from distdoctor.embedded.guard_calls import Verifier, run_call
-from distdoctor.embedded.guard_hang import HangWatch, SideChannel, _tcp_store_address
-from distdoctor.embedded.guard_launch import HOOK_DIR, guard_environment
-from distdoctor.embedded.guard_record import CallRecord, Recorder
-from distdoctor.embedded.guard_sample import Sampler
-from distdoctor.embedded.guard_works import WorkTracker
+from distdoctor.embedded.guard.calls import Verifier, run_call
+from distdoctor.embedded.guard.hang import HangWatch, SideChannel, _tcp_store_address
+from distdoctor.embedded.guard.launch import HOOK_DIR, guard_environment
+from distdoctor.embedded.guard.record import CallRecord, Recorder
+from distdoctor.embedded.guard.sample import Sampler
+from distdoctor.embedded.guard.verdict import decide
+from distdoctor.embedded.guard.works import WorkTracker
+from distdoctor.diagnosis.snapshot import FINISHED, RUNNING, Frame, GroupProgress, PendingOp, RankSnapshot
 
 
 class FakeWork:
@@ -91,14 +94,24 @@ def test_the_verification_of_an_nccl_group_exchanges_on_the_gpu():
     assert Verifier(fake_torch, dist, None).device(None, "1") == torch.device("cpu")
 
 
+def snap_state(rank, pending_seq=None, status=RUNNING, where=("train.py", 30, "step"), done=4, running=()):
+    """What a rank publishes: its snapshot (default group at ``done``, maybe waiting in ``pending_seq``)."""
+    pending = PendingOp("all_reduce", pending_seq, ((4,),), ("Float",), "scheduled", 7.0) if pending_seq is not None else None
+    group = GroupProgress("0", (0, 1), last_enqueued=pending_seq if pending_seq is not None else done,
+                          last_completed=done, pending=pending)
+    frame = Frame(*where)
+    snap = RankSnapshot(rank=rank, status=status, groups=(group,), stack=(frame,), where=frame, source="guard")
+    return {"snapshot": snap.to_dict(), "running": [r.to_dict() for r in running], "dropped": []}
+
+
 def test_a_stuck_nccl_work_is_seen_by_the_watchdog_after_the_hang_timeout():
     clock, work = FakeClock(), FakeWork()
     recorder = Recorder(clock=clock)
     recorder.attach(recorder.begin(cuda_record()), work)
     concluded = []
     watch = HangWatch(recorder, None, rank=0, world=2, hang_timeout=5, answer_s=0.1, poll_s=0.01,
-                      state=lambda: {"rank": 0, "running": [r.to_dict() for r in recorder.running_records()]},
-                      group_ranks=lambda g: [0, 1], conclude=lambda f, here, waited, *a: concluded.append((f, waited)))
+                      state=lambda: snap_state(0, pending_seq=5), group_ranks=lambda g: [0, 1],
+                      conclude=lambda f, here, waited, *a: concluded.append((f, waited)), decide=decide)
     watch.start()
     time.sleep(0.1)
     assert not concluded
@@ -108,40 +121,32 @@ def test_a_stuck_nccl_work_is_seen_by_the_watchdog_after_the_hang_timeout():
         time.sleep(0.01)
     watch.stop()
     [(findings, waited)] = concluded
-    assert waited == pytest.approx(6) and findings[0].id == "guard.E008"
+    # No side channel: this rank's own view, judged by the one diagnosis.
+    assert waited == pytest.approx(6) and findings[0].id == "job.E009"
 
 
-# -- diagnosis from states -------------------------------------------------------------------------
+# -- the verdict from snapshots ---------------------------------------------------------------------
 
 
-def state(rank, running=(), phase="running", where="train.py:30 in step", completed=None, recent=None, **extra):
-    return {"rank": rank, "running": [r.to_dict() for r in running], "phase": phase, "where": where,
-            "stack": ["train.py:50 in main", where], "completed": completed or {"0": 4},
-            "recent": recent or {"0": ["train.py:10"] * 4}, **extra}
+def test_a_rank_outside_any_collective_is_the_straggler_with_its_line():
+    [f] = decide({0: snap_state(0, pending_seq=5), 1: snap_state(1, where=("train.py", 12, "load"))}, [0, 1], 7.0)
+    assert f.id == "job.E002" and f.ranks == (1,) and "train.py:12" in f.title and "all_reduce #5" in f.title
 
 
-def test_a_rank_outside_any_call_is_the_straggler():
-    stuck = cuda_record(seq=5)
-    findings = gf.hang_findings(stuck, [0, 1], {0: state(0, [stuck]), 1: state(1)}, {}, 7.0, 1.5)
-    [f] = findings
-    assert f.id == "guard.E006" and f.ranks == (1,) and "it is at train.py:30 in step" in f.title
+def test_a_rank_that_left_is_uneven_inputs_and_one_with_no_snapshot_is_missing():
+    finished = snap_state(1, status=FINISHED, done=3)
+    [f] = decide({0: snap_state(0, pending_seq=5), 1: finished}, [0, 1], 7.0)
+    assert f.id == "job.E003" and f.ranks == (1,)
+    [f] = decide({0: snap_state(0, pending_seq=5)}, [0, 1], 7.0)
+    assert f.id == "job.E004" and f.ranks == (1,)
 
 
-def test_a_rank_that_does_not_answer_is_missing_and_one_that_finished_is_uneven():
-    stuck = cuda_record(seq=5)
-    findings = gf.hang_findings(stuck, [0, 1, 2], {0: state(0, [stuck]), 1: None, 2: None},
-                                {2: {"phase": "destroyed", "completed": {"0": 3}}}, 7.0, 1.5)
-    assert {(f.id, f.ranks) for f in findings} == {("guard.E007", (1,)), ("guard.E005", (2,))}
-
-
-def test_ranks_in_different_collectives_are_a_mismatch_and_all_in_the_same_one_is_a_stuck_transport():
-    stuck = cuda_record(seq=5)
-    other = CallRecord("barrier", "0", 5, site="train.py:99", function="main")
-    [f] = gf.hang_findings(stuck, [0, 1], {0: state(0, [stuck]), 1: state(1, [other], recent={"0": ["x.py:1"]})},
-                           {}, 7.0, 1.5)
-    assert f.id == "guard.E004" and f.ranks == (1,)
-    [f] = gf.hang_findings(stuck, [0, 1], {0: state(0, [stuck]), 1: state(1, [cuda_record(seq=5)])}, {}, 7.0, 1.5)
-    assert f.id == "guard.E008" and f.ranks == (0, 1)
+def test_a_receive_waiting_for_a_dropped_send_names_the_dropped_send_first():
+    send = CallRecord("isend", "0", 0, params={"peer": 0}, site="a.py:3", function="main")
+    recv = CallRecord("recv", "0", 0, params={"peer": 1}, site="a.py:9", function="main")
+    states = {0: snap_state(0, running=[recv]), 1: {**snap_state(1), "dropped": [send.to_dict()]}}
+    found = decide(states, [0, 1], 7.0)
+    assert found[0].id == "guard.E009" and found[0].ranks == (1,) and "a.py:3" in found[0].title
 
 
 def test_verified_mismatches_name_every_differing_field():
@@ -199,12 +204,13 @@ def test_two_ranks_agree_on_one_verdict_through_the_side_channel():
     watches = []
     for rank in (0, 1):
         def make_state(rank=rank):
-            return state(rank, recorders[rank].running_records(), completed={"0": 2})
+            return snap_state(rank, pending_seq=3 if rank == 0 else None, done=2)
 
         watches.append(HangWatch(recorders[rank], SideChannel(store, "p"), rank=rank, world=2, hang_timeout=5,
                                  answer_s=2, poll_s=0.01, state=make_state, group_ranks=lambda g: [0, 1],
                                  conclude=lambda f, here, w, publish=None, rank=rank: (
-                                     concluded.setdefault(rank, [f, here]), publish and publish())).start())
+                                     concluded.setdefault(rank, [f, here]), publish and publish()),
+                                 decide=decide).start())
     clock.now += 6
     deadline = time.monotonic() + 10
     while len(concluded) < 2 and time.monotonic() < deadline:
@@ -212,7 +218,7 @@ def test_two_ranks_agree_on_one_verdict_through_the_side_channel():
     for w in watches:
         w.stop()
     assert concluded[0][1] is True and concluded[1][1] is False  # rank 0 rendered, rank 1 followed
-    assert [f.id for f in concluded[0][0]] == [f.id for f in concluded[1][0]] == ["guard.E006"]
+    assert [f.id for f in concluded[0][0]] == [f.id for f in concluded[1][0]] == ["job.E002"]
     assert concluded[1][0][0].ranks == (1,)
 
 

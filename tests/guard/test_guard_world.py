@@ -81,13 +81,15 @@ def test_a_sleeping_rank_is_named_as_straggler_within_the_hang_timeout(tmp_path)
     assert len(reports) == 1, result.failure_message()
     report = json.loads(reports[0].read_text())
     assert report["schema"] == "distdoctor.report/1"
-    [finding] = [f for f in report["findings"] if f["id"] == "guard.E006"]
+    [finding] = [f for f in report["findings"] if f["id"] == "job.E002"]
     assert finding["cause"] == "straggler_rank" and finding["ranks"] == [1]
-    assert f"{line_of('sleep')} in straggler" in finding["title"], finding["title"]
-    assert f"all_reduce #1 (float32[4], op SUM) at tests/guard/{line_of('wait')}" in finding["title"], finding["title"]
-    assert "time.sleep" not in finding["title"]
+    # The late rank's line (its source shown) and the waiting rank's line, from their snapshots.
+    assert f"`time.sleep(60)  # LINE:sleep` at tests/guard/{line_of('sleep')}" in finding["title"], finding["title"]
+    assert f"rank 0 waits in" in finding["detail"] and f"at tests/guard/{line_of('wait')}" in finding["detail"]
+    snaps = {s["rank"]: s for s in finding["data"]["snapshots"]}
+    assert snaps[1]["where"]["line"] == int(line_of("sleep").rsplit(":", 1)[1]) and snaps[0]["source"] == "guard"
     output = "".join(r.output for r in result.ranks.values())
-    assert "guard.E006 [straggler_rank]" in output or "straggler_rank" in output, output
+    assert "job.E002 [straggler_rank]" in output or "straggler_rank" in output, output
 
 
 def test_a_rank_that_left_its_loop_is_named_uneven_inputs():
@@ -99,6 +101,7 @@ def test_a_frozen_rank_is_named_missing():
                              env={"OMP_NUM_THREADS": "1"})
     rank0 = result.ranks[0]
     assert rank0.status == "failed" and rank0.exitcode == 1, result.failure_message()
-    assert rank0.message.startswith("GuardError: guard.E007 [rank_missing] Rank 1 did not answer"), rank0.message
-    assert f"all_reduce #1 (float32[2], op SUM) at tests/guard/{line_of('frozen')}" in rank0.message
+    assert rank0.message.startswith("GuardError: job.E004 [rank_missing] Rank 1 did not answer"), rank0.message
+    assert "is stopped (SIGSTOP" in rank0.message, rank0.message  # its process, read from /proc
+    assert f"at tests/guard/{line_of('frozen')}" in rank0.message, rank0.message
     assert result.ranks[1].status in ("killed", "timeout"), result.failure_message()

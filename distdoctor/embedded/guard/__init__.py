@@ -7,10 +7,10 @@
 # Every collective and point-to-point call of every group is recorded (sequence number, op,
 # shapes, dtypes, devices, root, reduce op, the caller's file:line) in a ring buffer. The first
 # ``verify_first`` collectives of each group, then samples (at most ``verify_budget`` of the time
-# between calls, at least every ``verify_every``-th; distdoctor.embedded.guard_sample) are compared
+# between calls, at least every ``verify_every``-th; distdoctor.embedded.guard.sample) are compared
 # across the group's ranks before they run (``verify="all"``: every call); a mismatch raises GuardError
 # on every rank of the group. A call running longer than ``hang_timeout`` starts the cross-rank
-# hang diagnosis (distdoctor.embedded.guard_hang). See docs/guard.md.
+# hang diagnosis (distdoctor.embedded.guard.hang). See docs/guard.md.
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from distdoctor.embedded.guard_report import HANG_EXIT_CODE, GuardError, on_hang_exit, render_text
+from distdoctor.embedded.guard.report import HANG_EXIT_CODE, GuardError, on_hang_exit, render_text
 
 __all__ = ["HANG_EXIT_CODE", "GuardError", "GuardSettings", "active", "guard", "on_hang_exit", "render_text",
            "settings_from_env", "unguard"]
 
 if TYPE_CHECKING:
-    from distdoctor.embedded.guard_process import Guard
+    from distdoctor.embedded.guard.process import Guard
 
 VERIFY_MODES = ("sample", "all", "off")
 ON_HANG = ("exit", "report")
@@ -100,7 +100,7 @@ def guard(*, verify: str | None = None, hang_timeout: float | None = None, on_ha
     if _ACTIVE is not None:
         _ACTIVE.settings = settings
         return _ACTIVE
-    from distdoctor.embedded.guard_process import Guard  # the embedded modules import torch; loaded only on this path
+    from distdoctor.embedded.guard.process import Guard  # the embedded modules import torch; loaded only on this path
 
     _GENERATION[0] += 1
     _ACTIVE = Guard(settings).start(_GENERATION[0])

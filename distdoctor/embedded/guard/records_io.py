@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from distdoctor.embedded.guard_record import CallRecord
+from distdoctor.embedded.guard.record import CallRecord
 
 
 def record_to_bytes(record: CallRecord, recent: list[str]) -> bytes:

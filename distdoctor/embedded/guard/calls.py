@@ -7,9 +7,9 @@ import inspect
 import threading
 from typing import Any, Callable
 
-from distdoctor.embedded.guard_ops import describe
-from distdoctor.embedded.guard_record import CallRecord, call_site, tensor_facts
-from distdoctor.embedded.guard_records_io import record_from_bytes, record_to_bytes
+from distdoctor.embedded.guard.ops import describe
+from distdoctor.embedded.guard.record import CallRecord, call_site, tensor_facts
+from distdoctor.embedded.guard.records_io import record_from_bytes, record_to_bytes
 
 _LOCAL = threading.local()
 

@@ -6,7 +6,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
-from distdoctor.embedded.guard_record import CallRecord
+from distdoctor.embedded.guard.record import CallRecord
 
 
 class _Tracked:

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from distdoctor.embedded import guard_report as api
-from distdoctor.embedded import guard_findings as gf
-from distdoctor.embedded.guard_calls import Verifier, make_record, run_call, wrap
-from distdoctor.embedded.guard_hang import HangWatch, SideChannel, rank_state
-from distdoctor.embedded.guard_record import (_COLLECTIVE_SET, COLLECTIVES, POINT_TO_POINT, CallRecord, Recorder,
+from distdoctor.diagnosis.snapshot import FINISHED, RUNNING, RankSnapshot
+from distdoctor.embedded.guard import evidence
+from distdoctor.embedded.guard import findings as gf
+from distdoctor.embedded.guard import report as api
+from distdoctor.embedded.guard import snapshot as snapshots
+from distdoctor.embedded.guard.calls import Verifier, make_record, run_call, wrap
+from distdoctor.embedded.guard.crash import CrashHook
+from distdoctor.embedded.guard.flight import FlightRecorder
+from distdoctor.embedded.guard.hang import HangWatch, SideChannel
+from distdoctor.embedded.guard.record import (_COLLECTIVE_SET, COLLECTIVES, POINT_TO_POINT, CallRecord, Recorder,
                                               call_site)
-from distdoctor.embedded.guard_sample import Sampler
-from distdoctor.embedded.guard_works import WorkTracker
+from distdoctor.embedded.guard.sample import Sampler
+from distdoctor.embedded.guard.verdict import decide
+from distdoctor.embedded.guard.works import WorkTracker
 from distdoctor.core.findings import Finding
 from distdoctor.core.report import Report, WorldSummary, build_report
 from distdoctor.machine.launchers import detect
@@ -44,9 +50,15 @@ class Guard:
         self.works = WorkTracker(self.c10d.Work, self._dropped, self._waiting)
         self.watch: HangWatch | None = None
         self.side_problem = ""
+        self.flight = FlightRecorder(self.c10d_module(), os.environ, os.environ.get("DISTDOCTOR_GUARD_FR_NOTE", ""))
+        self.crash = CrashHook(self)
+        self.final_left = False
         self.concluded = False
         self.shut_down = False
         self.started = time.monotonic()
+
+    def c10d_module(self) -> Any:
+        return getattr(self.torch._C, "_distributed_c10d", None)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, generation: int) -> "Guard":
@@ -73,9 +85,26 @@ class Guard:
         s = self.settings
         self.watch = HangWatch(self.recorder, side, rank=self.rank, world=self.world, hang_timeout=s.hang_timeout,
                                answer_s=s.answer_s, poll_s=s.poll_s, state=self.state, group_ranks=self.group_ranks,
-                               conclude=self.conclude).start()
+                               conclude=self.conclude, decide=decide, flight=self.flight)
+        self.watch.publish("hello", {"host": socket.gethostname(), "pid": os.getpid()})
+        self.watch.start()
+        self.crash.install()
         atexit.register(self._at_exit)
+        blind = self.blind_spots()
+        if blind is not None and self.rank == 0:
+            sys.stderr.write(f"distdoctor guard (rank 0): {blind.id} [{blind.cause}] {blind.title}\n")
         return self
+
+    def blind_spots(self) -> Finding | None:
+        """guard.I011: what this guard cannot count or see, and why (None: it sees the whole job)."""
+        parts = []
+        if not self.flight.usable:
+            parts.append(f"collectives issued in C++ (DDP, FSDP) are not counted: {self.flight.problem}")
+        if self.side_problem:
+            parts.append(f"no cross-rank view, each rank reports from its own ({self.side_problem})")
+        if not parts:
+            return None
+        return gf.BLIND("The guard sees only part of the job: " + "; ".join(parts), ranks=[self.rank], check=gf.CHECK)
 
     def stop(self) -> None:
         for name, wrapped in self.wrapped.items():
@@ -83,6 +112,7 @@ class Guard:
                 if getattr(module, name, None) is wrapped:
                     setattr(module, name, self.originals[name])
         self.works.uninstall()
+        self.crash.uninstall()
         if self.watch is not None:
             self.watch.stop(join_s=1.0)
         atexit.unregister(self._at_exit)
@@ -108,17 +138,30 @@ class Guard:
             self.findings.append(gf.work_finding(gf.PENDING, record, self.rank, f"never waited on, still pending at {where}"))
         if self.watch is not None:
             self.watch.stop(join_s=1.0)
-            self.watch.publish_final(self.state())
+            if not self.final_left:
+                self.leave_final(self.state(FINISHED, keep=False))
         if self.findings and not self.concluded:
             report = self.report()
             sys.stderr.write(api.render_text(report, f"distdoctor guard (rank {self.rank}) at {where}:") + "\n")
             self.write_json(report, "summary")
+
+    def leave_final(self, state: dict[str, Any]) -> None:
+        """A rank that finishes or raises leaves its last state, so a peer still waiting can say so."""
+        self.final_left = True
+        if self.watch is not None:
+            self.watch.publish("final", {**state, "final": True})
 
     # -- the guarded call --------------------------------------------------------------------
     def group_ranks(self, name: str) -> list[int]:
         for group_name, ranks in self.groups.values():
             if group_name == name:
                 return ranks
+        try:  # a group only C++ used (the recorder's id is the group's name)
+            for pg, pg_name in list(self.c10d._world.pg_names.items()):
+                if str(pg_name) == name:
+                    return list(self.dist.get_process_group_ranks(pg))
+        except Exception:  # private API: the whole world is the safe answer
+            pass
         return list(range(self.world))
 
     def _group(self, group: Any) -> tuple[Any, str, list[int]] | None:
@@ -188,29 +231,19 @@ class Guard:
         raise api.GuardError(report)
 
     def _explain_failure(self, record: CallRecord, ranks: list[int], exc: BaseException) -> Exception | None:
-        """A call torch failed (a peer closed its connection): did a peer of the group finish?
+        """A call torch failed (a peer closed its connection): why, from the peers' final states.
 
-        A rank that leaves its loop and exits makes gloo fail the others' next collective with
-        "Connection closed by peer"; its final state in the store says it finished, and when.
+        A rank that raised, or left its loop and exited, makes gloo fail the others' next
+        collective with "Connection closed by peer"; its final state in the store says which.
         """
-        side = self.watch.side if self.watch is not None else None
-        if side is None or isinstance(exc, api.GuardError) or not isinstance(exc, RuntimeError):
+        if isinstance(exc, api.GuardError) or not snapshots.is_consequence(exc):
             return None
-        keys = {r: side.key("final", r) for r in ranks if r != self.rank}
-        finals: dict[int, Any] = {}
-        until = time.monotonic() + 1.0  # the peer leaves its final state before it closes the group
-        try:
-            while not finals and time.monotonic() < until:
-                finals = {r: side.get(k) for r, k in keys.items() if side.present([k])[0]}
-                if not finals:
-                    time.sleep(0.05)
-        except Exception:
+        # The traceback starts in this wrapper: the stack above it holds the user's line.
+        findings = self.crash.verdict(exc, exc.__traceback__, ranks, call=record)
+        if not findings:
             return None
-        if not finals:
-            return None
-        failure = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-        findings = gf.finished_findings(record, ranks, finals, self.rank, failure)
-        return api.GuardError(self.report(findings, ranks=ranks))
+        heading = f"distdoctor guard: {record.label()} failed on rank {self.rank} ({type(exc).__name__}); the cause:"
+        return api.GuardError(self.report(findings, ranks=ranks), heading)
 
     # -- point-to-point hygiene ----------------------------------------------------------------
     def _dropped(self, record: CallRecord) -> None:
@@ -229,9 +262,20 @@ class Guard:
         return lambda failed: self.recorder.end(token, failed)
 
     # -- reports -----------------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
-        return rank_state(self.recorder, self.rank, self.phase, sorted({n for n, _ in self.groups.values()}),
-                          self.dropped)
+    def snapshot(self, status: str = RUNNING, **given: Any) -> RankSnapshot:
+        groups = {name: ranks for name, ranks in self.groups.values()}
+        blind = self.blind_spots()
+        return snapshots.build(rank=self.rank, status=status, recorder=self.recorder, groups=groups,
+                               flight=self.flight, notes=[blind.title] if blind else [], **given)
+
+    def state(self, status: str = RUNNING, keep: bool = True, **given: Any) -> dict[str, Any]:
+        """What this rank publishes: its snapshot, its guarded calls still running, its dropped Works;
+        with ``keep``, its evidence goes to the report directory at the same time."""
+        snap = self.snapshot(status, **given).to_dict()
+        if keep:
+            evidence.leave(self.settings.report_dir, self.rank, snap, self.flight)
+        return {"snapshot": snap, "running": [r.to_dict() for r in self.recorder.running_records()],
+                "dropped": [r.to_dict() for r in self.dropped][-16:]}
 
     def report(self, findings: list[Finding] | None = None, ranks: list[int] | None = None,
                missing: list[int] = ()) -> Report:
@@ -249,17 +293,7 @@ class Guard:
         return build_report(found, checks, world=world, duration_s=time.monotonic() - self.started)
 
     def write_json(self, report: Report, kind: str) -> Path | None:
-        directory = self.settings.report_dir
-        if not directory:
-            return None
-        path = Path(directory) / f"distdoctor-guard-{kind}-rank{self.rank}-{os.getpid()}.json"
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
-            return path
-        except OSError as exc:
-            sys.stderr.write(f"distdoctor guard: cannot write the report to {path}: {exc.strerror or exc}\n")
-            return None
+        return evidence.write_report(self.settings.report_dir, self.rank, kind, report)
 
     def conclude(self, findings: list[Finding], rendered_here: bool, waited: float,
                  publish: Callable[[], None] | None = None) -> None:
@@ -271,13 +305,14 @@ class Guard:
             return
         self.concluded = True
         self.findings += findings
-        stuck = self.recorder.oldest_running()
-        ranks = self.group_ranks(stuck.group) if stuck is not None else list(range(self.world))
+        stuck = self.watch.stuck() if self.watch is not None else None
+        ranks = self.group_ranks(stuck[0]) if stuck is not None else list(range(self.world))
         missing = sorted({r for f in findings if f.cause == "rank_missing" for r in f.ranks})
-        report = self.report(findings, ranks=ranks, missing=missing)
+        blind = self.blind_spots()
+        report = self.report(findings + ([blind] if blind else []), ranks=ranks, missing=missing)
         if rendered_here:
             note = f" (cross-rank view unavailable: {self.side_problem})" if self.side_problem else ""
-            heading = (f"distdoctor guard (rank {self.rank}): a call has not completed for {waited:.1f} s "
+            heading = (f"distdoctor guard (rank {self.rank}): a collective has not completed for {waited:.1f} s "
                        f"(hang timeout {self.settings.hang_timeout:g} s){note}:")
             sys.stderr.write(api.render_text(report, heading) + "\n")
             self.write_json(report, "hang")

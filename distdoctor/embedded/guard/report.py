@@ -18,9 +18,9 @@ class GuardError(RuntimeError):
     ``str(error)`` is the rendered report; ``error.report`` the Report (schema distdoctor.report/1).
     """
 
-    def __init__(self, report: Report) -> None:
+    def __init__(self, report: Report, heading: str = "distdoctor guard stopped a collective before it ran:") -> None:
         self.report = report
-        super().__init__(render_text(report, "distdoctor guard stopped a collective before it ran:"))
+        super().__init__(render_text(report, heading))
 
 
 def render_text(report: Report, heading: str) -> str:

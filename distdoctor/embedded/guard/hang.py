@@ -1,28 +1,32 @@
-"""Hang diagnosis: a side channel through the c10d store, every rank's state, one cross-rank verdict."""
+"""Hang diagnosis: a side channel through the c10d store, every rank's snapshot, one cross-rank verdict."""
 
-# When a guarded call has run longer than ``hang_timeout``, this rank's watchdog thread claims the
-# episode and sets a request key. Every rank's watchdog thread looks for that key every
-# ``poll_s`` through its own TCPStore client (one small request; a thread blocked in a store
-# wait instead would abort the process at exit when rank 0 hosts the store), so a rank whose
-# main thread is asleep, stuck in C++ or in another collective still answers: it publishes its
-# state (the calls it is in, its last completed sequence numbers, its main thread's stack). The claiming rank collects
-# the states for ``answer_s`` seconds at most, names the cause, writes the report, publishes the
-# verdict and (by default) ends the job. Every store operation has a deadline; the stuck process
-# group is never used.
+# A rank is stuck when a guarded call has run longer than ``hang_timeout``, or when torch's
+# flight recorder shows one of its groups with a collective enqueued and not completed, unmoved
+# for ``hang_timeout`` (DDP's all-reduce in loss.backward(), FSDP's all-gather: collectives
+# issued in C++). Its watchdog thread then claims the episode and sets a request key. Every
+# rank's watchdog thread looks for that key every ``poll_s`` through its own TCPStore client
+# (one small request; a thread blocked in a store wait instead would abort the process at exit
+# when rank 0 hosts the store), so a rank whose main thread is asleep, stuck in C++ or in
+# another collective still answers: it publishes its RankSnapshot (diagnosis.snapshot) and
+# leaves its evidence in the report directory. The claiming rank collects the snapshots for
+# ``answer_s`` seconds at most, adds the final snapshots of ranks that raised or left, asks
+# diagnosis.diagnose for the cause, writes the report, publishes the verdict and (by default)
+# ends the job. Every store operation has a deadline; the stuck process group is never used.
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
+import uuid
 from datetime import timedelta
 from typing import Any, Callable
 
-from distdoctor.embedded.guard_record import CallRecord, Recorder, thread_stack, user_frame
-import uuid
 from distdoctor.core.findings import Finding
+from distdoctor.embedded.guard.flight import StallClock
+from distdoctor.embedded.guard.peers import absent_snapshot
+from distdoctor.embedded.guard.record import Recorder
 
 STORE_OP_TIMEOUT_S = 5.0
 
@@ -79,41 +83,35 @@ class SideChannel:
     def present(self, keys: list[str]) -> list[bool]:
         return [bool(self.talk.check([k])) for k in keys]
 
-
-def rank_state(recorder: Recorder, rank: int, phase: str, groups: list[str],
-               dropped: list[CallRecord] = ()) -> dict[str, Any]:
-    """What this rank publishes: the calls it is in, its progress per group, its stack."""
-    now = recorder.clock()
-    running = recorder.running_records()
-    thread = running[0].thread if running else threading.main_thread().ident
-    stack = thread_stack(thread or 0)
-    if phase == "running" and not threading.main_thread().is_alive():
-        phase = "finished"
-    recent = {g: recorder.recent(g, 8) for g in groups}
-    return {
-        "rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "phase": phase,
-        "running": [{**r.to_dict(), "age_s": round(now - r.started, 2)} for r in running],
-        "completed": dict(recorder.completed),
-        "recent": {g: [r.site for r in calls] for g, calls in recent.items()},
-        "last": {g: calls[-1].to_dict() for g, calls in recent.items() if calls},
-        "stack": stack, "where": user_frame(stack), "dropped": [r.to_dict() for r in dropped][-16:],
-    }
+    def read_many(self, kind: str, ranks: list[int]) -> dict[int, Any]:
+        """The values of ``kind/<rank>`` that are there (malformed ones are left out)."""
+        out = {}
+        for rank, there in zip(ranks, self.present([self.key(kind, r) for r in ranks])):
+            if there:
+                try:
+                    out[rank] = self.get(self.key(kind, rank))
+                except Exception:
+                    continue
+        return out
 
 
 class HangWatch:
-    """The watchdog thread (detects) and the listener thread (answers) of one guarded process."""
+    """The watchdog thread of one guarded process: detects a stall, answers requests, renders verdicts."""
 
     def __init__(self, recorder: Recorder, side: SideChannel | None, *, rank: int, world: int,
                  hang_timeout: float, answer_s: float, poll_s: float,
                  state: Callable[[], dict[str, Any]], group_ranks: Callable[[str], list[int]],
-                 conclude: Callable[..., None]) -> None:
+                 conclude: Callable[..., None], decide: Callable[..., list[Finding]], flight: Any = None) -> None:
         self.recorder, self.side, self.rank, self.world = recorder, side, rank, world
         self.hang_timeout, self.answer_s, self.poll_s = hang_timeout, answer_s, poll_s
         self.state, self.group_ranks, self.conclude = state, group_ranks, conclude
+        self.flight, self.stalls = flight, StallClock()
+        self.decide = decide
         self.stopped = threading.Event()
         self.episode = threading.Event()
         self.answered = threading.Event()
         self.answers = 0
+        self.stalled: tuple[str, float] | None = None
 
     def start(self) -> "HangWatch":
         self.thread = threading.Thread(target=self._watch, name="distdoctor-guard-watch", daemon=True)
@@ -127,38 +125,47 @@ class HangWatch:
         if join_s and thread is not None and thread is not threading.current_thread():
             thread.join(join_s)
 
-    # -- detection (this rank's own calls) ------------------------------------------------------
+    # -- detection (this rank's own calls, and every collective the recorder saw) -----------------
+    def stuck(self) -> tuple[str, float] | None:
+        """(group, seconds) of this rank's longest wait: a guarded call or a recorded collective."""
+        oldest = self.recorder.oldest_running()
+        mine = (oldest.group, self.recorder.clock() - oldest.started) if oldest is not None else None
+        found = [s for s in (mine, self.stalled) if s is not None]
+        return max(found, key=lambda s: s[1]) if found else None
+
     def _watch(self) -> None:
         while not self.stopped.wait(self.poll_s):
             try:
                 self.recorder.poll()
-                oldest = self.recorder.oldest_running()
-                if oldest is not None and self.recorder.clock() - oldest.started >= self.hang_timeout:
-                    if not self.episode.is_set():
-                        self.episode.set()
-                        self._request(oldest)
+                if self.flight is not None and self.flight.usable:
+                    self.stalled = self.stalls.update(self.flight.status(), time.monotonic())
+                stuck = self.stuck()
+                if stuck is not None and stuck[1] >= self.hang_timeout and not self.episode.is_set():
+                    self.episode.set()
+                    self._request(stuck)
                 if self.side is not None and not self.answered.is_set() and not self.stopped.is_set():
                     if self.side.present([self.side.key("request")])[0]:
                         self._answer()
             except Exception:  # the watchdog must outlive any fault of its own
                 continue
 
-    def _request(self, stuck: CallRecord) -> None:
+    def _request(self, stuck: tuple[str, float]) -> None:
         if self.side is None:
             self._render_local(stuck)
             return
         try:
             self.side.claim(self.side.key("renderer"), str(self.rank))
-            self.side.claim(self.side.key("request"), json.dumps({"rank": self.rank, "call": stuck.to_dict()}))
+            self.side.claim(self.side.key("request"), json.dumps({"rank": self.rank, "group": stuck[0]}))
         except Exception:
             self._render_local(stuck)
 
-    def _render_local(self, stuck: CallRecord) -> None:
-        from distdoctor.embedded.guard_findings import hang_findings  # the embedded modules import torch; loaded only on this path
+    def _render_local(self, stuck: tuple[str, float]) -> None:
+        own = self.state()
+        findings = self._decide({self.rank: own}, self.group_ranks(stuck[0]), stuck[1], local=True)
+        self.conclude(findings, True, stuck[1])
 
-        waited = self.recorder.clock() - stuck.started
-        findings = hang_findings(stuck, [self.rank], {self.rank: self.state()}, {}, waited, 0.0)
-        self.conclude(findings, True, waited)
+    def _decide(self, states: dict[int, Any], ranks: list[int], waited: float, local: bool = False) -> list[Finding]:
+        return self.decide(states, ranks, waited, world_known=not local)
 
     # -- answering (every rank, from the same thread) -----------------------------------------------------------------
     def _answer(self) -> None:
@@ -176,19 +183,17 @@ class HangWatch:
             self._follow(int(renderer))
 
     def _render(self) -> None:
-        from distdoctor.embedded.guard_findings import hang_findings  # the embedded modules import torch; loaded only on this path
-
         side = self.side
         assert side is not None
-        stuck = self.recorder.oldest_running()
+        stuck = self.stuck()
         if stuck is None:  # the call completed meanwhile: nothing to diagnose
             side.put(side.key("verdict"), {"findings": [], "renderer": self.rank})
             return
-        waited = self.recorder.clock() - stuck.started
-        ranks = self.group_ranks(stuck.group)
-        states, finals = self._collect(ranks)
-        self.answers = sum(1 for r, st in states.items() if st is not None and r != self.rank)
-        findings = hang_findings(stuck, ranks, states, finals, waited, self.answer_s)
+        ranks = self.group_ranks(stuck[0])
+        states = self._collect(ranks)
+        self.answers = sum(1 for r in states if r != self.rank and not states[r].get("absent")
+                           and not states[r].get("final"))
+        findings = self._decide(states, ranks, stuck[1])
 
         def publish() -> None:
             # After this rank wrote its report: the others end as soon as they read the verdict,
@@ -198,29 +203,26 @@ class HangWatch:
             except Exception:
                 pass
 
-        self.conclude(findings, True, waited, publish)
+        self.conclude(findings, True, stuck[1], publish)
 
-    def _collect(self, ranks: list[int]) -> tuple[dict[int, Any], dict[int, Any]]:
-        """Every rank's state, waiting at most answer_s for the last ones."""
+    def _collect(self, ranks: list[int]) -> dict[int, Any]:
+        """Every rank's state (live, or the final one it left), waiting at most answer_s for the last ones."""
         side = self.side
         assert side is not None
-        everyone = sorted(set(ranks) | set(range(self.world)))
-        keys = {r: side.key("state", r) for r in everyone}
         until = time.monotonic() + self.answer_s
         states: dict[int, Any] = {}
         while True:
-            pending = [r for r in everyone if r not in states]
-            for rank, there in zip(pending, side.present([keys[r] for r in pending])):
-                if there:
-                    states[rank] = side.get(keys[rank])
-            if len(states) == len(everyone) or time.monotonic() >= until:
+            states.update(side.read_many("state", [r for r in ranks if r not in states]))
+            states.update(side.read_many("final", [r for r in ranks if r not in states]))
+            if len(states) == len(ranks) or time.monotonic() >= until:
                 break
             time.sleep(0.05)
-        finals = {}
-        for rank in everyone:
-            if rank not in states and side.present([side.key("final", rank)])[0]:
-                finals[rank] = side.get(side.key("final", rank))
-        return {r: states.get(r) for r in ranks}, finals
+        hellos = side.read_many("hello", [r for r in ranks if r not in states])
+        for rank in ranks:
+            if rank not in states:
+                states[rank] = {"snapshot": absent_snapshot(rank, hellos.get(rank), self.answer_s).to_dict(),
+                                "absent": True}
+        return states
 
     def _follow(self, renderer: int) -> None:
         """Wait (bounded) for the renderer's verdict, then conclude like it."""
@@ -256,11 +258,11 @@ class HangWatch:
         except Exception:
             pass
 
-    def publish_final(self, state: dict[str, Any]) -> None:
-        """A rank that finishes leaves its last state, so a peer still waiting can say so."""
+    def publish(self, kind: str, value: dict[str, Any]) -> None:
+        """Leave ``kind/<rank>`` (hello at start, final at the end) for the others to read."""
         if self.side is None:
             return
         try:
-            self.side.put(self.side.key("final", self.rank), state)
+            self.side.put(self.side.key(kind, self.rank), value)
         except Exception:
             pass

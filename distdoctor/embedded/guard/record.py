@@ -9,8 +9,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
-import sysconfig
+from typing import Any, Callable
+
+from distdoctor.diagnosis.frames import display_path
 
 # Calls whose arguments must agree on every rank of the group (they are verified before the call).
 COLLECTIVES = (
@@ -237,36 +238,3 @@ def call_site(skip: int = 2) -> tuple[str, str]:
             return f"{shown}:{frame.f_lineno}", code.co_name
         frame = frame.f_back
     return "?", "?"
-
-
-def display_path(filename: str) -> str:
-    """A path relative to the working directory when it is under it, else as Python has it."""
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:
-        return filename
-    return filename if rel.startswith("..") else rel
-
-
-def thread_stack(ident: int, limit: int = 20) -> list[str]:
-    """A thread's Python stack, innermost last, as 'file:line in function' strings."""
-    frame = sys._current_frames().get(ident)
-    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    lines: list[str] = []
-    while frame is not None and len(lines) < limit:
-        # The guard's own frames say nothing about the job.
-        if not os.path.abspath(frame.f_code.co_filename).startswith(here):
-            lines.append(f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}")
-        frame = frame.f_back
-    return list(reversed(lines))
-
-
-def user_frame(stack: Iterable[str]) -> str | None:
-    """The innermost line of a stack that is the job's own code (not the stdlib, torch or the guard)."""
-
-    skip = tuple(p for p in {sysconfig.get_paths().get("stdlib"), *_internal_dirs()} if p)
-    for line in reversed(list(stack)):
-        path = line.split(":", 1)[0]
-        if not os.path.abspath(path).startswith(skip) and not path.startswith("<"):
-            return line
-    return None

@@ -1,0 +1,132 @@
+"""An exception that ends a rank: captured before the rank exits, published, and named on every rank."""
+
+# sys.excepthook is chained (the user's hook, or Python's, still prints the traceback and the exit
+# code stays the user's). Before the rank exits it leaves its final snapshot in the store (status
+# raised, the exception's type, message and innermost user frame), so the peers whose collective
+# then fails ("Connection closed by peer": a consequence) or who wait can name the cause. A rank
+# whose own error is a consequence waits up to answer_s for its peers' final snapshots and asks
+# diagnosis.diagnose which rank failed first. A launcher that saw a rank fail sends SIGTERM to
+# the others (torchrun within about 0.1 s): while this bounded diagnosis runs the SIGTERM is held,
+# then delivered, so the rank still ends the way the launcher asked.
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from types import TracebackType
+from typing import Any
+
+from distdoctor.diagnosis.snapshot import RAISED
+from distdoctor.embedded.guard import report as api
+from distdoctor.embedded.guard import snapshot as snapshots
+from distdoctor.embedded.guard.peers import absent_snapshot
+
+
+class _HeldSigterm:
+    """Hold SIGTERM for a bounded diagnosis in the main thread; deliver it afterwards."""
+
+    def __enter__(self) -> "_HeldSigterm":
+        self.caught, self.previous = False, None
+        if threading.current_thread() is threading.main_thread():
+            try:
+                self.previous = signal.signal(signal.SIGTERM, self._hold)
+            except (ValueError, OSError):
+                self.previous = None
+        return self
+
+    def _hold(self, signum: int, frame: Any) -> None:
+        self.caught = True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.previous is None:
+            return
+        signal.signal(signal.SIGTERM, self.previous)
+        if self.caught:
+            signal.raise_signal(signal.SIGTERM)
+
+
+class CrashHook:
+    """The guard's sys.excepthook, in front of whatever hook was there."""
+
+    def __init__(self, guard: Any) -> None:
+        self.guard = guard
+        self.previous: Any = None
+
+    def install(self) -> None:
+        if getattr(sys.excepthook, "__distdoctor_guard__", False):
+            return
+        self.previous = sys.excepthook
+
+        def hook(exc_type: type, exc: BaseException, tb: TracebackType | None) -> None:
+            held = _HeldSigterm()
+            with held:
+                try:
+                    self.on_exception(exc, tb)
+                except Exception:  # the user's traceback must be printed whatever happens here
+                    pass
+                (self.previous or sys.__excepthook__)(exc_type, exc, tb)
+
+        hook.__distdoctor_guard__ = True  # type: ignore[attr-defined]
+        self.hook = hook
+        sys.excepthook = hook
+
+    def uninstall(self) -> None:
+        if getattr(self, "hook", None) is not None and sys.excepthook is self.hook:
+            sys.excepthook = self.previous or sys.__excepthook__
+
+    def on_exception(self, exc: BaseException, tb: TracebackType | None) -> None:
+        guard = self.guard
+        if guard.concluded or guard.final_left or isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            return
+        if isinstance(exc, api.GuardError):  # already reported on every rank of its group
+            guard.leave_final(guard.state(RAISED, keep=False, error=snapshots.raised_error(exc, tb)))
+            return
+        findings = self.verdict(exc, tb, list(range(guard.world)))
+        if not findings:
+            return
+        guard.concluded = True
+        report = guard.report(findings, ranks=list(range(guard.world)))
+        error = snapshots.raised_error(exc, tb)
+        if error.consequence:
+            heading = (f"distdoctor guard (rank {guard.rank}): this rank's {error.type} is a consequence; "
+                       "what happened first:")
+        else:
+            heading = f"distdoctor guard (rank {guard.rank}): this rank raised {error.type}; the job ends:"
+        sys.stderr.write(api.render_text(report, heading) + "\n")
+        sys.stderr.flush()
+        guard.write_json(report, "exception")
+
+    def verdict(self, exc: BaseException, tb: TracebackType | None, ranks: list[int], call: Any = None) -> list[Any]:
+        """Leave this rank's final snapshot; the job's findings from it and the peers' finals.
+
+        ``call``: the guarded call that failed (the stack above it, not the traceback, holds the
+        user's line then)."""
+        from distdoctor.embedded.guard.verdict import decide  # loaded only when a rank fails
+
+        guard = self.guard
+        error = snapshots.raised_error(exc, tb)
+        if call is None:
+            own = guard.state(RAISED, error=error, stack=snapshots.traceback_frames(tb))
+        else:
+            own = guard.state(RAISED, error=error, in_collective=snapshots.call_text(call))
+        guard.leave_final(own)
+        states: dict[int, Any] = {guard.rank: own}
+        side = guard.watch.side if guard.watch is not None else None
+        others = [r for r in ranks if r != guard.rank]
+        if side is not None and others:
+            # A peer's own error is published before its process ends; a consequence waits for it.
+            wait_s = guard.settings.answer_s if error.consequence else 0.0
+            until = time.monotonic() + wait_s
+            while True:
+                states.update(side.read_many("final", [r for r in others if r not in states]))
+                if all(r in states for r in others) or time.monotonic() >= until:
+                    break
+                time.sleep(0.05)
+            if error.consequence:
+                hellos = side.read_many("hello", [r for r in others if r not in states])
+                for rank in others:
+                    if rank not in states:
+                        states[rank] = {"snapshot": absent_snapshot(rank, hellos.get(rank), wait_s, asked=False).to_dict()}
+        return decide(states, [r for r in ranks if r in states], None, world_known=False)

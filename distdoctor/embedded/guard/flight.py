@@ -1,0 +1,158 @@
+"""torch's flight recorder read from inside the job: every collective counted, whoever issued it."""
+
+# DDP's bucket all-reduces, FSDP's all-gathers and reduce-scatters run in C++ and never pass
+# through the Python functions the guard wraps, but c10d's FlightRecorder records every
+# collective of every process group (gloo and NCCL alike) when its buffer is not 0.
+# `_dump_fr_trace_json(includeCollectives=False)` returns only `pg_status` (last enqueued /
+# completed sequence number per group, as text): about 0.04 ms, so the watchdog reads it on
+# every poll. The full dump (entries with sizes and dtypes: about 30 ms for 2,000 entries on a
+# 2-core machine) is read only when a rank is asked for its state. Gloo marks completion
+# asynchronously (an entry stays "scheduled"; last_completed_collective catches up within about
+# 0.5 s), so a group is stalled only when enqueued > completed has not moved for hang_timeout.
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import time
+from typing import Any, Mapping
+
+from distdoctor.diagnosis.flight_recorder import read_dump
+from distdoctor.diagnosis.snapshot import GroupProgress
+
+BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+DEFAULT_BUFFER = 2000
+
+
+def buffer_setting(env: Mapping[str, str]) -> tuple[str | None, int | None]:
+    """(the variable the user set, its value as an int or None when it is not one)."""
+    for name in BUFFER_VARS:
+        raw = env.get(name)
+        if raw is not None and raw.strip() != "":
+            try:
+                return name, int(raw.strip())
+            except ValueError:
+                return name, None
+    return None, None
+
+
+def launch_environment(env: dict[str, str]) -> str:
+    """Set the recorder's buffer for a job the guard starts; returns a problem in words, or ""."""
+    name, value = buffer_setting(env)
+    if name is None:
+        env["TORCH_FR_BUFFER_SIZE"] = str(DEFAULT_BUFFER)
+        return ""
+    if value is None:
+        # torch 2.13 aborts in init_process_group on such a value ("terminate called without
+        # an active exception"): the job could not start at all. The guard runs it with the
+        # recorder off and says so.
+        bad = env[name]
+        env[name] = "0"
+        return (f"{name}={bad!r} is not an integer (torch aborts on it in init_process_group); "
+                f"the guard runs the job with {name}=0")
+    return ""
+
+
+def prepare_this_process() -> None:
+    """Before this process's init_process_group (distdoctor.init_process_group(guard=True)):
+    the recorder's buffer as `distdoctor guard --` sets it for its workers."""
+    env = dict(os.environ)
+    note = launch_environment(env)
+    for name in BUFFER_VARS:
+        if name in env and os.environ.get(name) != env[name]:
+            os.environ[name] = env[name]
+    if note:
+        os.environ["DISTDOCTOR_GUARD_FR_NOTE"] = note
+
+
+def _problem_from_env(env: Mapping[str, str]) -> str:
+    name, value = buffer_setting(env)
+    if name is not None and value is not None and value <= 0:
+        return f"{name}={value} turns torch's flight recorder off"
+    return ""
+
+
+class FlightRecorder:
+    """This process's recorder: its groups' progress, cheap status polls, the dump as evidence."""
+
+    def __init__(self, c10d_module: Any, env: Mapping[str, str], launch_note: str = "") -> None:
+        self._json = getattr(c10d_module, "_dump_fr_trace_json", None)
+        self._pickle = getattr(c10d_module, "_dump_fr_trace", None)
+        self.problem = launch_note or _problem_from_env(env)
+        if self._json is None and self._pickle is None and not self.problem:
+            self.problem = "this torch has no flight recorder (torch._C._distributed_c10d._dump_fr_trace_json)"
+
+    @property
+    def usable(self) -> bool:
+        return not self.problem
+
+    def _dump(self, collectives: bool) -> dict[str, Any] | None:
+        if self._json is not None:
+            return json.loads(self._json(includeCollectives=collectives, onlyActive=False))
+        if self._pickle is not None:
+            # The process's own recorder, read back in the same process: no foreign input.
+            return pickle.loads(self._pickle(includeCollectives=collectives, includeStackTraces=False))
+        return None
+
+    def status(self) -> dict[str, tuple[int, int]]:
+        """group -> (last enqueued, last completed); {} when the recorder cannot tell."""
+        if not self.usable:
+            return {}
+        try:
+            raw = (self._dump(False) or {}).get("pg_status") or {}
+        except Exception as exc:  # the recorder must never take the guard down
+            self.problem = f"reading torch's flight recorder failed: {type(exc).__name__}: {str(exc)[:200]}"
+            return {}
+        out = {}
+        for group, state in raw.items() if isinstance(raw, Mapping) else ():
+            if isinstance(state, Mapping):
+                try:
+                    out[str(group)] = (int(state.get("last_enqueued_collective", -1)),
+                                       int(state.get("last_completed_collective", -1)))
+                except (TypeError, ValueError):
+                    continue
+        return out
+
+    def groups(self) -> tuple[GroupProgress, ...]:
+        """Every group's progress with its pending op and recent entries (the full dump)."""
+        if not self.usable:
+            return ()
+        try:
+            return read_dump(self._dump(True), time.time_ns()) or ()
+        except Exception as exc:  # the recorder must never take the guard down
+            self.problem = f"reading torch's flight recorder failed: {type(exc).__name__}: {str(exc)[:200]}"
+            return ()
+
+    def torch_dump(self) -> bytes | None:
+        """The dump in torch's own pickle form (what torch's fr_trace analyzer reads)."""
+        if not self.usable or self._pickle is None:
+            return None
+        try:
+            return bytes(self._pickle(includeCollectives=True, includeStackTraces=False, onlyActive=False))
+        except Exception:  # evidence is best effort
+            return None
+
+
+class StallClock:
+    """Since when each group's completed count has stood still with a collective pending.
+
+    Only the completed count matters: on NCCL the main thread keeps enqueueing (kernels run on a
+    stream) while the first stuck collective holds every later one back."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, tuple[int, float]] = {}
+
+    def update(self, status: Mapping[str, tuple[int, int]], now: float) -> tuple[str, float] | None:
+        """The group stalled longest: (group, seconds), or None when none has a pending collective."""
+        worst: tuple[str, float] | None = None
+        for group, (enqueued, completed) in status.items():
+            if enqueued <= completed:
+                self.seen.pop(group, None)
+                continue
+            previous = self.seen.get(group)
+            since = previous[1] if previous is not None and previous[0] == completed else now
+            self.seen[group] = (completed, since)
+            if worst is None or now - since > worst[1]:
+                worst = (group, now - since)
+        return worst
