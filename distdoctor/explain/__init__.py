@@ -93,7 +93,8 @@ def _read_one(source: LogSource, index: int, acc: Accumulator, scanner: Scanner,
     before = sum(g.count for g in acc.groups.values())
     structured = read_structured(source, evidence)
     if structured is not None:
-        return _read_check(source, 1, time.monotonic() - t0, kind=structured)
+        # Evidence for the job's diagnosis, not a failure found in this file by itself.
+        return _read_check(source, 0, time.monotonic() - t0, kind=structured)
     reports = read_reports(source)
     if reports is not None:
         acc.own_reports += [(source.name, r) for r in reports]

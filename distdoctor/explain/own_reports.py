@@ -135,7 +135,8 @@ def _finding(raw: Any, file: str, status: str, kind: str) -> Finding | None:
     data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
     detail = [f"From distdoctor's {kind} {file} (status {status}{', check ' + check if check else ''}):"]
     if raw.get("detail"):
-        detail.append(_text(raw["detail"]))
+        # Line by line: cleaning strips control characters, and a report's detail keeps its lines.
+        detail += [_text(line) for line in str(raw["detail"])[:MAX_TEXT].splitlines()]
     return Finding(
         id=str(raw["id"]),
         severity=severity,

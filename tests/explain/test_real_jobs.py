@@ -20,7 +20,8 @@ from distdoctor.explain import explain_files
 
 JOB = Path(__file__).resolve().parent / "jobs" / "train_job.py"
 RAISE_LINE = next(i for i, line in enumerate(JOB.read_text().splitlines(), 1) if "raise ValueError" in line)
-SCENARIOS = {"crash": {}, "crash_record": {"RECORD": "1"}, "uneven": {}, "straggler": {}, "sigkill": {}}
+SCENARIOS = {"crash": {}, "crash_record": {"RECORD": "1"}, "uneven": {}, "straggler": {}, "sigkill": {},
+             "crash_guarded": {}}
 JOB_DEADLINE_S = 240  # each job ends in seconds; this bounds a wedged one on a loaded machine
 
 
@@ -35,6 +36,8 @@ def jobs(tmp_path_factory) -> dict[str, Path]:
         env = {**os.environ, "SCENARIO": name.split("_")[0], **extra, "OMP_NUM_THREADS": "1"}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                "--tee", "3", "--log-dir", str(out / "logs"), str(JOB)]
+        if name == "crash_guarded":  # the same job under the runtime guard, which writes its report directory
+            cmd = [sys.executable, "-m", "distdoctor", "guard", "--report-dir", str(out / "reports"), "--", *cmd]
         with open(out / "console.log", "wb") as console:
             procs[name] = subprocess.Popen(cmd, env=env, stdout=console, stderr=subprocess.STDOUT, cwd=out)
     try:
@@ -130,3 +133,15 @@ def test_srun_and_mpirun_rank_prefixes_split_the_log_by_rank(jobs, tmp_path, sty
     log.write_text(text)
     finding, _ = top([log])
     assert (finding.cause, finding.ranks) == ("worker_exception", (1,)) and f"train_job.py:{RAISE_LINE}" in finding.title
+
+
+def test_the_guards_report_directory_is_read_as_the_same_job(jobs):
+    reports = jobs["crash_guarded"] / "reports"
+    assert list(reports.rglob("rank*.json")), sorted(p.name for p in reports.rglob("*"))
+    finding, report = top([reports])
+    assert (finding.cause, finding.ranks) == ("worker_exception", (1,)), [(f.id, f.title) for f in report.findings]
+    assert f"train_job.py:{RAISE_LINE}" in finding.detail
+    # With the console log beside it: still one answer for the one failure.
+    finding, report = top([reports, jobs["crash_guarded"] / "console.log"])
+    assert (finding.cause, finding.ranks) == ("worker_exception", (1,))
+    assert len([f for f in report.findings if f.cause == "worker_exception"]) == 1, [(f.id, f.title) for f in report.findings]
