@@ -5,7 +5,12 @@
 #
 # The signature catalog (catalog.toml) is data; scan.py matches it against the logs in bounded
 # memory; reason.py turns the matches into findings with a cause, a confidence and the evidence.
-# Importing this package registers the catalog's finding IDs (area ``log``). Nothing here prints.
+# Beside the scan, ranks.py collects what each rank's own lines say (its exception, its exit in
+# torchrun's summary, NCCL's watchdog progress); structured.py reads error files, flight-recorder
+# dumps and snapshots; snapshots.py makes one RankSnapshot per rank and job.py merges the one
+# diagnosis (distdoctor.diagnosis.diagnose) with the catalog's findings: the first failure is the
+# cause, the rest its consequences. Importing this package registers the catalog's finding IDs
+# (area ``log``). Nothing here prints.
 
 from __future__ import annotations
 
@@ -62,7 +67,7 @@ def explain_files(
     acc.empty_ranks -= spoke
     acc.quiet_ranks -= {r for r, t in evidence.collector.ranks.items() if t.errors or t.error_file}
     findings = findings_from(acc, catalog)
-    snaps = build_snapshots(evidence, catalog, quiet=acc.quiet_ranks, empty=acc.empty_ranks)
+    snaps = build_snapshots(evidence, catalog, empty=acc.empty_ranks)
     anonymous = anonymous_error(evidence.collector, snaps, catalog)
     findings = job_findings(snaps, findings, acc, catalog, error_lines(evidence.collector), anonymous)
     disagreement = rank_config_finding(evidence.collector, catalog)

@@ -42,9 +42,7 @@ class JobEvidence:
 
     collector: RankCollector = field(default_factory=RankCollector)
     groups: dict[int, tuple[GroupProgress, ...]] = field(default_factory=dict)   # from recorder dumps
-    dump_hosts: dict[int, str] = field(default_factory=dict)
     reported: list[RankSnapshot] = field(default_factory=list)                   # from distdoctor's reports
-    world_sizes: dict[int, set[int]] = field(default_factory=dict)
 
 
 def is_consequence(raised: RaisedText, catalog: Catalog) -> bool:
@@ -87,7 +85,7 @@ def _own_error(text: RankText) -> RaisedText | None:
     return text.bare[-1] if text.bare else None
 
 
-def build_snapshots(evidence: JobEvidence, catalog: Catalog, quiet: set[int], empty: set[int]) -> list[RankSnapshot]:
+def build_snapshots(evidence: JobEvidence, catalog: Catalog, empty: set[int]) -> list[RankSnapshot]:
     """One snapshot per rank that any input named."""
     collector = evidence.collector
     _attribute(collector)
@@ -158,7 +156,7 @@ def _snapshot(text: RankText, evidence: JobEvidence, catalog: Catalog, year: int
         status, code = RUNNING, None
         notes.clear()
         notes.append(f"NCCL's watchdog timed out its collective: {text.watchdog_line[:160]}")
-    return RankSnapshot(rank=text.rank, host=exit_.host if exit_ else evidence.dump_hosts.get(text.rank, ""),
+    return RankSnapshot(rank=text.rank, host=exit_.host if exit_ else "",
                         pid=exit_.pid if exit_ else None, status=status, exit_code=code,
                         groups=groups, where=where, in_collective=collective, error=error,
                         time=exit_.time if exit_ else None, source=SOURCE, notes=tuple(notes))
