@@ -287,16 +287,12 @@ def _weigh_how_peers_failed(ranked: list[Ranked], snaps: Sequence[RankSnapshot])
 
 
 def _exception_confidence(first: RankSnapshot | None) -> float:
-    if first is None or first.error is None:
+    """0.9 when the user's own code raised it (the traceback's innermost frame is theirs), 0.75 when a
+    library raised it on their behalf (CUDA out of memory inside torch), 0.7 when no traceback says."""
+    if first is None or first.error is None or first.error.frame is None:
         return NO_TRACEBACK
-    if first.error.frame is None:
-        return NO_TRACEBACK
-    return CONFIDENCE["job.E001"] if first.error.frame is not None and _raised_in_user_code(first) else RAISED_IN_LIBRARY
-
-
-def _raised_in_user_code(snap: RankSnapshot) -> bool:
-    frame = snap.error.frame if snap.error else None
-    return frame is not None and is_user_file(frame.file) and snap.error.message is not None
+    innermost = first.stack[-1] if first.stack else first.error.frame
+    return CONFIDENCE["job.E001"] if is_user_file(innermost.file) else RAISED_IN_LIBRARY
 
 
 def _job_kind(finding_id: str) -> FindingKind:

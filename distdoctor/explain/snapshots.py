@@ -158,6 +158,8 @@ def _snapshot(text: RankText, evidence: JobEvidence, catalog: Catalog, year: int
         notes.append(f"NCCL's watchdog timed out its collective: {text.watchdog_line[:160]}")
     return RankSnapshot(rank=text.rank, host=exit_.host if exit_ else "",
                         pid=exit_.pid if exit_ else None, status=status, exit_code=code,
+                        # The traceback is the rank's stack at the moment it raised (innermost last).
+                        stack=raised.frames[-32:] if raised is not None else (),
                         groups=groups, where=where, in_collective=collective, error=error,
                         time=exit_.time if exit_ else None, source=SOURCE, notes=tuple(notes))
 

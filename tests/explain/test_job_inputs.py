@@ -221,3 +221,13 @@ def test_a_sigtermed_rank_whose_loop_was_over_left_the_job_and_one_still_working
         "Connection closed by peer [10.0.0.2]:4455", "Timed out waiting 5000ms for recv operation to complete") + SUMMARY
     top = explain_text(working).findings[0]
     assert (top.cause, top.ranks) == ("straggler_rank", (0,)), top.title
+
+
+def test_an_exception_a_library_raised_for_the_users_line_is_less_certain_than_one_the_user_raised():
+    inside = PEER.replace("RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:4455",
+                          "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    library = explain_text("\n".join(prefixed(1, inside)) + "\n").findings[0]
+    user = explain_text("\n".join(prefixed(1, RAISED)) + "\n").findings[0]
+    assert (library.cause, library.ranks, user.cause) == ("worker_exception", (1,), "worker_exception")
+    assert "/work/train.py:31" in library.title  # the user's line, not torch's
+    assert library.confidence < 0.8 <= user.confidence
