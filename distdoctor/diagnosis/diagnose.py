@@ -27,6 +27,10 @@ from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUN
                                            PendingOp, RankSnapshot)
 
 DEFAULT_GROUP = "0"
+# Calls that need one matching peer, not the whole group: every rank in one of these is a cycle
+# of sends or receives that can never match, not a transport fault.
+POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
+                            "recv_object_list", "_coalesced"})
 _LAUNCHER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -155,7 +159,8 @@ def _exit_text(snap: RankSnapshot) -> str:
         return f"killed by {signal_name(-snap.exit_code)} (exit {snap.exit_code})"
     if snap.exit_code is not None:
         return f"exited with code {snap.exit_code}"
-    return {RAISED: "raised", FINISHED: "left the job", UNREACHABLE: "did not answer"}.get(snap.status, snap.status)
+    return {RAISED: "raised", FINISHED: "left the job", UNREACHABLE: "did not answer",
+            RUNNING: "is running"}.get(snap.status, "is in a state this source could not read")
 
 
 def signal_name(number: int) -> str:
@@ -216,7 +221,7 @@ def _first_failure(snaps: Sequence[RankSnapshot]) -> Finding | None:
         lines = [f"rank {first.rank}{' on ' + first.host if first.host else ''} was {_exit_text(first)}{_where(first)}"]
         kind = kinds.KILLED
     else:
-        title = f"Rank {first.rank} {_exit_text(first)} before its peers"
+        title = f"Rank {first.rank} {_exit_text(first)}" + (" before its peers" if others else "")
         lines = [f"rank {first.rank}{' on ' + first.host if first.host else ''} {_exit_text(first)}{_where(first)}"
                  + " without an error this source could read"]
         kind = kinds.MISSING
@@ -374,7 +379,19 @@ def _all_waiting(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Findi
     if not waiting or len(waiting) != len(snaps):
         return None
     group, op = _waiting_op(waiting[0])
+    ops = {(_waiting_op(s)[1] or PendingOp("?")).op for s in waiting}
+    if ops <= POINT_TO_POINT:
+        return _p2p_deadlock(snaps, waiting, sorted(ops))
     title = f"Every rank waits in {_op_text(group, op)} and it does not complete" + (
         f" ({waited_s:.1f} s)" if waited_s else "")
     return kinds.HANG(title, detail=_waiters_text(waiting), ranks=[s.rank for s in waiting], hosts=_hosts(waiting),
                       data=_data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None))
+
+
+def _p2p_deadlock(snaps: Sequence[RankSnapshot], waiting: Sequence[RankSnapshot], ops: list[str]) -> Finding:
+    title = f"Every rank waits in a point-to-point call ({', '.join(ops)}) that no peer matches"
+    return kinds.MISMATCH(
+        title, detail=_waiters_text(waiting), ranks=[s.rank for s in waiting], hosts=_hosts(waiting),
+        remediation="Order sends and receives so each recv has a peer sending to it at that moment (even ranks "
+                    "send first, odd ranks receive first), or post both with dist.batch_isend_irecv",
+        data=_data(snaps, ops=ops, waiting=[s.rank for s in waiting]))

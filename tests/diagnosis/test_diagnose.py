@@ -195,3 +195,13 @@ def test_a_rank_that_ended_with_an_exit_status_nobody_saw_is_missing():
     finding = only(diagnose([waiting(0), gone]))
     assert (finding.id, finding.cause, finding.ranks) == ("job.E004", "rank_missing", (1,))
     assert "ended while the others wait" in finding.title and "no process of this rank" in finding.detail
+
+
+def test_every_rank_in_a_recv_is_a_cycle_of_point_to_point_calls_not_a_transport_fault():
+    finding = only(diagnose([waiting(0, op="recv", sizes=(), dtypes=()), waiting(1, op="recv", sizes=(), dtypes=())]))
+    assert finding.id == "job.E006" and "point-to-point" in finding.title and "batch_isend_irecv" in finding.remediation
+
+
+def test_a_lone_rank_that_exited_is_not_said_to_have_peers():
+    finding = only(diagnose([RankSnapshot(0, status="exited", exit_code=7)]))
+    assert finding.title == "Rank 0 exited with code 7"
