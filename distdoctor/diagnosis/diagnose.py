@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
 from distdoctor.core.findings import Finding
+from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis import kinds
 from distdoctor.diagnosis.frames import is_user_file
 from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNKNOWN, UNREACHABLE,
@@ -133,18 +134,32 @@ def _listed(parts: list[str]) -> str:
 
 
 def _waiters_text(waiting: Sequence[RankSnapshot]) -> str:
-    parts = []
-    for snap in waiting[:MAX_LISTED + 1]:
+    """What the waiting ranks are in; ranks in the same call at the same line are said once
+    (`ranks 0, 2-3 wait in ...`), so a 64-rank job reads as one line per place."""
+    places: dict[tuple[str, str], list[tuple[int, float | None]]] = {}
+    for snap in waiting:
         group, op = _waiting_op(snap)
         if not snap.waiting and snap.error is not None:
-            parts.append(f"rank {snap.rank} failed in {_op_text(group, op)}{_where(snap)} with {snap.error.type}: "
-                         f"{snap.error.message}"[:400])
+            text = (f"failed in {_op_text(group, op)}{_where(snap)} with {snap.error.type}: {snap.error.message}")[:400]
+            places.setdefault(("failed", text), []).append((snap.rank, None))
             continue
-        since = f" for {op.age_s:.1f} s" if op and op.age_s is not None else ""
-        parts.append(f"rank {snap.rank} waits in {_op_text(group, op)}{_where(snap)}{since}")
-    if len(waiting) > MAX_LISTED:
-        return "; ".join(parts[:MAX_LISTED]) + f"; … and {len(waiting) - MAX_LISTED} more ranks"
+        age = op.age_s if op is not None else None
+        places.setdefault(("waits", f"{_op_text(group, op)}{_where(snap)}"), []).append((snap.rank, age))
+    parts = [_place_text(verb, text, members) for (verb, text), members in places.items()]
+    if len(parts) > MAX_LISTED:
+        return "; ".join(parts[:MAX_LISTED]) + f"; … and {len(parts) - MAX_LISTED} more places"
     return "; ".join(parts)
+
+
+def _place_text(verb: str, text: str, members: list[tuple[int, float | None]]) -> str:
+    ranks = [rank for rank, _ in members]
+    ages = [age for _, age in members if age is not None]
+    if len(ranks) == 1:
+        since = f" for {ages[0]:.1f} s" if ages else ""
+        return f"rank {ranks[0]} {verb} in {text}{since}" if verb == "waits" else f"rank {ranks[0]} {text}"
+    since = f" for up to {max(ages):.1f} s" if ages else ""
+    label = f"ranks {format_ranks(ranks)}"
+    return f"{label} wait in {text}{since}" if verb == "waits" else f"{label} {text}"
 
 
 def _progress_text(snap: RankSnapshot, group: str = DEFAULT_GROUP) -> str:
@@ -380,7 +395,7 @@ def _all_waiting(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Findi
         return None
     group, op = _waiting_op(waiting[0])
     ops = {(_waiting_op(s)[1] or PendingOp("?")).op for s in waiting}
-    if ops <= POINT_TO_POINT:
+    if ops <= POINT_TO_POINT and len(waiting) > 1:  # one rank alone in a recv: its peer is unseen
         return _p2p_deadlock(snaps, waiting, sorted(ops))
     title = f"Every rank waits in {_op_text(group, op)} and it does not complete" + (
         f" ({waited_s:.1f} s)" if waited_s else "")
