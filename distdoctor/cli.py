@@ -462,7 +462,7 @@ def env(
 
 @app.command()
 def explain(
-    files: Annotated[list[str], typer.Argument(help="Log files (one log, or one per rank), or - to read stdin.", show_default=False)],
+    files: Annotated[list[str], typer.Argument(help="Log files (one log, or one per rank), directories of them (torchrun --log-dir, flight-recorder dumps, error files), or - to read stdin.", show_default=False)],
     fmt: Annotated[Optional[str], _option("format", "--format", "-f", panel=OUTPUT_PANEL, metavar="FORMAT")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.", rich_help_panel=OUTPUT_PANEL)] = None,
     fail_level: Annotated[Optional[str], _option("fail_level", "--fail-level", panel=POLICY_PANEL, metavar="LEVEL")] = None,
@@ -471,9 +471,11 @@ def explain(
 ) -> None:
     """Name the cause of a failed job from its logs (torchrun output, per-rank logs, NCCL/Gloo errors).
 
-    Each finding carries a confidence; a text with several possible causes lists them as
-    candidates and says what to run to tell them apart. Exit codes: 0 nothing at or above
-    --fail-level; 1 a cause was found at or above it; 2 unreadable input or usage error.
+    The logs are read as one job, split by rank: the first rank to fail is the cause, its
+    peers' errors are its consequences. Each finding carries a confidence; a text with several
+    possible causes lists them as candidates and says what to run to tell them apart. Exit
+    codes: 0 nothing at or above --fail-level; 1 a cause was found at or above it; 2 unreadable
+    input or usage error.
     """
     try:
         config = load_config({"format": fmt, "fail_level": fail_level, "silence": silence}, cli_flags=CLI_FLAGS)

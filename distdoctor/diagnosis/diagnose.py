@@ -21,12 +21,17 @@ from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
 from distdoctor.core.findings import Finding
+from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis import kinds
 from distdoctor.diagnosis.frames import is_user_file
 from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNKNOWN, UNREACHABLE,
                                            PendingOp, RankSnapshot)
 
 DEFAULT_GROUP = "0"
+# Calls that need one matching peer, not the whole group: every rank in one of these is a cycle
+# of sends or receives that can never match, not a transport fault.
+POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
+                            "recv_object_list", "_coalesced"})
 _LAUNCHER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -119,17 +124,42 @@ def _op_text(group: str, op: PendingOp | None) -> str:
     return f"{op.describe() if op else 'a collective'} of {group_label(group)}"
 
 
+MAX_LISTED = 16  # ranks described one by one in a detail line; a 1024-rank job names the rest by count
+
+
+def _listed(parts: list[str]) -> str:
+    if len(parts) <= MAX_LISTED:
+        return "; ".join(parts)
+    return "; ".join(parts[:MAX_LISTED]) + f"; … and {len(parts) - MAX_LISTED} more ranks"
+
+
 def _waiters_text(waiting: Sequence[RankSnapshot]) -> str:
-    parts = []
+    """What the waiting ranks are in; ranks in the same call at the same line are said once
+    (`ranks 0, 2-3 wait in ...`), so a 64-rank job reads as one line per place."""
+    places: dict[tuple[str, str], list[tuple[int, float | None]]] = {}
     for snap in waiting:
         group, op = _waiting_op(snap)
         if not snap.waiting and snap.error is not None:
-            parts.append(f"rank {snap.rank} failed in {_op_text(group, op)}{_where(snap)} with {snap.error.type}: "
-                         f"{snap.error.message}"[:400])
+            text = (f"failed in {_op_text(group, op)}{_where(snap)} with {snap.error.type}: {snap.error.message}")[:400]
+            places.setdefault(("failed", text), []).append((snap.rank, None))
             continue
-        since = f" for {op.age_s:.1f} s" if op and op.age_s is not None else ""
-        parts.append(f"rank {snap.rank} waits in {_op_text(group, op)}{_where(snap)}{since}")
+        age = op.age_s if op is not None else None
+        places.setdefault(("waits", f"{_op_text(group, op)}{_where(snap)}"), []).append((snap.rank, age))
+    parts = [_place_text(verb, text, members) for (verb, text), members in places.items()]
+    if len(parts) > MAX_LISTED:
+        return "; ".join(parts[:MAX_LISTED]) + f"; … and {len(parts) - MAX_LISTED} more places"
     return "; ".join(parts)
+
+
+def _place_text(verb: str, text: str, members: list[tuple[int, float | None]]) -> str:
+    ranks = [rank for rank, _ in members]
+    ages = [age for _, age in members if age is not None]
+    if len(ranks) == 1:
+        since = f" for {ages[0]:.1f} s" if ages else ""
+        return f"rank {ranks[0]} {verb} in {text}{since}" if verb == "waits" else f"rank {ranks[0]} {text}"
+    since = f" for up to {max(ages):.1f} s" if ages else ""
+    label = f"ranks {format_ranks(ranks)}"
+    return f"{label} wait in {text}{since}" if verb == "waits" else f"{label} {text}"
 
 
 def _progress_text(snap: RankSnapshot, group: str = DEFAULT_GROUP) -> str:
@@ -144,7 +174,8 @@ def _exit_text(snap: RankSnapshot) -> str:
         return f"killed by {signal_name(-snap.exit_code)} (exit {snap.exit_code})"
     if snap.exit_code is not None:
         return f"exited with code {snap.exit_code}"
-    return {RAISED: "raised", FINISHED: "left the job", UNREACHABLE: "did not answer"}.get(snap.status, snap.status)
+    return {RAISED: "raised", FINISHED: "left the job", UNREACHABLE: "did not answer",
+            RUNNING: "is running"}.get(snap.status, "is in a state this source could not read")
 
 
 def signal_name(number: int) -> str:
@@ -205,12 +236,12 @@ def _first_failure(snaps: Sequence[RankSnapshot]) -> Finding | None:
         lines = [f"rank {first.rank}{' on ' + first.host if first.host else ''} was {_exit_text(first)}{_where(first)}"]
         kind = kinds.KILLED
     else:
-        title = f"Rank {first.rank} {_exit_text(first)} before its peers"
+        title = f"Rank {first.rank} {_exit_text(first)}" + (" before its peers" if others else "")
         lines = [f"rank {first.rank}{' on ' + first.host if first.host else ''} {_exit_text(first)}{_where(first)}"
                  + " without an error this source could read"]
         kind = kinds.MISSING
     if detail_tail:
-        lines.append("then, as a consequence: " + "; ".join(detail_tail))
+        lines.append("then, as a consequence: " + _listed(detail_tail))
     lines += _stack_lines(first)
     return kind(title, detail="\n".join(lines), ranks=[first.rank], hosts=_hosts([first]),
                 data=_data(snaps, first_rank=first.rank,
@@ -222,7 +253,7 @@ def _consequence_text(snap: RankSnapshot) -> str:
         return f"rank {snap.rank} {'failed' if snap.error.consequence else 'also raised'} with {snap.error.describe()}"
     if snap.status in (KILLED, EXITED) and snap.exit_code not in (None, 0):
         return f"rank {snap.rank} {_exit_text(snap)}"
-    if snap.waiting:
+    if _blocked(snap):
         return _waiters_text([snap])
     return ""
 
@@ -249,8 +280,9 @@ def _left_early(snaps: Sequence[RankSnapshot]) -> Finding | None:
 def _missing(snaps: Sequence[RankSnapshot]) -> Finding | None:
     waiting = [s for s in snaps if _blocked(s)]
     # An exit whose status the source did not see (the launcher reaped it) is missing too.
-    silent = [s for s in snaps if s.status in (UNREACHABLE, UNKNOWN)
-              or (s.status == KILLED and s.exit_code is not None) or (s.status == EXITED and s.exit_code is None)]
+    silent = [s for s in snaps if not _blocked(s) and (
+        s.status in (UNREACHABLE, UNKNOWN) or (s.status == KILLED and s.exit_code is not None)
+        or (s.status == EXITED and s.exit_code is None))]
     if not waiting or not silent:
         return None
     group, op = _waiting_op(waiting[0])
@@ -277,7 +309,8 @@ def _straggler(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Finding
     for snap in idle:
         progress = _progress_text(snap, group)
         lines.append(f"rank {snap.rank}{' on ' + snap.host if snap.host else ''} is not in a collective"
-                     + (f", at {snap.where.describe()}" if snap.where else " (its stack has no frame of your code)")
+                     + (f", at {snap.where.describe()}" if snap.where else
+                        " (its stack has no frame of your code)" if snap.stack else " (where in your code is not known)")
                      + (f" ({progress})" if progress else ""))
     lines.append(_waiters_text(waiting) + (f" (the first waited {waited_s:.1f} s)" if waited_s else ""))
     for snap in idle:
@@ -357,11 +390,23 @@ def _diverged(snaps: Sequence[RankSnapshot]) -> Finding | None:
 
 
 def _all_waiting(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Finding | None:
-    waiting = [s for s in snaps if s.waiting]
+    waiting = [s for s in snaps if _blocked(s)]
     if not waiting or len(waiting) != len(snaps):
         return None
     group, op = _waiting_op(waiting[0])
+    ops = {(_waiting_op(s)[1] or PendingOp("?")).op for s in waiting}
+    if ops <= POINT_TO_POINT and len(waiting) > 1:  # one rank alone in a recv: its peer is unseen
+        return _p2p_deadlock(snaps, waiting, sorted(ops))
     title = f"Every rank waits in {_op_text(group, op)} and it does not complete" + (
         f" ({waited_s:.1f} s)" if waited_s else "")
     return kinds.HANG(title, detail=_waiters_text(waiting), ranks=[s.rank for s in waiting], hosts=_hosts(waiting),
                       data=_data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None))
+
+
+def _p2p_deadlock(snaps: Sequence[RankSnapshot], waiting: Sequence[RankSnapshot], ops: list[str]) -> Finding:
+    title = f"Every rank waits in a point-to-point call ({', '.join(ops)}) that no peer matches"
+    return kinds.MISMATCH(
+        title, detail=_waiters_text(waiting), ranks=[s.rank for s in waiting], hosts=_hosts(waiting),
+        remediation="Order sends and receives so each recv has a peer sending to it at that moment (even ranks "
+                    "send first, odd ranks receive first), or post both with dist.batch_isend_irecv",
+        data=_data(snaps, ops=ops, waiting=[s.rank for s in waiting]))

@@ -5,7 +5,12 @@
 #
 # The signature catalog (catalog.toml) is data; scan.py matches it against the logs in bounded
 # memory; reason.py turns the matches into findings with a cause, a confidence and the evidence.
-# Importing this package registers the catalog's finding IDs (area ``log``). Nothing here prints.
+# Beside the scan, ranks.py collects what each rank's own lines say (its exception, its exit in
+# torchrun's summary, NCCL's watchdog progress); structured.py reads error files, flight-recorder
+# dumps and snapshots; snapshots.py makes one RankSnapshot per rank and job.py merges the one
+# diagnosis (distdoctor.diagnosis.diagnose) with the catalog's findings: the first failure is the
+# cause, the rest its consequences. Importing this package registers the catalog's finding IDs
+# (area ``log``). Nothing here prints.
 
 from __future__ import annotations
 
@@ -15,8 +20,11 @@ from typing import BinaryIO, Iterable, Sequence
 from distdoctor.explain.catalog import Catalog, CatalogError, load_catalog
 from distdoctor.explain.own_reports import read_reports
 from distdoctor.explain.reader import LogInputError, LogSource, open_sources
-from distdoctor.explain.reason import findings_from
+from distdoctor.explain.reason import findings_from, skipped_finding
 from distdoctor.explain.scan import Accumulator, Scanner
+from distdoctor.explain.job import job_findings, rank_config_finding
+from distdoctor.explain.snapshots import JobEvidence, anonymous_error, build_snapshots, error_lines
+from distdoctor.explain.structured import read_structured
 from distdoctor.core.report import Report, WorldSummary, build_report
 import io
 
@@ -35,40 +43,80 @@ def explain_files(
     silence: Iterable[str] = (),
     catalog: Catalog | None = None,
 ) -> Report:
-    """Read the logs (paths, or "-" for stdin) and return a Report; raises LogInputError on bad input."""
+    """Read the logs (paths, directories, or "-" for stdin) and return a Report; raises LogInputError on bad input."""
     started = time.monotonic()
     catalog = catalog or CATALOG
     sources = open_sources(list(inputs), stdin=stdin)
     acc = Accumulator()
-    scanner = Scanner(catalog, acc)
-    checks = []
+    evidence = JobEvidence()
+    scanner = Scanner(catalog, acc, evidence.collector)
+    checks, skipped = [], []
     for index, source in enumerate(sources):
-        t0 = time.monotonic()
-        before = sum(g.count for g in acc.groups.values())
-        reports = read_reports(source)
-        if reports is not None:
-            acc.own_reports += [(source.name, r) for r in reports]
-            found = sum(len(r.get("findings", [])) for r in reports)
-            checks.append(_read_check(source, found, time.monotonic() - t0, kind="distdoctor report"))
-            continue
-        scanner.scan(source, index)
-        if source.empty:
-            _record_empty(acc, source)
-        matched = sum(g.count for g in acc.groups.values()) - before
-        checks.append(_read_check(source, matched, time.monotonic() - t0))
+        try:
+            checks.append(_read_one(source, index, acc, scanner, evidence))
+        except LogInputError as exc:
+            if not source.in_directory:
+                raise
+            # One bad file among a directory's many is named, not fatal.
+            skipped.append(str(exc))
+            checks.append({"name": f"read {source.name}", "stage": "log", "status": "skip", "reason": str(exc)})
+        finally:
+            _close(source)
+    # A rank is silent only if all its files are empty (--log-dir's stderr.log is empty when all went well).
+    spoke = {r for r, t in evidence.collector.ranks.items() if t.lines}
+    acc.empty_ranks -= spoke
+    acc.quiet_ranks -= {r for r, t in evidence.collector.ranks.items() if t.errors or t.error_file}
     findings = findings_from(acc, catalog)
+    snaps = build_snapshots(evidence, catalog, empty=acc.empty_ranks)
+    anonymous = anonymous_error(evidence.collector, snaps, catalog)
+    findings = job_findings(snaps, findings, acc, catalog, error_lines(evidence.collector), anonymous)
+    disagreement = rank_config_finding(evidence.collector, catalog)
+    if disagreement is not None:
+        findings.insert(0, disagreement)  # the job was not one world: what failed afterwards follows from it
+    if skipped:
+        findings.append(skipped_finding(skipped, catalog))
     order = {id(f): i for i, f in enumerate(findings)}
     ranking = {f.merge_key: order[id(f)] for f in findings}
+    ranks_seen = acc.ranks_seen | {s.rank for s in snaps}
     report = build_report(
         findings,
         checks,
-        world=WorldSummary(size=None, launcher=LAUNCHER, ranks_reported=tuple(sorted(acc.ranks_seen))),
+        world=WorldSummary(size=None, launcher=LAUNCHER, ranks_reported=tuple(sorted(ranks_seen))),
         duration_s=time.monotonic() - started,
         silence=silence,
     )
     # build_report orders by severity and ID; a log diagnosis is ordered by likelihood instead.
     report.findings.sort(key=lambda f: (-int(f.severity), ranking.get(f.merge_key, len(ranking))))
     return report
+
+
+def _read_one(source: LogSource, index: int, acc: Accumulator, scanner: Scanner, evidence: JobEvidence) -> dict:
+    """Read one input as what it is (a report, an error file, a recorder dump, a log); its pseudo-check."""
+    t0 = time.monotonic()
+    if source.skip_reason:
+        raise LogInputError(f"{source.name}: {source.skip_reason}")
+    before = sum(g.count for g in acc.groups.values())
+    structured = read_structured(source, evidence)
+    if structured is not None:
+        # Evidence for the job's diagnosis, not a failure found in this file by itself.
+        return _read_check(source, 0, time.monotonic() - t0, kind=structured)
+    reports = read_reports(source)
+    if reports is not None:
+        acc.own_reports += [(source.name, r) for r in reports]
+        found = sum(len(r.get("findings", [])) for r in reports)
+        return _read_check(source, found, time.monotonic() - t0, kind="distdoctor report")
+    scanner.scan(source, index)
+    if source.empty:
+        _record_empty(acc, source)
+    matched = sum(g.count for g in acc.groups.values()) - before
+    return _read_check(source, matched, time.monotonic() - t0)
+
+
+def _close(source: LogSource) -> None:
+    """A directory may hold thousands of files: never keep one open past its reading."""
+    if source.owns_stream and source.stream is not None:
+        source.stream.close()
+        source.stream = None
 
 
 def explain_text(text: str, **kwargs) -> Report:

@@ -52,15 +52,7 @@ def rank_candidates(sig: Signature, fields: dict, acc: Accumulator, catalog: Cat
     ranked = [Ranked(sig.kind, own_conf, render_template(sig.title, fields), render_template(sig.tell, fields), [])]
     ranked += [Ranked(c.kind, c.confidence, render_template(c.why, fields), render_template(c.tell, fields), [])
                for c in sig.candidates]
-    for name, (count, evidence) in acc.cues.items():
-        cue = cues.get(name)
-        if cue is None:
-            continue
-        for r in ranked:
-            delta = cue.boost.get(r.cause)
-            if delta:
-                r.confidence += delta
-                r.reasons.append(f"{cue.note} ({evidence['file']}:{evidence['line']})")
+    _add_cues(ranked, acc, cues)
     for field_name, cause, delta, note in sig.boost_if:
         if fields.get(field_name):
             for r in ranked:
@@ -77,6 +69,26 @@ def rank_candidates(sig: Signature, fields: dict, acc: Accumulator, catalog: Cat
     for r in ranked:
         r.confidence = round(min(GENERIC_CEILING, max(FLOOR, r.confidence)), 3)
     # Stable: equal confidences keep the catalog's (prior) order.
+    return sorted(ranked, key=lambda r: -r.confidence)
+
+
+def _add_cues(ranked: list[Ranked], acc: Accumulator, cues: dict) -> None:
+    for name, (count, evidence) in acc.cues.items():
+        cue = cues.get(name)
+        if cue is None:
+            continue
+        for r in ranked:
+            delta = cue.boost.get(r.cause)
+            if delta:
+                r.confidence += delta
+                r.reasons.append(f"{cue.note} ({evidence['file']}:{evidence['line']})")
+
+
+def apply_cues(ranked: list[Ranked], acc: Accumulator, catalog: Catalog, ignore: tuple[str, ...] = ()) -> list[Ranked]:
+    """Alternatives the job's verdict leaves open, reordered by the cue lines of the logs (capped, sorted)."""
+    _add_cues(ranked, acc, {c.name: c for c in catalog.cues if c.name not in ignore})
+    for r in ranked:
+        r.confidence = round(min(GENERIC_CEILING, max(FLOOR, r.confidence)), 3)
     return sorted(ranked, key=lambda r: -r.confidence)
 
 

@@ -24,7 +24,23 @@ CHECK_NAME = "explain"
 
 def read_reports(source: LogSource) -> list[dict] | None:
     """The reports in this input, or None when it is not a distdoctor report (then read it as a log)."""
-    head = peek(source, 64)
+    objects = read_json(source)
+    reports = [obj for obj in objects or () if _is_report(obj)]
+    if not reports:
+        return None
+    consume(source)
+    return reports
+
+
+def read_json(source: LogSource) -> list[Any] | None:
+    """The JSON objects an input holds (one, several, JSON lines), or None when it does not start as JSON.
+
+    The bytes stay in source.prefix, so an input that is not what the caller wants is read as a log.
+    """
+    if source.json_read:
+        return source.json_objects
+    source.json_read = True
+    head = source.prefix if source.prefix else peek(source, 64)
     if not head.lstrip().startswith(b"{"):
         return None
     rest = source.stream.read(MAX_REPORT_BYTES) if source.stream is not None else b""
@@ -36,13 +52,16 @@ def read_reports(source: LogSource) -> list[dict] | None:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    reports = [obj for obj in _json_objects(text) if _is_report(obj)]
-    if not reports:
-        return None
+    source.json_objects = list(_json_objects(text))
+    return source.json_objects
+
+
+def consume(source: LogSource) -> None:
+    """The input was read as structured data: count it, and do not scan it again as a log."""
+    data = source.prefix
     source.prefix = b""
     source.bytes = len(data)
-    source.lines = text.count("\n") + (0 if text.endswith("\n") else 1)
-    return reports
+    source.lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
 
 
 def _json_objects(text: str) -> Iterator[Any]:
@@ -116,7 +135,8 @@ def _finding(raw: Any, file: str, status: str, kind: str) -> Finding | None:
     data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
     detail = [f"From distdoctor's {kind} {file} (status {status}{', check ' + check if check else ''}):"]
     if raw.get("detail"):
-        detail.append(_text(raw["detail"]))
+        # Line by line: cleaning strips control characters, and a report's detail keeps its lines.
+        detail += [_text(line) for line in str(raw["detail"])[:MAX_TEXT].splitlines()]
     return Finding(
         id=str(raw["id"]),
         severity=severity,

@@ -27,8 +27,9 @@ from distdoctor.explain.sanitize import strip_controls
 
 BLOCK_SIZE = 1 << 20
 STDIN_NAME = "<stdin>"
-_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_-]?([0-9]{1,7})(?![0-9])", re.I)
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_.-]?([0-9]{1,7})(?![0-9])", re.I)
 MAX_RANK_DIGITS = 7
+MAX_DIRECTORY_FILES = 10_000
 
 
 class LogInputError(Exception):
@@ -51,6 +52,11 @@ class LogSource:
     # Bytes already read from the stream (to tell a JSON report from a log) and not yet scanned.
     prefix: bytes = field(default=b"", repr=False)
     owns_stream: bool = False
+    # Found by walking a directory given on the command line: an unreadable one is skipped, not fatal.
+    in_directory: bool = False
+    skip_reason: str = ""             # not read at all (a directory's files beyond the bound)
+    json_read: bool = field(default=False, repr=False)
+    json_objects: list | None = field(default=None, repr=False)
 
 
 def rank_from_name(path: Path) -> int | None:
@@ -62,7 +68,9 @@ def rank_from_name(path: Path) -> int | None:
     if path.name in ("stdout.log", "stderr.log", "error.json") and parent.isascii() and parent.isdigit() \
             and len(parent) <= MAX_RANK_DIGITS:
         return int(parent)
-    return None
+    # mpirun --output-filename DIR: DIR/1/rank.3/stdout
+    match = _RANK_IN_NAME.search(parent) if path.name in ("stdout", "stderr") else None
+    return int(match.group(1)) if match else None
 
 
 def peek(source: LogSource, size: int) -> bytes:
@@ -106,7 +114,11 @@ def open_sources(inputs: list[str], stdin: BinaryIO | None = None) -> list[LogSo
         except OSError as exc:
             raise LogInputError(f"{item}: cannot read ({exc.strerror or exc})") from None
         if stat.S_ISDIR(info.st_mode):
-            raise LogInputError(f"{item}: is a directory; pass the log files in it (e.g. {item.rstrip('/')}/*.log)")
+            found = directory_sources(path, item)
+            if not found:
+                raise LogInputError(f"{item}: is an empty directory (no files to read)")
+            sources += found
+            continue
         if not stat.S_ISREG(info.st_mode):
             # A FIFO with no writer (or a device) would block or never end: refuse, say how instead.
             raise LogInputError(f"{item}: is not a regular file (a pipe, socket or device); "
@@ -115,6 +127,37 @@ def open_sources(inputs: list[str], stdin: BinaryIO | None = None) -> list[LogSo
             raise LogInputError(f"{item}: permission denied")
         sources.append(LogSource(name=item, path=path, rank_hint=rank_from_name(path)))
     return sources
+
+
+def directory_sources(path: Path, shown: str) -> list[LogSource]:
+    """Every regular file under a directory (torchrun --log-dir's tree, a folder of per-rank logs and dumps).
+
+    Bounded: at most MAX_DIRECTORY_FILES files are read; the walk itself stops soon after, and the
+    report says how many were left.
+    """
+    found: list[LogSource] = []
+    left = 0
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files):
+            full = Path(root) / name
+            if len(found) >= MAX_DIRECTORY_FILES:
+                left += 1
+                continue
+            try:
+                if not stat.S_ISREG(full.stat().st_mode):
+                    continue  # FIFOs, sockets, devices in a log folder are not logs (a FIFO would block)
+            except OSError:
+                continue  # a dangling link, a file gone since the walk
+            shown_name = strip_controls(str(Path(shown) / full.relative_to(path)))
+            found.append(LogSource(name=shown_name, path=full, rank_hint=rank_from_name(full), in_directory=True))
+        if left > MAX_DIRECTORY_FILES:
+            break  # a directory of millions of files: do not walk it all just to count
+    if left:
+        found.append(LogSource(name=shown, in_directory=True,
+                               skip_reason=f"{left}{'+' if left > MAX_DIRECTORY_FILES else ''} more files not read "
+                               f"(at most {MAX_DIRECTORY_FILES} per directory)"))
+    return found
 
 
 def _looks_binary(sample: bytes) -> bool:

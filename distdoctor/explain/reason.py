@@ -23,12 +23,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from distdoctor.explain.candidates import Ranked, describe, rank_candidates
 from distdoctor.explain.catalog import Catalog, render_template
 from distdoctor.explain.own_reports import findings_of_report
+from distdoctor.explain.ranks import split_prefix
 from distdoctor.explain.sanitize import clean_quote
 from distdoctor.explain.scan import MAX_EVIDENCE, Accumulator, Group
 from distdoctor.core.findings import Finding
@@ -157,7 +159,7 @@ def findings_from(acc: Accumulator, catalog: Catalog) -> list[Finding]:
             return reported + [_empty_logs_finding(acc, catalog)]
         if acc.own_reports:
             return reported
-        return [_unknown_finding(acc, catalog)]
+        return [_exception_finding(acc, catalog) or _unknown_finding(acc, catalog)]
     roots = assign_roots(groups)
     findings: list[Finding] = list(reported)
     mismatch = watchdog_mismatch(roots)
@@ -343,6 +345,43 @@ def _watchdog_mismatch_finding(root: Root, catalog: Catalog) -> Finding:
     )
 
 
+# An exception line as Python prints it, after whatever a launcher or a paste put before it.
+_RAISED = re.compile(r"(?:^|[\s|:\]]\s?)(?P<type>(?:[A-Za-z_]\w{0,60}\.){0,6}[A-Z]\w{0,60}(?:Error|Exception))"
+                     r"(?:: (?P<message>.{0,300}))?$")
+EXCEPTION_CONFIDENCE = 0.5
+
+
+def _exception_finding(acc: Accumulator, catalog: Catalog) -> Finding | None:
+    """No signature matched, but a process raised an exception: that exception is the failure.
+
+    Only its message is known (no traceback, or one that names no rank), so the confidence stays
+    moderate; a traceback with its rank is read by the job's diagnosis instead.
+    """
+    lines = sorted(acc.relevant, key=lambda item: (item[1], item[2]))
+    for _, _, number, file, text in lines:
+        match = _RAISED.search(text.rstrip())
+        if match is None:
+            continue
+        rank, _ = split_prefix(text.strip().lstrip("| "))
+        kind = catalog.kinds["log.E037"]
+        raised = clean_quote(f"{match['type']}: {match['message'] or ''}".rstrip(": "))
+        evidence = [{"file": file, "line": number, "text": clean_quote(text)}]
+        return kind(
+            f"A process raised {raised}"[:300],
+            detail="\n".join(["No distributed failure signature matched; this exception ended the process:",
+                              *_quote(evidence), "Its traceback (with the rank's prefix) would name the rank and "
+                              "the line; what other ranks printed afterwards is a consequence of it."]),
+            remediation=f"Fix the cause of {match['type']} in the job's code or data (the traceback above this line "
+            "names the file and line).",
+            ranks=[rank] if rank is not None else [],
+            data={"signature": "raised_exception", "role": "cause", "exception": match["type"],
+                  "evidence": evidence},
+            check=CHECK_NAME,
+            confidence=EXCEPTION_CONFIDENCE,
+        )
+    return None
+
+
 def _unknown_finding(acc: Accumulator, catalog: Catalog) -> Finding:
     kind = catalog.kinds["log.W030"]
     lines = sorted(acc.relevant, key=lambda item: (item[1], item[2]))
@@ -395,4 +434,23 @@ def _empty_logs_finding(acc: Accumulator, catalog: Catalog) -> Finding:
         data={"signature": "empty_rank_log", "empty_logs": ranks, "empty_files": files, "evidence": []},
         check=CHECK_NAME,
         confidence=EMPTY_LOG_CONFIDENCE,
+    )
+
+
+MAX_SKIPPED_SHOWN = 20
+
+
+def skipped_finding(skipped: list[str], catalog: Catalog) -> Finding:
+    """Files found in a directory that could not be read (binary, not UTF-8, a broken dump): named, not fatal."""
+    kind = catalog.kinds["log.W036"]
+    shown = skipped[:MAX_SKIPPED_SHOWN]
+    more = len(skipped) - len(shown)
+    return kind(
+        f"{len(skipped)} input file{'s' if len(skipped) != 1 else ''} could not be read and {'were' if len(skipped) != 1 else 'was'} skipped",
+        detail="\n".join(["The other files were read; these were not:", *(f"  {clean_quote(s)}" for s in shown)]
+                         + ([f"  … and {more} more"] if more else [])),
+        remediation="If one of them is the log that matters, convert it to UTF-8 text (iconv) or pass the right file.",
+        data={"signature": "skipped_inputs", "skipped": [clean_quote(s) for s in skipped[:500]], "evidence": []},
+        check=CHECK_NAME,
+        confidence=None,
     )

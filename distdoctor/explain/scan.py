@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from distdoctor.explain.catalog import Catalog, Context, Cue, Signature
+from distdoctor.explain.ranks import RankCollector, split_prefix
 from distdoctor.explain.reader import LogSource, iter_blocks
 from distdoctor.explain.sanitize import clean_quote, strip_controls
 
@@ -28,7 +29,6 @@ CUE_LINES_PER_BLOCK = 8  # lines a cue-only token is tried on per block (it coun
 MAX_FIELD_CHARS = 200  # an extracted field longer than this is cut (a 5000-digit "rank")
 MAX_RANK_DIGITS = 7  # ranks are < 10 million; a longer number is not a rank
 
-_RANK_PREFIX = re.compile(r"\[(?:rank|default)(\d{1,7})\]:")
 _RANK_NUMBER = re.compile(r"(?<!\d)\d{1,7}(?!\d)")
 # NCCL's own lines start with host:pid:tid [cuda device].
 _NCCL_PREFIX = re.compile(r"^(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[(?P<cuda_device>\d+)\] ")
@@ -209,9 +209,12 @@ def search_tokens(catalog: Catalog) -> list[tuple[str, tuple]]:
 
 
 class Scanner:
-    def __init__(self, catalog: Catalog, accumulator: Accumulator | None = None) -> None:
+    def __init__(self, catalog: Catalog, accumulator: Accumulator | None = None,
+                 ranks: RankCollector | None = None) -> None:
         self.catalog = catalog
         self.acc = accumulator or Accumulator()
+        self.ranks = ranks
+        self._rank_noticed: dict[int, int] = {}
         tokens = [(t, items, _cue_only(items)) for t, items in search_tokens(catalog)]
         # Tokens that contain a relevance word are tried only on the lines that word is on (the
         # relevance pass finds them anyway): one block pass fewer per such token.
@@ -229,13 +232,21 @@ class Scanner:
         """Scan one input; return how many lines in it matched a signature or looked like an error."""
         context: dict[str, str] = {}
         self._noticed = 0
+        if self.ranks is not None:
+            self.ranks.start_source()
         for block, first_line in iter_blocks(source):
             self._scan_block(block, first_line, source, source_index, context)
+            if self.ranks is not None:
+                self.ranks.block(block, first_line, source.name, source_index, source.rank_hint)
             self._drop_seen_cues()
         if source.rank_hint is not None:
             self.acc.ranks_seen.add(source.rank_hint)
-            if self._noticed == 0:
+            # A rank's stdout.log says nothing of errors, its stderr.log does: quiet is per rank, over its files.
+            self._rank_noticed[source.rank_hint] = self._rank_noticed.get(source.rank_hint, 0) + self._noticed
+            if self._rank_noticed[source.rank_hint] == 0:
                 self.acc.quiet_ranks.add(source.rank_hint)
+            else:
+                self.acc.quiet_ranks.discard(source.rank_hint)
         return self._noticed
 
     def _drop_seen_cues(self) -> None:
@@ -273,7 +284,11 @@ class Scanner:
             if start in hits:
                 self._match_line(text, line_no, hits[start], source, source_index, context)
             if start in relevance:
-                score = relevance[start] + (2 if _EXCEPTION_LINE.match(text) else 0)
+                raised = _EXCEPTION_LINE.match(text)
+                score = relevance[start] + (2 if raised else 0)
+                if raised and self.ranks is not None:
+                    # A traceback cut above its header (a pasted excerpt) still names what the rank raised.
+                    self.ranks.bare_exception(text, line_no, source.name, source_index, source.rank_hint)
                 # Cut now (bounded memory), clean only the few kept (cleaning every warning line costs).
                 self.acc.add_relevant(score, source_index, line_no, source.name, _cut_line(text))
 
@@ -283,14 +298,12 @@ class Scanner:
         line_rank: int | None = None
         line_host: str | None = None
         head = strip_controls(line[:256])
-        prefix = _RANK_PREFIX.match(head)
-        if prefix:
-            line_rank = int(prefix.group(1))
+        line_rank, rest = split_prefix(head)
+        if line_rank is not None:
             self.acc.ranks_seen.add(line_rank)
-        else:
-            nccl = _NCCL_PREFIX.match(head)
-            if nccl:
-                line_host = clean_quote(nccl.group("host")[:MAX_FIELD_CHARS])
+        nccl = _NCCL_PREFIX.match(rest)
+        if nccl:
+            line_host = clean_quote(nccl.group("host")[:MAX_FIELD_CHARS])
         for item, offset in items:
             if id(item) in seen:
                 continue

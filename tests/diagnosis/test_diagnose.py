@@ -121,6 +121,36 @@ def test_the_users_frame_is_the_innermost_outside_torch_and_the_stdlib():
     assert parse_frame("train.py:12 in <module>") == Frame("train.py", 12, "<module>")
 
 
+def failed_waiting(rank: int, message: str = "Connection closed by peer [127.0.0.1]:9429") -> RankSnapshot:
+    """A rank as a log shows it: it gave up inside all_reduce with a peer's failure and ended."""
+    return RankSnapshot(rank, status="raised", exit_code=1, in_collective="all_reduce",
+                        error=RaisedError("RuntimeError", message, BACKWARD, consequence=True))
+
+
+def test_a_rank_that_failed_inside_a_collective_with_a_peers_failure_counts_as_waiting():
+    left = RankSnapshot(0, status="exited", exit_code=0)
+    finding = only(diagnose([left, failed_waiting(1)]))
+    assert (finding.id, finding.cause, finding.ranks) == ("job.E003", "uneven_inputs", (0,))
+    assert "rank 1 failed in all_reduce" in finding.detail and "Connection closed by peer" in finding.detail
+    late = RankSnapshot(1, status="running")
+    assert only(diagnose([failed_waiting(0, "Timed out waiting 5000ms for recv operation to complete"), late])).id == "job.E002"
+    assert only(diagnose([failed_waiting(0), RankSnapshot(1, status="unknown")])).id == "job.E004"
+    assert only(diagnose([failed_waiting(0), failed_waiting(1)])).id == "job.E009"
+
+
+def test_a_rank_that_left_the_job_waits_in_nothing_whatever_its_error():
+    left = RankSnapshot(0, status="finished", error=RaisedError("RuntimeError", "Connection closed by peer",
+                                                                  consequence=True))
+    assert diagnose([left, RankSnapshot(1, status="exited", exit_code=0)]) == []
+
+
+def test_a_thousand_ranks_are_listed_by_count_beyond_the_first_few():
+    raised = RankSnapshot(0, status="raised", error=RaisedError("ValueError", "x", None, 1.0))
+    finding = only(diagnose([raised] + [failed_waiting(r) for r in range(1, 1024)]))
+    assert finding.id == "job.E001" and "… and 1007 more ranks" in finding.detail
+    assert len(finding.detail) < 20_000
+
+
 def failed_in_collective(rank: int) -> RankSnapshot:
     """A rank whose collective failed because of a peer ("Connection closed by peer"): it was waiting."""
     return RankSnapshot(rank, status="raised", where=BACKWARD, in_collective="all_reduce #12 (Float[4])",
@@ -165,3 +195,13 @@ def test_a_rank_that_ended_with_an_exit_status_nobody_saw_is_missing():
     finding = only(diagnose([waiting(0), gone]))
     assert (finding.id, finding.cause, finding.ranks) == ("job.E004", "rank_missing", (1,))
     assert "ended while the others wait" in finding.title and "no process of this rank" in finding.detail
+
+
+def test_every_rank_in_a_recv_is_a_cycle_of_point_to_point_calls_not_a_transport_fault():
+    finding = only(diagnose([waiting(0, op="recv", sizes=(), dtypes=()), waiting(1, op="recv", sizes=(), dtypes=())]))
+    assert finding.id == "job.E006" and "point-to-point" in finding.title and "batch_isend_irecv" in finding.remediation
+
+
+def test_a_lone_rank_that_exited_is_not_said_to_have_peers():
+    finding = only(diagnose([RankSnapshot(0, status="exited", exit_code=7)]))
+    assert finding.title == "Rank 0 exited with code 7"

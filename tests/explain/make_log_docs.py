@@ -45,6 +45,20 @@ def section(kind_id: str) -> str:
     if kind_id == "log.W030":
         lines.append("- **Detected:** when no signature matches (the most relevant lines are quoted), or when the only "
                      "input is an empty log that names no rank.")
+    if kind_id == "log.E035":
+        lines.append("- **Detected:** across ranks, when their own lines name different world sizes (`world_size=4` "
+                     "on some ranks, `WORLD_SIZE=2` on another; `local_world_size` is not counted) or torchrun's "
+                     "summaries put one rank on two hosts (two processes claimed it); confidence 0.85. Also a "
+                     "candidate of the store-barrier, rendezvous, `Socket Timeout` and NCCL unique-id texts.")
+    if kind_id == "log.E037":
+        lines.append("- **Detected:** when no signature matches but a line is an exception as Python prints it "
+                     "(`KeyError: 'labels'`) with no traceback or rank to place it (confidence 0.5); an exception "
+                     "with its traceback and rank is the job diagnosis's `job.E001` instead. Also a candidate of "
+                     "`Connection closed by peer`, `ncclRemoteError` and a bare `ChildFailedError`.")
+    if kind_id == "log.W036":
+        lines.append("- **Detected:** when files found in a directory given to `explain` cannot be read (binary data, "
+                     "text that is not UTF-8, a corrupt or truncated flight-recorder dump), or the directory holds more "
+                     "files than explain reads; each is named, and the other files are read.")
     if kind_id == "log.E006":
         lines.append("- **Also:** when per-rank logs are empty and nothing else matched: those ranks printed nothing "
                      "(hung, killed early or never started).")

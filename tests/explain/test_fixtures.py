@@ -41,10 +41,12 @@ REAL = {
 
 SYNTHETIC = {
     "nccl_watchdog_timeout": (None, "collective_timeout_hang", "WorkNCCL(SeqNum=45, OpType=ALLREDUCE", (0, 1), TOP3),
-    "nccl_watchdog_mismatch": ("log.E018", "collective_mismatch", "OpType=BROADCAST", (0, 1)),
+    # NCCL's watchdog places each rank at SeqNum 7 in a different op: the job diagnosis names the mismatch.
+    "nccl_watchdog_mismatch": ("job.E006", "collective_mismatch", "OpType=BROADCAST", (1,)),  # 2 ranks: rank 0 is the norm
     "nccl_no_gpus": ("log.E011", "no_gpu_for_nccl", "no GPUs found", None),
     "cuda_invalid_device_ordinal": ("log.E013", "invalid_device_ordinal", "invalid device ordinal", (2,)),
-    "cuda_oom": ("log.E029", "unknown", "CUDA out of memory", (0,)),
+    # The rank's own exception ended it: the cause is that exception (type, message, line), CUDA OOM included.
+    "cuda_oom": ("job.E001", "worker_exception", "CUDA out of memory", (0,)),
     "nccl_unhandled_system_error": ("log.E008", "wrong_interface", "unhandled system error", (1,)),
     "nccl_bootstrap_no_interface": ("log.E008", "wrong_interface", "no socket interface found", None),
     "nccl_ib_error": ("log.E009", "ib_rdma_issue", "NET/IB : Got completion from peer", None),

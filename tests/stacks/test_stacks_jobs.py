@@ -129,12 +129,14 @@ def test_a_rank_that_exited_is_named_with_its_exit_code_while_the_others_wait(tm
         assert code == 1 and job.alive()
 
 
-def test_every_rank_waiting_in_one_collective_is_a_hang(tmp_path):
+def test_every_rank_waiting_in_a_recv_no_peer_matches_is_a_p2p_deadlock(tmp_path):
     with hung_job(tmp_path, "recv", 2) as job:
-        report, _ = stacks_until([str(job.pid)], lambda r: bool(finding(r, "job.E009")))
-        hang = finding(report, "job.E009")
+        report, _ = stacks_until([str(job.pid)], lambda r: bool(finding(r, "job.E006")))
+        hang = finding(report, "job.E006")
         assert hang is not None and hang["ranks"] == [0, 1], ids(report)
-        assert "recv" in hang["title"] and f"train.py:{RECV_LINE}" in hang["detail"]
+        assert "point-to-point" in hang["title"] and "recv" in hang["title"]
+        assert f"train.py:{RECV_LINE}" in hang["detail"] and "batch_isend_irecv" in hang["remediation"]
+        assert finding(report, "job.E009") is None
         assert job.alive()
 
 

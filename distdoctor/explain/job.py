@@ -1,0 +1,368 @@
+"""The job's verdict (diagnosis.diagnose over the ranks' snapshots) merged with the catalog's findings."""
+
+# The catalog reads messages one at a time; the diagnosis reads the job: which rank failed first
+# and how, which ranks' errors only followed from it. The two are merged into one answer:
+# - the diagnosis's first finding is the cause, unless the catalog read the failing rank's own
+#   error as a specific cause (KeyError 'LOCAL_RANK', a DETAIL shape mismatch, CUDA out of memory):
+#   then that is the cause, and the rank, its line and the consequences are added to it;
+# - the catalog's symptoms, crashes and torchrun's summary lines about the same failure are folded
+#   under the cause as its consequences (quoted, not separate findings that outrank it);
+# - the verdict gets a confidence: high only where the evidence is specific to that cause (an own
+#   exception before any peer failed, a recorder's mismatch), and for what the logs leave open (a
+#   rank that printed nothing, a rank that finished while its peers waited) ranked candidates, each
+#   with the observation that would tell it apart.
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from distdoctor.core.findings import Finding, FindingKind
+from distdoctor.core.report import format_ranks
+from distdoctor.diagnosis import kinds as job_kinds
+from distdoctor.diagnosis.diagnose import diagnose
+from distdoctor.diagnosis.frames import is_user_file
+from distdoctor.diagnosis.snapshot import EXITED, RaisedError, RankSnapshot
+from distdoctor.explain.candidates import Ranked, apply_cues, describe
+from distdoctor.explain.catalog import Catalog
+from distdoctor.explain.ranks import RankCollector
+from distdoctor.explain.scan import Accumulator
+
+CHECK_NAME = "explain"
+SPECIFIC = 0.8
+MAX_SNAPSHOTS = 64  # rank snapshots kept in a finding's data
+# Catalog signatures that are torchrun's own account of a failure (its summary, the agent's line).
+LAUNCHER_SIGNATURES = ("child_failed_generic", "launcher_nonzero_exit", "rank_sigkill", "native_crash",
+                       "rank_sigbus", "terminate_called", "launcher_return_code_kill", "shell_killed",
+                       "srun_task_exited")
+
+# What each verdict leaves open, read from logs: (cause, confidence, why, what tells it apart).
+OPEN: dict[str, list[tuple[str, float, str, str]]] = {
+    "job.E002": [
+        ("straggler_rank", 0.55, "the rank that printed no error was still busy elsewhere (data loading, evaluation, "
+         "a checkpoint) when the others gave up", "its log shows it working past the others' timeout; a longer "
+         "timeout= in init_process_group lets the job through"),
+        ("rank_missing", 0.3, "the rank was hung (a deadlock, native code holding the GIL), not merely slow",
+         "py-spy dump --pid <pid> on it while the job hangs shows where it is stuck"),
+        ("collective_mismatch", 0.2, "the rank waited in a different collective than the others",
+         "TORCH_DISTRIBUTED_DEBUG=DETAIL, or the flight recorder's dump of every rank, names the collective each is in"),
+        ("timeout_config", 0.15, "the process-group timeout is too short for what the job does between collectives",
+         "the timeout= given to init_process_group (seconds) against the time one step takes"),
+    ],
+    "job.E003": [
+        ("uneven_inputs", 0.75, "the rank that ended cleanly ran out of batches while the others still issued "
+         "collectives", "the ranks' last step numbers differ; len(dataloader) differs between ranks"),
+        ("collective_mismatch", 0.3, "a rank-dependent branch skipped a collective on the rank that finished",
+         "TORCH_DISTRIBUTED_DEBUG=DETAIL names the first collective the ranks disagree on"),
+        ("rank_missing", 0.15, "the rank that ended was stopped from outside before the others",
+         "the scheduler's or launcher's record of that rank's end"),
+    ],
+    "job.E004": [
+        ("rank_missing", 0.5, "the rank ended or stopped answering without an error of its own",
+         "that rank's own log and its exit code (torchrun's failure summary, the scheduler's record)"),
+        ("oom_killed_rank", 0.3, "a process that ends without a word was killed by a signal, most often the OOM killer",
+         "dmesg -T | grep -i 'killed process' on that rank's host"),
+        ("straggler_rank", 0.25, "the rank was alive and busy elsewhere when the others gave up",
+         "its log goes on past the others' timeout"),
+        ("uneven_inputs", 0.2, "the rank finished its batches and left while the others still waited",
+         "its last line says it finished; its step count is lower than the others'"),
+    ],
+    "job.E005": [
+        ("oom_killed_rank", 0.6, "SIGKILL is the out-of-memory killer's signal",
+         "dmesg -T | grep -i -E 'killed process|out of memory' on that rank's host names the process"),
+        ("resource_limit", 0.25, "the scheduler killed the job for its memory or time limit",
+         "sacct -j <job> -o State,ExitCode,MaxRSS (OUT_OF_MEMORY, TIMEOUT), or the scheduler's log"),
+        ("rank_missing", 0.15, "the rank was killed from outside (by hand, preemption, a health check)",
+         "who sent the signal: the scheduler's or the node's log at that time"),
+    ],
+    "job.E009": [
+        ("collective_timeout_hang", 0.4, "every rank arrived and the collective itself did not complete",
+         "distdoctor check --stage collective on the same nodes"),
+        ("straggler_rank", 0.3, "one rank arrived so late that the others had already given up",
+         "compare the ranks' timestamps before the collective"),
+        ("rank_missing", 0.25, "a rank not in these logs never arrived", "the number of ranks whose logs were given"),
+        ("wrong_interface", 0.2, "the backend's traffic goes over an unusable interface",
+         "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME and NCCL_DEBUG=INFO's 'NET/Socket : Using' line"),
+    ],
+}
+CONFIDENCE = {"job.E001": 0.9, "job.E006": 0.9, "job.E007": 0.9, "job.E008": 0.9}
+RAISED_IN_LIBRARY = 0.75   # an own exception raised inside torch or another library: the message decides
+NO_TRACEBACK = 0.7         # an exception known only by its message (an error file, torchrun's summary)
+ANONYMOUS_WITH_FRAME = 0.75  # an exception with its traceback, but no rank: which process is not known
+
+
+def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc: Accumulator,
+                 catalog: Catalog, error_lines: dict[int, set[tuple[str, int]]] | None = None,
+                 anonymous: tuple[RaisedError, tuple[str, int]] | None = None) -> list[Finding]:
+    """The log findings with the job's verdict merged in, most likely cause first.
+
+    error_lines: per rank, the (file, line) of the exceptions its logs show (to tell the catalog's
+    reading of that very line from other lines). anonymous: an exception of the job's own code that
+    no rank prefix or file names (a process's plain output), used when no rank raised one.
+    """
+    verdict = diagnose(snaps) if snaps else []
+    if anonymous is not None and not any(f.id == job_kinds.EXCEPTION.id for f in verdict[:1]):
+        verdict = [_anonymous_verdict(anonymous[0])]
+    if verdict and verdict[0].id == job_kinds.HANG.id and (
+            len(snaps) < 2 or _peer_gone(snaps) or any(f.data.get("signature") for f in log_findings)):
+        # "Every rank waits" says no more than the timeouts it was read from, and less when the logs
+        # are one rank's view or lost a peer none of them is from: the catalog's reading of those
+        # lines (the op, the sequence number, the timeout, ranked alternatives) stays the answer.
+        verdict = verdict[1:]
+    if not verdict:
+        return log_findings
+    if any(f.data.get("from_report") and f.id == verdict[0].id and f.ranks == verdict[0].ranks for f in log_findings):
+        return log_findings  # a report's own verdict over the same snapshots is already shown, as it was
+    primary, extra = verdict[0], verdict[1:]
+    first = _first_snapshot(primary, snaps)
+    lines = (error_lines or {}).get(first.rank, set()) if first is not None else set()
+    if first is None and anonymous is not None:
+        lines = {anonymous[1]}
+    specific = _specific_log_cause(primary, lines, log_findings)
+    folded = [f for f in log_findings if f is not specific and _folds(f, primary)]
+    kept = [f for f in log_findings if f is not specific and f not in folded]
+    if specific is not None:
+        top = _add_job(specific, primary, folded)
+    else:
+        top = _verdict(primary, first, snaps, folded, acc, catalog)
+    return [top] + [_recorder(f) for f in extra] + kept
+
+
+def _anonymous_verdict(error: RaisedError) -> Finding:
+    where = f" at {error.frame.label}" if error.frame else ""
+    return job_kinds.EXCEPTION(
+        f"A process raised {error.type}: {error.message}"[:300] + where,
+        detail=f"The job's code raised {error.type}" + (f" at {error.frame.describe()}" if error.frame else "")
+        + (f": {error.message}" if error.message else "") + "; no rank prefix or file names which rank printed it.",
+        data={"anonymous_error": error.to_dict()}, check=CHECK_NAME)
+
+
+def _first_snapshot(finding: Finding, snaps: Sequence[RankSnapshot]) -> RankSnapshot | None:
+    return next((s for s in snaps if finding.ranks and s.rank == finding.ranks[0]), None)
+
+
+def _specific_log_cause(primary: Finding, lines: set[tuple[str, int]], log: list[Finding]) -> Finding | None:
+    """The catalog's reading of the same failure, when it says more than the verdict.
+
+    - a cause the catalog read on the failing rank's own exception line (a DETAIL mismatch, a
+      monitored_barrier naming the late rank, KeyError 'LOCAL_RANK'): more specific than "it raised",
+      unless the catalog itself cannot name a cause there (cause unknown);
+    - for a verdict that could not read the rank's error (an exit code, a signal), a cause or crash
+      the catalog read for the same rank, or a confident cause that names no rank (a usage error).
+    """
+    for finding in log:
+        role = finding.data.get("role")
+        if role not in ("cause", "crash"):
+            continue
+        on_line = any((e.get("file"), e.get("line")) in lines for e in finding.data.get("evidence") or ())
+        same_rank = bool(set(finding.ranks) & set(primary.ranks))
+        if primary.id == job_kinds.EXCEPTION.id:
+            confident = (finding.confidence or 0) >= SPECIFIC and (same_rank or not finding.ranks)
+            if finding.cause not in ("unknown", primary.cause) and (on_line or confident):
+                return finding
+        elif same_rank or (role == "cause" and not finding.ranks and (finding.confidence or 0) >= SPECIFIC):
+            return finding
+    return None
+
+
+def _folds(finding: Finding, primary: Finding) -> bool:
+    """A log finding that is the same failure seen again, or what its peers saw afterwards."""
+    role = finding.data.get("role")
+    if finding.id == "log.W030":
+        return True  # "nothing matched" says nothing once the job's verdict names the failure
+    if finding.data.get("signature") in LAUNCHER_SIGNATURES or finding.data.get("signature") == "silent_rank_death":
+        return True
+    if role == "symptom" or finding.data.get("candidates"):
+        return True
+    return finding.cause == primary.cause or (role == "crash" and not set(finding.ranks) - set(primary.ranks))
+
+
+def _folded_lines(folded: list[Finding], cause: str = "") -> tuple[list[str], list[dict[str, Any]]]:
+    lines, data = [], []
+    for f in folded:
+        evidence = list(f.data.get("evidence") or [])[:2]
+        who = f"rank{'s' if len(f.ranks) > 1 else ''} {format_ranks(f.ranks)}: " if f.ranks else ""
+        quote = f" — {evidence[0]['file']}:{evidence[0]['line']}: {evidence[0]['text']}" if evidence else ""
+        if f.data.get("signature") in LAUNCHER_SIGNATURES:
+            label = "the launcher's account of it"
+        elif cause and f.cause != cause:
+            label = f"read alone, one line says: {f.title}"  # what the message would mean without the other ranks
+        else:
+            label = f.title
+        lines.append(f"  {who}{label} ({f.id}){quote}"[:500])
+        data.append({"id": f.id, "cause_if_alone": f.cause, "title": f.title, "ranks": list(f.ranks),
+                     "signature": f.data.get("signature"), "evidence": evidence})
+    return lines, data
+
+
+def _verdict(primary: Finding, first: RankSnapshot | None, snaps: Sequence[RankSnapshot], folded: list[Finding],
+             acc: Accumulator, catalog: Catalog) -> Finding:
+    kind, confidence, ranked = _kind_and_confidence(primary, first, snaps, acc, catalog)
+    lines, folded_data = _folded_lines(folded, kind.cause)
+    detail = [primary.detail]
+    notes = [f"  rank {s.rank}: {note}" for s in snaps for note in s.notes]
+    if notes:
+        detail += ["What each rank's own lines say of its end:", *notes[:16]]
+    if lines:
+        detail += ["What the logs also show (the same failure, or its consequences on the other ranks):", *lines]
+    data: dict[str, Any] = {**primary.data, "signature": "job_" + primary.id.split(".")[-1].lower(), "role": "cause",
+                            "job_finding": primary.id}
+    if len(data.get("snapshots") or ()) > MAX_SNAPSHOTS:
+        # A report stays readable for a 4096-rank job: the ranks named first, the rest counted.
+        named = set(primary.ranks) | set(data.get("consequences_ranks") or ())
+        kept = [x for x in data["snapshots"] if x.get("rank") in named][:MAX_SNAPSHOTS] or data["snapshots"][:MAX_SNAPSHOTS]
+        data["snapshots_left_out"] = len(data["snapshots"]) - len(kept)
+        data["snapshots"] = kept
+    if folded_data:
+        # The catalog's reading of this rank's own failure is the same failure; the rest is what followed.
+        same = [f for f in folded_data if f["ranks"] and not set(f["ranks"]) - set(primary.ranks)]
+        after = [f for f in folded_data if f not in same]
+        after += [c for f in folded for c in f.data.get("consequences") or () if isinstance(c, dict)]
+        data["consequences"] = after
+        if same:
+            data["same_failure"] = same
+        data["evidence"] = [e for f in folded_data for e in f["evidence"]][:5]
+    if acc.empty_ranks:
+        data["empty_logs"] = sorted(acc.empty_ranks)
+        detail.append(f"The log of rank {format_ranks(acc.empty_ranks)} is empty: that rank printed nothing (hung, or "
+                      "killed before its first line).")
+    if ranked:
+        data["candidates"] = [r.to_dict() for r in ranked]
+        detail += describe(ranked)
+    remediation = next((f.remediation for f in folded if f.cause == kind.cause and f.remediation), primary.remediation)
+    title = primary.title
+    if first is not None and first.error is not None and first.error.frame is not None and primary.id == "job.E001":
+        title = f"{title} at {first.error.frame.label}"[:400]
+    return kind(title, detail="\n".join(detail), remediation=remediation, ranks=primary.ranks, hosts=primary.hosts,
+                data=data, check=CHECK_NAME, confidence=confidence)
+
+
+def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Sequence[RankSnapshot],
+                         acc: Accumulator, catalog: Catalog) -> tuple[FindingKind, float, list[Ranked]]:
+    own = _job_kind(primary.id)
+    if primary.id == job_kinds.EXCEPTION.id:
+        if first is None and primary.data.get("anonymous_error"):
+            raised = RaisedError.from_dict(primary.data["anonymous_error"])
+            return own, ANONYMOUS_WITH_FRAME if raised and raised.frame else NO_TRACEBACK, []
+        return own, _exception_confidence(first), []
+    if primary.id not in OPEN:
+        return own, CONFIDENCE.get(primary.id, 0.6), []
+    options = OPEN[primary.id]
+    if primary.id == job_kinds.UNEVEN.id and not (first and first.status == EXITED and first.exit_code == 0):
+        options = [(c, conf - 0.15 if c == "uneven_inputs" else conf, why, tell) for c, conf, why, tell in options]
+    ranked = [Ranked(_kind_for(cause, catalog, own), conf, why, tell, []) for cause, conf, why, tell in options]
+    if primary.id == job_kinds.MISSING.id:
+        _weigh_how_peers_failed(ranked, snaps)
+    # The kill the verdict is about is no further evidence for it.
+    ranked = apply_cues(ranked, acc, catalog, ignore=("sigkill_line",) if primary.id == job_kinds.KILLED.id else ())
+    top = ranked[0]
+    return top.kind, top.confidence, ranked
+
+
+PEER_GONE = ("closed by peer", "reset by peer", "remote process exited", "Broken pipe", "ncclRemoteError",
+             "failed to recv, got 0 bytes", "Connection closed by remote peer")
+
+
+def _peer_gone(snaps: Sequence[RankSnapshot]) -> bool:
+    return any(word in s.error.message for s in snaps if s.error is not None and s.error.consequence
+               for word in PEER_GONE)
+
+
+def _weigh_how_peers_failed(ranked: list[Ranked], snaps: Sequence[RankSnapshot]) -> None:
+    """The waiting ranks' own errors say whether the silent rank's process was gone or alive but late:
+    a closed connection means its process ended (a signal, most often SIGKILL: nothing printed); a
+    timeout means nobody answered in time (late, or hung)."""
+    seen = [s.error.message for s in snaps if s.error is not None and s.error.consequence]
+    gone = any(word in message for message in seen for word in PEER_GONE)
+    late = any("imeout" in message or "timed out" in message for message in seen) or any(
+        g.pending is not None and g.pending.state == "timed out" for snap in snaps for g in snap.groups)
+    for r in ranked:
+        if gone and r.cause == "oom_killed_rank":
+            r.confidence += 0.27
+            r.reasons.append("the waiting ranks lost the connection: the silent rank's process ended without a word")
+        if gone and r.cause == "straggler_rank":
+            r.confidence -= 0.15
+        if late and not gone and r.cause == "straggler_rank":
+            r.confidence += 0.25
+            r.reasons.append("the waiting ranks timed out: the silent rank did not answer in time (late or hung)")
+
+
+def _exception_confidence(first: RankSnapshot | None) -> float:
+    """0.9 when the user's own code raised it (the traceback's innermost frame is theirs), 0.75 when a
+    library raised it on their behalf (CUDA out of memory inside torch), 0.7 when no traceback says."""
+    if first is None or first.error is None or first.error.frame is None:
+        return NO_TRACEBACK
+    innermost = first.stack[-1] if first.stack else first.error.frame
+    return CONFIDENCE["job.E001"] if is_user_file(innermost.file) else RAISED_IN_LIBRARY
+
+
+def _job_kind(finding_id: str) -> FindingKind:
+    for kind in (job_kinds.EXCEPTION, job_kinds.STRAGGLER, job_kinds.UNEVEN, job_kinds.MISSING, job_kinds.KILLED,
+                 job_kinds.MISMATCH, job_kinds.SHAPE, job_kinds.DTYPE, job_kinds.HANG):
+        if kind.id == finding_id:
+            return kind
+    raise KeyError(finding_id)
+
+
+def _kind_for(cause: str, catalog: Catalog, own: FindingKind) -> FindingKind:
+    """A finding kind with this cause: the job's own first, else the catalog's."""
+    if own.cause == cause:
+        return own
+    for kind in (job_kinds.STRAGGLER, job_kinds.UNEVEN, job_kinds.MISSING, job_kinds.KILLED, job_kinds.MISMATCH,
+                 job_kinds.HANG):
+        if kind.cause == cause:
+            return kind
+    return next(k for k in catalog.kinds.values() if k.cause == cause)
+
+
+def _add_job(specific: Finding, primary: Finding, folded: list[Finding]) -> Finding:
+    """The catalog's specific cause, with the rank, its line and the consequences the job shows."""
+    lines, folded_data = _folded_lines(folded)
+    detail = [specific.detail, "Across the job: " + primary.detail.replace("\n", "\n  ")]
+    if lines:
+        detail += ["What the logs also show (consequences):", *lines]
+    data = {**specific.data, "job_finding": primary.id, "first_rank": primary.data.get("first_rank")}
+    if folded_data:
+        data["consequences"] = list(specific.data.get("consequences") or []) + folded_data
+    # Its own ranks stay: the message may name another rank than the one that printed it (monitoredBarrier).
+    return specific.with_(detail="\n".join(detail), data=data, ranks=specific.ranks or primary.ranks)
+
+
+def _recorder(finding: Finding) -> Finding:
+    """A mismatch the recorder's history shows beside the verdict: specific evidence."""
+    return finding.with_(check=CHECK_NAME, confidence=CONFIDENCE.get(finding.id, 0.6))
+
+
+RANK_CONFIG_CONFIDENCE = 0.85
+
+
+def rank_config_finding(collector: RankCollector, catalog: Catalog) -> Finding | None:
+    """Ranks that disagree about the job: different world sizes on their own lines, or one rank
+    that torchrun's summaries put on two hosts (two processes claimed it)."""
+    said = {rank: next(iter(t.world_sizes)) for rank, t in collector.ranks.items() if len(t.world_sizes) == 1}
+    claimed = {rank: sorted(t.summary_hosts) for rank, t in collector.ranks.items() if len(t.summary_hosts) > 1}
+    by_size: dict[int, list[int]] = {}
+    for rank, size in said.items():
+        by_size.setdefault(size, []).append(rank)
+    if len(by_size) < 2 and not claimed:
+        return None
+    kind = catalog.kinds["log.E035"]
+    lines = [f"rank{'s' if len(r) > 1 else ''} {format_ranks(r)}: world size {size}" for size, r in sorted(by_size.items())]
+    lines += [f"rank {rank} was reported by torchrun on {' and '.join(hosts)}" for rank, hosts in sorted(claimed.items())]
+    if len(by_size) > 1:
+        title = "Ranks disagree on the world size: " + "; ".join(lines[:len(by_size)])
+        ranks = [r for size, rs in by_size.items() if len(rs) < max(len(v) for v in by_size.values()) for r in rs]
+    else:
+        title = f"Rank {format_ranks(claimed)} was claimed by two processes (hosts {', '.join(next(iter(claimed.values())))})"
+        ranks = list(claimed)
+    return kind(
+        title[:400],
+        detail="\n".join(["What each rank's own lines say of the job:", *(f"  {line}" for line in lines[:16])]
+                         + ["Every timeout or lost peer that follows comes from ranks waiting for peers their "
+                            "world does not have (or has twice)."]),
+        remediation="Start every process with the same WORLD_SIZE (nnodes x nproc_per_node) and a distinct RANK: "
+        "the same --nnodes / --nproc-per-node on every node, a unique --node-rank, and one launcher per node "
+        "(not torchrun inside srun -n N).",
+        ranks=ranks or list(said), data={"signature": "ranks_disagree", "role": "cause",
+                                         "world_sizes": {str(k): sorted(v) for k, v in by_size.items()},
+                                         "claimed_twice": {str(k): v for k, v in claimed.items()}, "evidence": []},
+        check=CHECK_NAME, confidence=RANK_CONFIG_CONFIDENCE)

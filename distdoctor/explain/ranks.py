@@ -1,0 +1,439 @@
+"""What each rank's own lines say: its exception and traceback, its exit (torchrun's summary), its last words."""
+
+# The catalog reads messages; a job diagnosis also needs to know, per rank, what it raised (type,
+# message, the frames of its traceback), how it ended (torchrun's failure summary: exit code,
+# signal, error file, time) and whether it printed anything at all. This module collects that while
+# scan.py reads the blocks, with the same economy: a few tokens searched per block with str.find,
+# lines parsed only around the hits, and a bounded sample of line prefixes (which ranks print).
+#
+# A line belongs to a rank by its prefix: torchrun's `[default1]:` (--tee / the console) and torch's
+# own `[rank1]:`, `srun -l`'s `1: `, `mpirun --tag-output`'s `[1,1]<stderr>:`; else by the rank of
+# its file (rank1.log, --log-dir's attempt_0/1/stderr.log).
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from distdoctor.diagnosis.snapshot import Frame
+from distdoctor.explain.sanitize import clean_quote
+
+MAX_TRACEBACK_LINES = 400   # lines looked at after "Traceback (...)" before giving up on its end
+MAX_FRAMES = 64              # frames kept per traceback (the innermost ones)
+MAX_ERRORS = 8               # exceptions kept per rank
+MAX_RANKS = 100_000
+PREFIX_SAMPLE = 4096         # characters at each end of a block whose line prefixes are sampled
+MAX_MESSAGE = 300
+MAX_WATCHDOG_LINES = 4096    # watchdog lines read per token and block (a rank prints a handful)
+
+TRACEBACK = "Traceback (most recent call last)"
+SUMMARY_TOKEN = "exitcode  : "         # torchrun >= 1.11's failure summary, one per failed rank
+OLD_SUMMARY_TOKEN = "exitcode: "        # torchrun 1.9-1.10 (and the agent's own log line)
+
+_PREFIX = re.compile(
+    r"(?:\[(?:default|rank)(?P<tr>\d{1,7})\]:"            # torchrun --tee / torch's [rankN]:
+    r"|\[\d{1,7},(?P<mpi>\d{1,7})\]<(?:stdout|stderr|stddiag)>:"  # mpirun --tag-output
+    r"|(?P<srun> {0,6}\d{1,7}): )")                       # srun -l
+_WORLD_SIZE = re.compile(r"(?<![A-Za-z_])(?i:world[_ ]size)\s*[=:]?\s*(\d{1,7})(?!\d)")
+_SPAWNED = re.compile(r"-- Process (\d{1,7}) terminated with the following error:\s*$")
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]{1,500})", line (?P<line>\d{1,9})(?:, in (?P<fn>.{1,200}))?')
+_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]{0,200})(?::(?P<msg>.*))?$")
+_SUMMARY_RANK = re.compile(r"rank\s*:\s*(?P<rank>\d{1,7}) \(local_rank: (?P<local>\d{1,7})\)")
+_SUMMARY_TIME = re.compile(r"time\s*:\s*(?P<time>\d{4}-\d\d-\d\d_\d\d:\d\d:\d\d)")
+_SUMMARY_HOST = re.compile(r"host\s*:\s*(?P<host>[^\s]{1,200})")
+_SUMMARY_EXIT = re.compile(r"exitcode\s*:\s*(?P<code>-?\d{1,4}) \(pid: (?P<pid>\d{1,9})\)")
+_SUMMARY_FILE = re.compile(r"error_file\s*:\s*(?P<file>[^\n]{1,500})")
+_SUMMARY_TB = re.compile(r"traceback\s*:\s*(?P<tb>[^\n]{0,500})")
+# ProcessGroupNCCL's watchdog, per rank and group (torch 2.x): which collective timed out and how far
+# the group had got. logPrefix() is "[PG ID 0 PG GUID 0(default_pg) Rank 1] " (2.4+) or "[PG 0 Rank 1] ".
+WATCHDOG_TOKENS = ("detected by watchdog at work", "Timeout at NCCL work: ", "Watchdog caught collective operation timeout")
+_WATCHDOG_STATUS = re.compile(
+    r"\[PG (?:ID )?(?P<pg>\d{1,6})(?: PG GUID [^\]]{0,80})? Rank (?P<rank>\d{1,7})\]\s+(?:"
+    r"failure detected by watchdog at work sequence id: (?P<seq>\d{1,12}) PG status: last enqueued work: "
+    r"(?P<enq>-?\d{1,12}), last completed work: (?P<done>-?\d{1,12})"
+    r"|(?:Exception \(either an error or timeout\) detected by watchdog at work|Timeout at NCCL work): "
+    r"(?P<seq2>\d{1,12}), last enqueued NCCL work: (?P<enq2>-?\d{1,12}), last completed NCCL work: (?P<done2>-?\d{1,12}))")
+_WATCHDOG_OP = re.compile(r"(?:\[Rank (?P<rank>\d{1,7})\] )?Watchdog caught collective operation timeout: "
+                          r"WorkNCCL\(SeqNum=(?P<seq>\d{1,12}), OpType=(?P<op>\w{1,40})")
+_LOG_TIME = re.compile(r"[EWIF](?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d{1,9})?)|"
+                       r"(?P<iso>\d{4}-\d\d-\d\d[ T_]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?)")
+# A last line that says the loop ended (what a rank that left early prints).
+_FINISHED = re.compile(r"\b(?:done|finished|completed?|training (?:is )?(?:over|ended)|exiting)\b", re.I)
+# Exception types that belong to the launcher, not to a rank's own code.
+_LAUNCHER_TYPES = ("ChildFailedError",)
+
+
+@dataclass
+class RaisedText:
+    """One exception as a log shows it: type, first line of its message, frames, where it was read."""
+
+    type: str
+    message: str
+    frames: tuple[Frame, ...]
+    file: str
+    line: int
+    order: tuple[int, int]            # (input index, line): log order
+    time: str | None = None           # a timestamp read on the exception line, when it has one
+
+
+@dataclass
+class Exit:
+    """torchrun's summary entry for one rank."""
+
+    code: int | None
+    pid: int | None = None
+    signal: str = ""
+    error_file: str = ""
+    time: float | None = None
+    host: str = ""
+    local_rank: int | None = None
+    root_cause: bool = False
+    text: str = ""
+
+
+@dataclass
+class RankText:
+    """Everything one rank's lines told."""
+
+    rank: int
+    errors: list[RaisedText] = field(default_factory=list)
+    exit: Exit | None = None
+    lines: int = 0                    # prefixed lines sampled (a rank that printed at all)
+    last_line: str = ""
+    noticed: int = 0                  # error-looking lines in its own per-rank files
+    files: set[str] = field(default_factory=set)
+    error_file: RaisedText | None = None  # from a TORCHELASTIC error file (error.json)
+    bare: list[RaisedText] = field(default_factory=list)  # exception lines seen without their traceback's header
+    # NCCL's watchdog: group id -> (timed-out sequence number, last enqueued, last completed); seq -> op.
+    watchdog: dict[str, tuple[int, int | None, int | None]] = field(default_factory=dict)
+    watchdog_ops: dict[int, str] = field(default_factory=dict)
+    watchdog_line: str = ""
+    # What the rank said the job is: the world sizes its lines name, the hosts torchrun's summaries
+    # put it on (two hosts for one rank: two processes claimed it).
+    world_sizes: set[int] = field(default_factory=set)
+    summary_hosts: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _Pending:
+    prefix: str
+    rank: int | None
+    frames: list[Frame]
+    file: str
+    line: int
+    order: tuple[int, int]
+    time: str | None = None    # the timestamp of the rank's last line before the traceback
+    scanned: int = 0
+
+
+class RankCollector:
+    """Per-rank evidence from the blocks of every input (bounded: ranks, errors and frames are capped)."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, RankText] = {}
+        self.summary_seen = False
+        self.unattributed: list[RaisedText] = []
+        self._world_seen: list[int] = []
+        self._pending: list[_Pending] = []
+
+    def rank(self, number: int) -> RankText | None:
+        if number not in self.ranks and len(self.ranks) >= MAX_RANKS:
+            return None
+        return self.ranks.setdefault(number, RankText(number))
+
+    # -- per input ------------------------------------------------------------------------------
+
+    def start_source(self) -> None:
+        self._pending = []
+
+    def block(self, block: str, first_line: int, name: str, index: int, rank_hint: int | None) -> None:
+        if self._pending:
+            self._pending = [p for p in self._pending if not self._continue(p, block, 0, first_line)]
+        self._sample_prefixes(block, rank_hint, name)
+        if TRACEBACK in block:
+            self._tracebacks(block, first_line, name, index, rank_hint)
+        if SUMMARY_TOKEN in block or OLD_SUMMARY_TOKEN in block:
+            self._summaries(block)
+        if "atchdog" in block or "Timeout at NCCL work" in block:
+            self._watchdog(block, rank_hint)
+        if "orld_size" in block or "orld size" in block or "ORLD_SIZE" in block:
+            self._world_sizes(block, rank_hint)
+
+    # -- which ranks print --------------------------------------------------------------------
+
+    def _sample_prefixes(self, block: str, rank_hint: int | None, name: str) -> None:
+        """Ranks seen in a bounded sample of the block's lines (its first and last few KB)."""
+        if rank_hint is not None:
+            text = self.rank(rank_hint)
+            if text is not None:
+                text.files.add(name)
+                text.lines += 1
+                tail = block.rstrip("\n").rsplit("\n", 1)[-1]
+                if tail.strip():
+                    text.last_line = clean_quote(tail[-MAX_MESSAGE:])
+        sample = block if len(block) <= 2 * PREFIX_SAMPLE else block[:PREFIX_SAMPLE] + "\n" + block[-PREFIX_SAMPLE:]
+        for raw in sample.split("\n"):
+            rank, rest = split_prefix(raw)
+            if rank is not None:
+                text = self.rank(rank)
+                if text is not None:
+                    text.lines += 1
+                    if rest.strip():
+                        text.last_line = clean_quote(rest[-MAX_MESSAGE:])
+
+    # -- tracebacks -----------------------------------------------------------------------------
+
+    def _tracebacks(self, block: str, first_line: int, name: str, index: int, rank_hint: int | None) -> None:
+        pos = block.find(TRACEBACK)
+        while pos != -1:
+            start = block.rfind("\n", 0, pos) + 1
+            prefix = block[start:pos]
+            rank, _ = split_prefix(prefix)
+            if rank is None and not prefix:
+                # torch.multiprocessing.spawn: "-- Process 3 terminated with the following error:" above it.
+                spawned = _SPAWNED.search(block[max(0, start - 200):start])
+                rank = int(spawned.group(1)) if spawned else None
+            if prefix.strip().startswith("traceback") and prefix.rstrip().endswith(":"):
+                # torchrun's summary quotes the error file's traceback, indented, under its rank's entry.
+                entry = _last(_SUMMARY_RANK, block[max(0, start - 600):start])
+                prefix, rank = "  ", int(entry["rank"]) if entry else None
+            line_no = first_line + block.count("\n", 0, start)
+            pending = _Pending(prefix, rank if rank is not None else rank_hint, [], name, line_no, (index, line_no),
+                               time=_time_before(block, start, prefix))
+            end = block.find("\n", pos)
+            if end == -1:
+                self._pending.append(pending)
+                return
+            if not self._continue(pending, block, end + 1, line_no + 1):
+                self._pending.append(pending)
+            pos = block.find(TRACEBACK, end)
+
+    def _continue(self, pending: _Pending, block: str, pos: int, line_no: int) -> bool:
+        """Read the traceback's lines from pos; True when its exception line was found (or it was given up)."""
+        while pos < len(block):
+            end = block.find("\n", pos)
+            end = len(block) if end == -1 else end
+            raw = block[pos:end].rstrip("\r")
+            pos, line_no = end + 1, line_no + 1
+            pending.scanned += 1
+            if pending.scanned > MAX_TRACEBACK_LINES:
+                return True
+            if not raw.startswith(pending.prefix):
+                continue  # another rank's line interleaved
+            rest = raw[len(pending.prefix):]
+            if not rest.strip():
+                continue
+            if rest[0] in " \t":
+                frame = _FRAME.match(rest)
+                if frame:
+                    pending.frames.append(Frame(frame["file"], int(frame["line"]), (frame["fn"] or "").strip()))
+                    del pending.frames[:-MAX_FRAMES]
+                elif pending.frames and not pending.frames[-1].code and rest.strip().strip("^~ "):
+                    last = pending.frames[-1]
+                    pending.frames[-1] = Frame(last.file, last.line, last.function, rest.strip()[:MAX_MESSAGE])
+                continue
+            if rest.startswith(TRACEBACK):
+                continue
+            self._raised(pending, rest, line_no - 1)
+            return True
+        return False
+
+    def _raised(self, pending: _Pending, line: str, line_no: int) -> None:
+        match = _EXCEPTION.match(line.strip())
+        if match is None:
+            return
+        raised = RaisedText(match["type"], clean_quote((match["msg"] or "").strip()[:MAX_MESSAGE]),
+                            tuple(pending.frames), pending.file, line_no, (pending.order[0], line_no),
+                            time=_line_time(pending.prefix + line) or pending.time)
+        if raised.type.rsplit(".", 1)[-1] in _LAUNCHER_TYPES:
+            return
+        if pending.rank is None:
+            # An exception without a rank prefix (torch < 2.2 printed none): torchrun's summary may say whose.
+            if len(self.unattributed) < MAX_ERRORS:
+                self.unattributed.append(raised)
+            return
+        text = self.rank(pending.rank)
+        if text is not None and len(text.errors) < MAX_ERRORS:
+            text.errors.append(raised)
+
+    def bare_exception(self, line: str, line_no: int, name: str, index: int, rank_hint: int | None) -> None:
+        """An exception line of a rank (its prefix, or its file), kept in case no traceback header precedes it."""
+        rank, rest = split_prefix(line)
+        rank = rank if rank is not None else rank_hint
+        match = _EXCEPTION.match(rest.strip())
+        if rank is None or match is None or match["msg"] is None or rest[:1] in " \t":
+            return
+        if match["type"].rsplit(".", 1)[-1] in _LAUNCHER_TYPES:
+            return
+        text = self.rank(rank)
+        if text is not None and len(text.bare) < MAX_ERRORS:
+            text.bare.append(RaisedText(match["type"], clean_quote(match["msg"].strip()[:MAX_MESSAGE]), (), name,
+                                        line_no, (index, line_no), time=_line_time(line)))
+
+    # -- what each rank thinks the world is ------------------------------------------------------
+
+    def _world_sizes(self, block: str, rank_hint: int | None) -> None:
+        """`world_size=4`, `WORLD_SIZE: 4`, `world size 4` on a rank's own lines (its prefix or its file).
+
+        torch's store barrier prints the world size it was given; so do most training scripts. The
+        number is bounded (7 digits) and only lines that name their rank count.
+        """
+        for match in _WORLD_SIZE.finditer(block):
+            if len(self._world_seen) >= MAX_WATCHDOG_LINES:
+                return
+            start = block.rfind("\n", 0, match.start()) + 1
+            rank, _ = split_prefix(block[start:match.start()])
+            rank = rank if rank is not None else rank_hint
+            text = self.rank(rank) if rank is not None else None
+            if text is not None and len(text.world_sizes) < 8:
+                text.world_sizes.add(int(match.group(1)))
+                self._world_seen.append(rank)
+
+    # -- NCCL's watchdog ---------------------------------------------------------------------------
+
+    def _watchdog(self, block: str, rank_hint: int | None) -> None:
+        for token in WATCHDOG_TOKENS:
+            pos = block.find(token)
+            seen = 0
+            while pos != -1 and seen < MAX_WATCHDOG_LINES:
+                seen += 1
+                start = block.rfind("\n", 0, pos) + 1
+                end = block.find("\n", pos)
+                line = block[start:end if end != -1 else len(block)][:2000]
+                self._watchdog_line(line, rank_hint)
+                pos = block.find(token, end) if end != -1 else -1
+
+    def _watchdog_line(self, line: str, rank_hint: int | None) -> None:
+        prefix_rank, _ = split_prefix(line)
+        status = _WATCHDOG_STATUS.search(line)
+        if status is not None:
+            text = self.rank(int(status["rank"]))
+            if text is None:
+                return
+            seq, enq, done = (status["seq"], status["enq"], status["done"]) if status["seq"] else \
+                (status["seq2"], status["enq2"], status["done2"])
+            text.watchdog.setdefault(status["pg"], (int(seq), _nonneg(enq), _nonneg(done)))
+            return
+        op = _WATCHDOG_OP.search(line)
+        if op is None:
+            return
+        rank = int(op["rank"]) if op["rank"] else prefix_rank if prefix_rank is not None else rank_hint
+        text = self.rank(rank) if rank is not None else None
+        if text is not None:
+            text.watchdog_ops.setdefault(int(op["seq"]), op["op"][:40])
+            text.watchdog_line = text.watchdog_line or clean_quote(line[:MAX_MESSAGE])
+
+    # -- torchrun's failure summary -------------------------------------------------------------------
+
+    def _summaries(self, block: str) -> None:
+        for token in (SUMMARY_TOKEN, OLD_SUMMARY_TOKEN):
+            pos = block.find(token)
+            while pos != -1:
+                self._summary_entry(block, pos)
+                end = block.find("\n", pos)
+                pos = block.find(token, end) if end != -1 else -1
+
+    def _summary_entry(self, block: str, pos: int) -> None:
+        before = block[max(0, pos - 400):pos]
+        after = block[pos:pos + 800]
+        rank = _last(_SUMMARY_RANK, before)
+        code = _SUMMARY_EXIT.match(after[after.find("exitcode"):]) if "exitcode" in after else None
+        if rank is None or code is None:
+            return  # the agent's own "failed (exitcode: 1) local_rank: 1" line, or a foreign text
+        text = self.rank(int(rank["rank"]))
+        if text is None:
+            return
+        self.summary_seen = True
+        when = _last(_SUMMARY_TIME, before)
+        host = _last(_SUMMARY_HOST, before)
+        if host is not None and len(text.summary_hosts) < 8:
+            text.summary_hosts.add(clean_quote(host["host"]))
+        efile = _SUMMARY_FILE.search(after)
+        tb = _SUMMARY_TB.search(after)
+        signal = re.search(r"\((SIG[A-Z0-9]{2,10})\)", after.split("\n", 1)[0])
+        entry_start = before.rfind("]:\n")
+        text.exit = Exit(
+            code=int(code["code"]), pid=int(code["pid"]), signal=signal.group(1) if signal else "",
+            error_file=clean_quote(efile["file"].strip()) if efile else "",
+            time=_epoch(when["time"]) if when else None, host=clean_quote(host["host"]) if host else "",
+            local_rank=int(rank["local"]), root_cause="Root Cause" in before[max(0, entry_start - 60):],
+            text=clean_quote(tb["tb"].strip()) if tb else "")
+
+
+def split_prefix(line: str) -> tuple[int | None, str]:
+    """(rank, the rest) of a line with a launcher's rank prefix; the innermost prefix names the rank."""
+    rank = None
+    rest = line
+    for _ in range(3):
+        match = _PREFIX.match(rest)
+        if match is None:
+            break
+        value = match["tr"] or match["mpi"] or match["srun"]
+        rank = int(value.strip())
+        rest = rest[match.end():].lstrip(" ") if match["tr"] or match["mpi"] else rest[match.end():]
+    return rank, rest
+
+
+def parse_traceback_text(text: str, file: str, rank: int, index: int = 0) -> RaisedText | None:
+    """A traceback held in one string (an error file's py_callstack) -> its exception and frames."""
+    collector = RankCollector()
+    collector.start_source()
+    collector.block(text if text.endswith("\n") else text + "\n", 1, file, index, rank)
+    errors = collector.ranks.get(rank).errors if rank in collector.ranks else []
+    return errors[-1] if errors else None
+
+
+def finished_line(text: str) -> bool:
+    """The last line says the loop ended ("done", "finished", "training complete")."""
+    return bool(text) and bool(_FINISHED.search(text)) and "error" not in text.lower()
+
+
+def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    found = None
+    for found in pattern.finditer(text):
+        pass
+    return found
+
+
+def _nonneg(value: str | None) -> int | None:
+    """A sequence number; -1 (nothing yet) is None."""
+    number = int(value) if value is not None else -1
+    return number if number >= 0 else None
+
+
+def _epoch(stamp: str) -> float | None:
+    """torchrun's summary time (local time, '2026-11-25_08:43:09') as epoch seconds."""
+    try:
+        return datetime.strptime(stamp, "%Y-%m-%d_%H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+def _time_before(block: str, start: int, prefix: str, lines: int = 30) -> str | None:
+    """When the rank failed: the timestamp of its nearest line before the traceback (a logger's, glog's).
+
+    Python prints no time on a traceback; the line the rank logged just before it is the closest
+    clock reading, and what orders two ranks' failures when both raised.
+    """
+    end = start
+    for _ in range(lines):
+        if end <= 0:
+            return None
+        begin = block.rfind("\n", 0, end - 1) + 1
+        line = block[begin:end - 1]
+        end = begin
+        if line.startswith(prefix):
+            stamp = _line_time(line[len(prefix):] if prefix.strip() else line)
+            if stamp:
+                return stamp
+    return None
+
+
+def _line_time(text: str) -> str | None:
+    match = _LOG_TIME.search(text[:120])
+    if match is None:
+        return None
+    if match["iso"]:
+        return match["iso"].replace("T", " ").replace("_", " ").replace(",", ".")
+    return f"{match['md']} {match['hms']}"

@@ -1,0 +1,255 @@
+"""What the logs, error files and recorder dumps said of each rank, as the diagnosis's RankSnapshots."""
+
+# One rank's snapshot from what was read afterwards:
+# - its error: the last exception its own lines show (a traceback with the rank's prefix, in its
+#   file, or in its TORCHELASTIC error file), with the innermost frame of the user's code; it is a
+#   consequence when the message is a peer's failure as the catalog reads it (a symptom: connection
+#   closed or reset, a collective or socket timeout) or the launcher's SIGTERM;
+# - its end: torchrun's summary (exit code, signal, time, host); a rank the summary does not list
+#   while it lists others of the same agent exited 0; a rank ended by the launcher's SIGTERM without
+#   an error of its own was still running when its peer failed (it is the one the others waited for);
+# - where it waited: the collective its traceback shows it in (distributed_c10d.<op>), or its
+#   flight-recorder dump's groups.
+# What nobody said stays unknown: a rank seen in the logs with no error and no exit is `unknown`.
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Iterable
+
+from distdoctor.diagnosis.frames import user_frame
+from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNREACHABLE, Frame,
+                                           GroupProgress, PendingOp, RaisedError, RankSnapshot)
+from distdoctor.explain.catalog import Catalog
+from distdoctor.explain.ranks import RaisedText, RankCollector, RankText, finished_line
+
+SOURCE = "log"
+_C10D = re.compile(r"[/\\]torch[/\\]distributed[/\\](?:distributed_c10d|c10d_logger)\.py$")
+# Exceptions that are the launcher's or the peer's doing whatever the catalog says.
+_CONSEQUENCE_TYPES = ("SignalException", "KeyboardInterrupt", "DistNetworkError", "DistStoreError")
+_CONSEQUENCE_WORDS = ("got signal: 15", "got signal: 1", "got signal: 2", "closed by peer", "reset by peer",
+                      "Socket Timeout", "timed out", "Timed out", "Broken pipe", "ncclRemoteError",
+                      "remote process exited", "communicator was aborted", "failed to recv, got 0 bytes")
+_OP_IN_MESSAGE = re.compile(r"OpType=(?P<op>\w{1,40})|for (?P<io>recv|send) operation")
+_YEAR = re.compile(r"^\d{4}-")
+
+
+@dataclass
+class JobEvidence:
+    """Per-rank evidence gathered from every input, and what was made of it."""
+
+    collector: RankCollector = field(default_factory=RankCollector)
+    groups: dict[int, tuple[GroupProgress, ...]] = field(default_factory=dict)   # from recorder dumps
+    reported: list[RankSnapshot] = field(default_factory=list)                   # from distdoctor's reports
+
+
+def is_consequence(raised: RaisedText, catalog: Catalog) -> bool:
+    """A peer's failure seen here (the catalog calls the message a symptom), or the launcher's signal."""
+    if raised.type.rsplit(".", 1)[-1] in _CONSEQUENCE_TYPES:
+        return True
+    line = f"{raised.type}: {raised.message}"
+    if any(word in line for word in _CONSEQUENCE_WORDS):
+        return True
+    for sig in catalog.signatures:
+        if sig.role == "symptom" and any(t in line for t in sig.tokens) and sig.regex.search(line):
+            return True
+    return False
+
+
+def collective_of(raised: RaisedText) -> str | None:
+    """The collective a traceback shows the rank in (torch's distributed_c10d frame), or its message names."""
+    for frame in reversed(raised.frames):
+        if _C10D.search(frame.file) and frame.function not in ("wrapper", "<module>"):
+            return frame.function[:100]
+    match = _OP_IN_MESSAGE.search(raised.message)
+    if match:
+        return (match["op"] or match["io"]).lower()
+    return None
+
+
+def _error(raised: RaisedText, catalog: Catalog, year: int) -> tuple[RaisedError, Frame | None, bool]:
+    frame = user_frame(raised.frames)
+    consequence = is_consequence(raised, catalog)
+    return (RaisedError(raised.type.rsplit(".", 1)[-1] if raised.type.count(".") > 2 else raised.type,
+                        raised.message, frame, _time(raised.time, year), consequence), frame, consequence)
+
+
+def _own_error(text: RankText) -> RaisedText | None:
+    """The exception that ended the rank: the last one its lines show, else its error file's."""
+    if text.errors:
+        return text.errors[-1]
+    if text.error_file is not None:
+        return text.error_file
+    return text.bare[-1] if text.bare else None
+
+
+def build_snapshots(evidence: JobEvidence, catalog: Catalog, empty: set[int]) -> list[RankSnapshot]:
+    """One snapshot per rank that any input named."""
+    collector = evidence.collector
+    _attribute(collector)
+    year = _summary_year(collector) or datetime.now().year
+    one_agent = len({t.exit.host for t in collector.ranks.values() if t.exit}) == 1
+    ranks = set(collector.ranks) | set(evidence.groups) | empty
+    snaps = {s.rank: s for s in merge_reported(evidence.reported)}
+    for rank in sorted(ranks):
+        text = collector.ranks.get(rank) or RankText(rank)
+        read = _snapshot(text, evidence, catalog, year, one_agent and collector.summary_seen, rank in empty)
+        reported = snaps.get(rank)
+        if reported is None:
+            snaps[rank] = read
+        elif read.error is not None or read.exit_code is not None:
+            # The logs saw how the rank ended (after the report's moment): that end is the newer fact;
+            # the report's progress per group stays where the logs have none.
+            snaps[rank] = replace(read, groups=read.groups or reported.groups, host=read.host or reported.host,
+                                  stack=reported.stack)
+    return _in_log_order([snaps[r] for r in sorted(snaps)], collector)
+
+
+def _in_log_order(snaps: list[RankSnapshot], collector: RankCollector) -> list[RankSnapshot]:
+    """Ranks that each raised, in one log with no clock: the order they printed in is the order they failed.
+
+    Only within one input (across files, line numbers say nothing about time) and only when no own
+    error has a time; the times given are the summary's (or 0) plus a microsecond per line, for
+    ordering only.
+    """
+    own = [s for s in snaps if s.error is not None and not s.error.consequence]
+    if len(own) < 2 or any(s.error.time is not None and s.source != SOURCE for s in own):
+        return snaps
+    read = {s.rank: _own_error(collector.ranks[s.rank]) for s in own if s.rank in collector.ranks}
+    if len(read) != len(own) or any(r is None or r.time for r in read.values()) \
+            or len({r.order[0] for r in read.values()}) != 1:
+        return snaps
+    base = min((s.time for s in snaps if s.time is not None), default=0.0)
+    timed = {rank: base + r.order[1] * 1e-6 for rank, r in read.items()}
+    return [replace(s, error=replace(s.error, time=timed[s.rank])) if s.rank in timed else s for s in snaps]
+
+
+def _attribute(collector: RankCollector) -> None:
+    """An exception printed without a rank prefix belongs to the rank torchrun's summary calls the root
+    cause, when that rank shows no exception of its own (a one-process job's log, torch < 2.2's output)."""
+    if not collector.unattributed:
+        return
+    root = [t for t in collector.ranks.values() if t.exit and t.exit.root_cause and not t.errors]
+    if len(root) == 1 and root[0].exit.code not in (None, 0) and root[0].exit.code > 0:
+        root[0].errors.append(collector.unattributed[-1])
+
+
+def _snapshot(text: RankText, evidence: JobEvidence, catalog: Catalog, year: int, summary_complete: bool,
+              empty: bool) -> RankSnapshot:
+    raised = _own_error(text)
+    exit_ = text.exit
+    notes: list[str] = []
+    error = where = collective = None
+    if raised is not None:
+        error, where, consequence = _error(raised, catalog, year)
+        collective = collective_of(raised) if consequence else None
+        if consequence and collective is None:
+            collective = "a collective"  # a peer's failure surfaces inside communication
+        if error.time is None and exit_ is not None and exit_.time is not None and exit_.code not in (None, 0, -15):
+            error = RaisedError(error.type, error.message, error.frame, exit_.time, error.consequence)
+    status, code = _status(text, raised is not None, summary_complete, empty, notes)
+    groups = evidence.groups.get(text.rank, ()) or watchdog_groups(text)
+    if groups and not evidence.groups.get(text.rank) and error is None:
+        # NCCL's watchdog fired while the rank waited: at that moment it was alive, in that collective.
+        status, code = RUNNING, None
+        notes.clear()
+        notes.append(f"NCCL's watchdog timed out its collective: {text.watchdog_line[:160]}")
+    return RankSnapshot(rank=text.rank, host=exit_.host if exit_ else "",
+                        pid=exit_.pid if exit_ else None, status=status, exit_code=code,
+                        # The traceback is the rank's stack at the moment it raised (innermost last).
+                        stack=raised.frames[-32:] if raised is not None else (),
+                        groups=groups, where=where, in_collective=collective, error=error,
+                        time=exit_.time if exit_ else None, source=SOURCE, notes=tuple(notes))
+
+
+def watchdog_groups(text: RankText) -> tuple[GroupProgress, ...]:
+    """The progress NCCL's watchdog printed for a rank: per group, the collective it timed out in."""
+    groups = []
+    for pg, (seq, enqueued, completed) in sorted(text.watchdog.items()):
+        op = text.watchdog_ops.get(seq, "a collective").lower()
+        groups.append(GroupProgress(pg, (), enqueued if enqueued is not None else seq, completed,
+                                    PendingOp(op, seq, state="timed out")))
+    if not groups and text.watchdog_ops:
+        seq = min(text.watchdog_ops)
+        groups.append(GroupProgress("0", (), seq, seq - 1, PendingOp(text.watchdog_ops[seq].lower(), seq,
+                                                                      state="timed out")))
+    return tuple(groups)
+
+
+def _status(text: RankText, has_error: bool, summary_complete: bool, empty: bool,
+            notes: list[str]) -> tuple[str, int | None]:
+    exit_ = text.exit
+    if exit_ is not None and exit_.code is not None:
+        if exit_.code == -15 and not has_error:
+            if finished_line(text.last_line):
+                # Its loop was over (it was tearing down) when the launcher's SIGTERM came.
+                notes.append(f"its last line says it finished ({text.last_line[:120]}) before the launcher's SIGTERM")
+                return FINISHED, None
+            notes.append("ended by the launcher's SIGTERM after a peer failed: it was still running then")
+            return RUNNING, None
+        if exit_.code < 0:
+            return (RAISED if has_error else KILLED), exit_.code
+        return (RAISED if has_error else EXITED), exit_.code
+    if has_error:
+        return RAISED, None
+    if empty:
+        notes.append("its log is empty")
+        return UNREACHABLE, None  # gone without a trace, as far as what was given can tell
+    if summary_complete and text.lines:
+        notes.append("torchrun's failure summary does not list it: it exited 0")
+        return EXITED, 0
+    if finished_line(text.last_line):
+        notes.append(f"its last line says it finished: {text.last_line[:120]}")
+        return FINISHED, None
+    notes.append("its log ends without an error" + (f" (last line: {text.last_line[:120]})" if text.last_line else ""))
+    return UNREACHABLE, None  # it fell silent: what it was doing, nothing given says
+
+
+def _summary_year(collector: RankCollector) -> int | None:
+    for text in collector.ranks.values():
+        if text.exit and text.exit.time:
+            return datetime.fromtimestamp(text.exit.time).year
+    return None
+
+
+def _time(stamp: str | None, year: int) -> float | None:
+    """A log line's timestamp as epoch seconds (glog's MMDD has no year: the summary's or this one)."""
+    if not stamp:
+        return None
+    try:
+        if _YEAR.match(stamp):
+            return datetime.fromisoformat(stamp[:26]).timestamp()
+        return datetime.strptime(f"{year}{stamp[:4]} {stamp[5:20]}", "%Y%m%d %H:%M:%S.%f"
+                                 if "." in stamp else "%Y%m%d %H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+def merge_reported(snaps: Iterable[RankSnapshot]) -> list[RankSnapshot]:
+    """Snapshots carried by distdoctor's own reports (the guard's, stacks'): the first per rank."""
+    out: dict[int, RankSnapshot] = {}
+    for snap in snaps:
+        out.setdefault(snap.rank, snap)
+    return list(out.values())
+
+
+def error_lines(collector: RankCollector) -> dict[int, set[tuple[str, int]]]:
+    """Per rank, where its exceptions were read (file, line)."""
+    return {rank: {(e.file, e.line) for e in (*text.errors, *text.bare)}
+            for rank, text in collector.ranks.items() if text.errors or text.bare}
+
+
+def anonymous_error(collector: RankCollector, snaps: list[RankSnapshot],
+                    catalog: Catalog) -> tuple[RaisedError, tuple[str, int]] | None:
+    """The first exception raised in the job's own code that no rank claims (and where it was read),
+    when no rank raised one itself. An exception with no frame of the user's code is the launcher's
+    (torchrun's RendezvousTimeoutError) or a library's, not the job's."""
+    if any(s.error is not None and not s.error.consequence for s in snaps):
+        return None
+    for raised in collector.unattributed:
+        error, frame, consequence = _error(raised, catalog, datetime.now().year)
+        if frame is not None and not consequence:
+            return error, (raised.file, raised.line)
+    return None
