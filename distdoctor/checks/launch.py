@@ -387,42 +387,7 @@ def scheduler_consistency(ctx: CheckContext):
     nodes = launch.scheduler_nodes.value if launch.scheduler_nodes else None
     tasks = launch.scheduler_size.value if launch.scheduler_size else None
     if _elastic(ctx):
-        doubled = (per_node is not None and per_node > 1) or (
-            per_node is None and tasks is not None and nodes is not None and tasks > nodes
-        )
-        # Only the task count is known (no node count, no tasks per node): several tasks each
-        # running torchrun is the misuse unless every task has a node of its own, said below.
-        unspread = per_node is None and nodes is None and tasks is not None and tasks > 1
-        if doubled or unspread:
-            where = (f"{per_node} tasks per node" if per_node else
-                     f"{tasks} tasks on {nodes} node(s)" if nodes else f"{tasks} tasks")
-            fix = (
-                "srun --nodes=N --ntasks-per-node=1 torchrun --nnodes=N --nproc-per-node=G "
-                "--rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:29500 script.py; or drop torchrun: "
-                "srun --ntasks-per-node=G python script.py with RANK=$SLURM_PROCID, "
-                "LOCAL_RANK=$SLURM_LOCALID, WORLD_SIZE=$SLURM_NTASKS"
-                if scheduler == SLURM
-                else "mpirun -np N --map-by ppr:1:node torchrun --nproc-per-node=G ...; or drop torchrun and "
-                "map OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK to RANK / WORLD_SIZE / LOCAL_RANK"
-            )
-            yield NESTED_LAUNCHER(
-                f"torchrun runs inside {scheduler} with {where}: every task starts its own torchrun",
-                detail=(
-                    f"The scheduler started {where}, and each of them ran torchrun, which starts "
-                    "--nproc-per-node workers of its own: the node gets (tasks x nproc) workers. "
-                    "Single-node torchruns (torch 2.x, no --rdzv-endpoint) each pick a free port and "
-                    "form separate worlds that never meet: every world has its own rank 0, trains "
-                    "its own copy of the job on the same GPUs, and their checkpoints and logs "
-                    "overwrite each other. With a shared --rdzv-endpoint they join one rendezvous "
-                    "instead, which waits for (or rejects) the extra agents."
-                    + (f" The environment does not say how the {tasks} tasks are spread over nodes "
-                       f"({_LAYOUT_VARS.get(scheduler, 'the tasks-per-node variable')} unset): only if each task "
-                       "runs on a node of its own is this the right layout." if unspread else "")
-                ),
-                remediation=fix,
-                data={"scheduler": scheduler, "tasks_per_node": per_node, "nodes": nodes, "tasks": tasks,
-                      "layout_known": not unspread},
-            )
+        yield from _nested_launcher(scheduler, per_node, nodes, tasks)
         return
     # The scheduler starts the ranks itself: its numbers must be torch's numbers.
     size = launch.world_size.value
@@ -456,6 +421,45 @@ def scheduler_consistency(ctx: CheckContext):
             detail="Two tasks on one node may pick the same GPU (LOCAL_RANK) while another GPU stays idle.",
             remediation=how_launcher_sets("LOCAL_RANK", launch),
             data={"scheduler": scheduler, "local_rank": local, "scheduler_local_rank": slocal},
+        )
+
+def _nested_launcher(scheduler: str, per_node: int | None, nodes: int | None, tasks: int | None):
+    """torchrun started by every task of a multi-task srun / mpirun (from the environment alone)."""
+    doubled = (per_node is not None and per_node > 1) or (
+        per_node is None and tasks is not None and nodes is not None and tasks > nodes
+    )
+    # Only the task count is known (no node count, no tasks per node): several tasks each
+    # running torchrun is the misuse unless every task has a node of its own, said below.
+    unspread = per_node is None and nodes is None and tasks is not None and tasks > 1
+    if doubled or unspread:
+        where = (f"{per_node} tasks per node" if per_node else
+                 f"{tasks} tasks on {nodes} node(s)" if nodes else f"{tasks} tasks")
+        fix = (
+            "srun --nodes=N --ntasks-per-node=1 torchrun --nnodes=N --nproc-per-node=G "
+            "--rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:29500 script.py; or drop torchrun: "
+            "srun --ntasks-per-node=G python script.py with RANK=$SLURM_PROCID, "
+            "LOCAL_RANK=$SLURM_LOCALID, WORLD_SIZE=$SLURM_NTASKS"
+            if scheduler == SLURM
+            else "mpirun -np N --map-by ppr:1:node torchrun --nproc-per-node=G ...; or drop torchrun and "
+            "map OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK to RANK / WORLD_SIZE / LOCAL_RANK"
+        )
+        yield NESTED_LAUNCHER(
+            f"torchrun runs inside {scheduler} with {where}: every task starts its own torchrun",
+            detail=(
+                f"The scheduler started {where}, and each of them ran torchrun, which starts "
+                "--nproc-per-node workers of its own: the node gets (tasks x nproc) workers. "
+                "Single-node torchruns (torch 2.x, no --rdzv-endpoint) each pick a free port and "
+                "form separate worlds that never meet: every world has its own rank 0, trains "
+                "its own copy of the job on the same GPUs, and their checkpoints and logs "
+                "overwrite each other. With a shared --rdzv-endpoint they join one rendezvous "
+                "instead, which waits for (or rejects) the extra agents."
+                + (f" The environment does not say how the {tasks} tasks are spread over nodes "
+                   f"({_LAYOUT_VARS.get(scheduler, 'the tasks-per-node variable')} unset): only if each task "
+                   "runs on a node of its own is this the right layout." if unspread else "")
+            ),
+            remediation=fix,
+            data={"scheduler": scheduler, "tasks_per_node": per_node, "nodes": nodes, "tasks": tasks,
+                  "layout_known": not unspread},
         )
 
 
