@@ -14,8 +14,9 @@ from distdoctor.core.stages import CROSS_RANK_STAGES
 from distdoctor.core.report import EXIT_INCOMPLETE, Report, format_ranks
 from distdoctor.world.watchdog import running_checks
 from distdoctor.world.checkin import FINAL
-from distdoctor.world.rank_state import GOODBYE_ON_EXPIRE_S, INTERRUPT_FINAL_WAIT_S, STORE_READ_S
+from distdoctor.world.rank_state import EMIT_WAIT_S, GOODBYE_ON_EXPIRE_S, INTERRUPT_FINAL_WAIT_S, STORE_READ_S
 from distdoctor.world.store_exchange import World
+from distdoctor.world.store_open import verdict_so_far
 
 
 class CutoffFlow:
@@ -36,8 +37,12 @@ class CutoffFlow:
 
     def _last_word(self, code: int, interrupted: str | None = None) -> int | None:
         with self._report_lock:
-            if self._reported_code is not None:
-                return self._reported_code
+            reported = self._reported_code
+        if reported is not None:
+            # The main flow claimed the report just before the deadline: let it finish writing
+            # (bounded) before the process ends, or a rank alone would exit with nothing printed.
+            self._emitted.wait(EMIT_WAIT_S)
+            return reported
         is_root = self.world is not None and self.world.is_root and self.world.rank == 0
         if not is_root and not self.all_ranks:
             if self.rank == 0 or not self._described:
@@ -104,6 +109,9 @@ class CutoffFlow:
                 detail=deadline_finding.detail + " Rank 0 had left no final word in the store by then (it is gone "
                 "or stuck), so this rank reports for itself.")
         findings = [f for f in list(self.runner.state.findings) if f.id not in (RUN_DEADLINE.id, RUN_INTERRUPTED.id)]
+        unanswered = verdict_so_far(self._spec, self.store_attempts) if self.world is None and self._spec else None
+        if unanswered is not None and not any(f.data.get("probe") for f in findings):
+            findings.append(self._store_finding(self._spec, unanswered, name_holder=False))
         self.runner.state.findings = findings
         self.runner.state.incomplete = True
         if world is not None:

@@ -113,6 +113,10 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
         # One report per process: the main flow and the watchdog race for it near the deadline.
         self._report_lock = threading.Lock()
         self._reported_code: int | None = None
+        # Every failed connect to the store, as it happens: a run cut off while it still waited
+        # for the store says what the connects met (world.store_open.wait_for_listener).
+        self.store_attempts: list = []
+        self._spec: Any = None
         # Set once the report is written: a flow that lost the race waits for it before the
         # process may exit, or the exit would cut the winner's report off (or lose it whole).
         self._emitted = threading.Event()
@@ -229,7 +233,8 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
         if left < MIN_WORLD_S:
             return self._out_of_time(left)
         try:
-            self.world = World.open(spec, self.work_deadline, self.clock, self.ctx.probes)
+            self._spec = spec
+            self.world = World.open(spec, self.work_deadline, self.clock, self.ctx.probes, self.store_attempts)
             if spec.rank != 0:
                 self._defer_to_rank_0()
         except WorldError as exc:

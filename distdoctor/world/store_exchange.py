@@ -206,8 +206,8 @@ class World:
 
     @classmethod
     def open(cls, spec: WorldSpec, deadline: float, clock: Callable[[], float] = time.monotonic,
-             probes: Any = None) -> "World":
-        store, hosted, host = open_store(spec, deadline, clock, probes)
+             probes: Any = None, seen: list | None = None) -> "World":
+        store, hosted, host = open_store(spec, deadline, clock, probes, seen)
         return cls(spec, store, hosted=hosted, clock=clock, connect_host=host)
 
     # -- primitives ----------------------------------------------------------------------

@@ -21,14 +21,17 @@ from distdoctor.world.store_open import WorldSpec
 class StoreFindings:
     """RankRun's part: the store failure as a finding, this host's name and addresses."""
 
-    def _store_finding(self, spec: WorldSpec, exc: WorldError) -> Finding:
-        """What the failure to reach (or host) the store says, as the finding that names it."""
+    def _store_finding(self, spec: WorldSpec, exc: WorldError, name_holder: bool = True) -> Finding:
+        """What the failure to reach (or host) the store says, as the finding that names it.
+
+        ``name_holder``: look for a process on this host holding the port (probes that take up
+        to seconds; a run already cut off by its deadline skips them)."""
         where = f"{spec.master_addr}:{spec.master_port}"
         data = {"master_addr": spec.master_addr, "master_port": spec.master_port, "store_host": spec.store_host,
                 **exc.data}
         common = {"detail": str(exc), "ranks": (spec.rank,), "hosts": self._host(), "data": data}
         probe = exc.data.get("probe")
-        if spec.rank != 0 and exc.reason not in ("port_taken", "host_failed", "master_not_here"):
+        if name_holder and spec.rank != 0 and exc.reason not in ("port_taken", "host_failed", "master_not_here"):
             # A process on this host holds the port and is not rank 0's store: say what rank 0
             # says (net.E013 naming the holder), not "unreachable" or "firewall".
             from distdoctor.checks.network import port_held_finding

@@ -91,12 +91,14 @@ CONNECT_ATTEMPT_S = 2.0
 
 
 def wait_for_listener(host: str, port: int, deadline: float, clock: Callable[[], float] = time.monotonic,
-                      probes: Any = None) -> Unanswered | None:
+                      probes: Any = None, seen: list | None = None) -> Unanswered | None:
     """Poll a TCP connect until something listens (None) or the deadline passes (why not).
 
     torch's TCPStore client cannot tell these apart: it retries refused connects until its own
     timeout and then says "timed out" whatever happened, and logs a C++ stack for every failed
-    try. A plain socket probe keeps the terminal clean and the answer precise. How the attempts
+    try. A plain socket probe keeps the terminal clean and the answer precise. ``seen`` (a list)
+    gets every failed attempt as it happens, so a run cut off meanwhile can still say what the
+    connects met. How the attempts
     are judged: one refusal shows a host is there (master_unreachable: nothing listens); an
     unanswered ARP or a kernel "no route" from the start shows nobody is there
     (master_unreachable); connects that time out while the address resolved on the link (or
@@ -105,7 +107,7 @@ def wait_for_listener(host: str, port: int, deadline: float, clock: Callable[[],
     """
     probes = _probes(probes)
     delay = 0.02
-    attempts: list[tuple[str, str, str | None]] = []  # (kind, detail, address)
+    attempts: list[tuple[str, str, str | None]] = seen if seen is not None else []  # (kind, detail, address)
     while True:
         left = deadline - clock()
         if left <= 0:
@@ -243,7 +245,7 @@ _PLAIN_HOST = re.compile(r"[A-Za-z0-9._:%\[\]-]{1,253}")
 
 
 def open_store(spec: WorldSpec, deadline: float, clock: Callable[[], float] = time.monotonic,
-               probes: Any = None) -> tuple[Any, bool, str]:
+               probes: Any = None, seen: list | None = None) -> tuple[Any, bool, str]:
     """Connect to (or host) the c10d store; returns (store, hosted_here, the host connected to).
 
     Raises WorldError, whose ``reason`` and ``cause`` say what went wrong.
@@ -263,18 +265,28 @@ def open_store(spec: WorldSpec, deadline: float, clock: Callable[[], float] = ti
         if store is not None:
             return store, True, host
     else:
-        problem = wait_for_listener(spec.master_addr, spec.master_port, deadline, clock, probes)
+        problem = wait_for_listener(spec.master_addr, spec.master_port, deadline, clock, probes, seen)
         if problem is not None:
-            who = "the launcher's store" if spec.store_host == "agent" else "rank 0's store"
-            verb = "timed out" if problem.kind == "timeout" else "did not answer"
-            raise WorldError(
-                f"connecting to {who} at {spec.master_addr}:{spec.master_port} {verb} until the deadline: {problem}",
-                cause=problem.cause,
-                reason="dropped" if problem.kind == "timeout" else "unreachable",
-                data={"master_addr": spec.master_addr, "master_port": spec.master_port, "probe": problem.kind,
-                      "address": problem.address, "attempts": problem.attempts},
-            )
+            raise unanswered_error(spec, problem)
     return _connect_client(spec, host, deadline, clock), False, host
+
+
+def unanswered_error(spec: WorldSpec, problem: Unanswered) -> WorldError:
+    """The store's address did not answer: what the connects met, as the world's error."""
+    who = "the launcher's store" if spec.store_host == "agent" else "rank 0's store"
+    verb = "timed out" if problem.kind == "timeout" else "did not answer"
+    return WorldError(
+        f"connecting to {who} at {spec.master_addr}:{spec.master_port} {verb} until the deadline: {problem}",
+        cause=problem.cause,
+        reason="dropped" if problem.kind == "timeout" else "unreachable",
+        data={"master_addr": spec.master_addr, "master_port": spec.master_port, "probe": problem.kind,
+              "address": problem.address, "attempts": problem.attempts},
+    )
+
+
+def verdict_so_far(spec: WorldSpec, seen: list) -> WorldError | None:
+    """What the connects met until now (a run cut off while it still waited for the store)."""
+    return unanswered_error(spec, _verdict(list(seen))) if seen else None
 
 
 # One attempt of TCPStore's client handshake may take this long before a fresh one is made.

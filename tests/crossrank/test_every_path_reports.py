@@ -312,3 +312,15 @@ def test_an_interrupted_rank_1_whose_rank_0_never_came_reports_for_itself():
     report = own_report(rank1)
     (cut,) = [f for f in report["findings"] if f["id"] == "core.E006"]
     assert cut["ranks"] == [0, 1] and cut["data"]["signal"] == "SIGINT", cut
+
+
+def test_a_run_cut_off_while_it_still_waits_for_the_store_names_what_the_connects_met():
+    # The watchdog's partial report of a rank whose deadline passed mid-connect reads the
+    # attempts made so far (the same judgement as a finished wait), not only "cut off".
+    from distdoctor.world.store_open import WorldSpec, verdict_so_far
+
+    spec = WorldSpec(rank=1, world_size=2, master_addr="127.0.0.1", master_port=29500, store_host="rank0",
+                     namespace="test", launcher="manual")
+    assert verdict_so_far(spec, []) is None
+    error = verdict_so_far(spec, [("timeout", "no answer within 2s", "127.0.0.1")] * 2)
+    assert error.cause == "firewall" and error.data["attempts"] == 2 and "127.0.0.1:29500" in str(error)
