@@ -31,7 +31,23 @@ def test_pages_show_the_example_files_verbatim(page):
         assert code == (DOCS / path).read_text(), f"{page}: the block for {path} is out of date"
 
 
+# torch 2.13's own teardown (gloo + DDP) sometimes aborts a rank after the script's last line:
+# "terminate called without an active exception", exit -6 (seen in 2 of about 10 loaded suite
+# runs this round, after preflight had passed and destroy_process_group had run). That is not the
+# example failing: such a run is retried once; any other failure, or the abort twice, fails.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
 def torchrun(script: str, timeout: float = 120) -> str:
+    """torchrun --standalone --nproc-per-node=2 <script>, retried once after torch's teardown abort."""
+    code, out = _torchrun_once(script, timeout)
+    if code != 0 and TEARDOWN_ABORT in out and "exitcode  : -6" in out:
+        code, out = _torchrun_once(script, timeout)
+    assert code == 0, out
+    return out
+
+
+def _torchrun_once(script: str, timeout: float) -> tuple[int, str]:
     """torchrun --standalone --nproc-per-node=2 <script>; killed by PID on timeout."""
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                              str(EXAMPLES / script)], cwd=EXAMPLES, stdout=subprocess.PIPE,
@@ -42,8 +58,7 @@ def torchrun(script: str, timeout: float = 120) -> str:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
-    assert proc.returncode == 0, out
-    return out
+    return proc.returncode, out
 
 
 @pytest.mark.multiproc

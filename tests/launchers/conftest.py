@@ -6,14 +6,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from slurm_cluster import SlurmCluster, why_not_runnable  # noqa: E402
+from slurm_cluster import running_cluster  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,22 +32,7 @@ def child_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    why = why_not_runnable()
-    if why:
-        pytest.skip(why)
-    root = Path(tempfile.mkdtemp(prefix="distdoctor-slurm-"))
-    cluster = SlurmCluster(root)
-    try:
-        cluster.start()
-    except RuntimeError as exc:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
-        pytest.fail(f"could not start the test SLURM cluster: {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    yield from running_cluster("distdoctor-slurm-")
 
 
 @pytest.fixture(scope="session")

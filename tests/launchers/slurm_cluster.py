@@ -170,3 +170,27 @@ class SlurmCluster:
                 return
             time.sleep(0.5)
         raise RuntimeError(f"the node did not become idle in {timeout:g}s (sinfo: {state!r}):\n" + self.log_tail())
+
+
+def running_cluster(prefix: str):
+    """A pytest fixture's body: a started cluster (skip when this machine cannot run one), stopped after."""
+    import tempfile
+
+    import pytest
+
+    why = why_not_runnable()
+    if why:
+        pytest.skip(why)
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    cluster = SlurmCluster(root)
+    try:
+        cluster.start()
+    except RuntimeError as exc:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.fail(f"could not start the test SLURM cluster: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.launchers.slurm_cluster import SlurmCluster, why_not_runnable
+from tests.launchers.slurm_cluster import running_cluster
 from tests.stacks.stacks_jobs import child_env, distdoctor, finding, hung_job, ids, line_of, report_of, stacks_until
 
 JOB_NAME = "distdoctor-stacks-test"
@@ -18,22 +15,7 @@ JOB_NAME = "distdoctor-stacks-test"
 
 @pytest.fixture(scope="module")
 def cluster():
-    why = why_not_runnable()
-    if why:
-        pytest.skip(why)
-    root = Path(tempfile.mkdtemp(prefix="distdoctor-slurm-stacks-"))
-    cluster = SlurmCluster(root)
-    try:
-        cluster.start()
-    except RuntimeError as exc:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
-        pytest.fail(f"could not start the test SLURM cluster: {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    yield from running_cluster("distdoctor-slurm-stacks-")
 
 
 def _job_id(cluster) -> str:
