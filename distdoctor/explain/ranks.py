@@ -235,6 +235,10 @@ class RankCollector:
                 continue
             if rest.startswith(TRACEBACK):
                 continue
+            if not pending.frames and _EXCEPTION.match(rest.strip()) is None:
+                # The rank's stdout, flushed after the traceback's first line reached stderr
+                # (one console, two streams): the frames are still to come.
+                continue
             self._raised(pending, rest, line_no - 1)
             return True
         return False

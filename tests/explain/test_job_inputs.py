@@ -231,3 +231,16 @@ def test_an_exception_a_library_raised_for_the_users_line_is_less_certain_than_o
     assert (library.cause, library.ranks, user.cause) == ("worker_exception", (1,), "worker_exception")
     assert "/work/train.py:31" in library.title  # the user's line, not torch's
     assert library.confidence < 0.8 <= user.confidence
+
+
+def test_a_ranks_stdout_flushed_between_its_traceback_header_and_frames_keeps_the_exception(tmp_path):
+    # One console, two streams: rank 1's "Traceback" line (stderr) came before its step lines
+    # (stdout), seen in a real srun -l log of the crash job on a loaded machine.
+    log = tmp_path / "job.log"
+    log.write_text("1: Traceback (most recent call last):\n1: rank 1 step 0 loss 8.0\n1: rank 1 step 1 loss 8.0\n"
+                   "0: rank 0 step 0 loss 8.0\n"
+                   '1:   File "/job/train.py", line 26, in main\n1:     raise ValueError(f"bad batch on rank {rank}")\n'
+                   "1: ValueError: bad batch on rank 1\n"
+                   "0: RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:16805\n")
+    finding = explain_files([str(log)]).findings[0]
+    assert (finding.cause, finding.ranks) == ("worker_exception", (1,)) and "train.py:26" in finding.title
