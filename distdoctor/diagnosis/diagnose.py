@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 from collections import Counter
 from dataclasses import replace
@@ -63,8 +64,15 @@ def _complete(snaps: list[RankSnapshot], world_size: int | None) -> list[RankSna
     return [by_rank[r] for r in sorted(by_rank)]
 
 
+_TORCH_PATH = re.compile(r"(^|[/\\])torch[/\\]")
+
+
 def _outside_torch(snap: RankSnapshot) -> bool:
-    return bool(snap.stack) and is_user_file(snap.stack[-1].file) and not snap.in_collective
+    """Its main thread is in no torch call: the innermost frame is the user's, or no frame is torch's
+    (a data loader's queue.get, a time.sleep in the stdlib)."""
+    if not snap.stack or snap.in_collective:
+        return False
+    return is_user_file(snap.stack[-1].file) or not any(_TORCH_PATH.search(f.file) for f in snap.stack)
 
 
 def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
@@ -72,9 +80,9 @@ def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
 
     Gloo marks a collective completed in the flight recorder late (about 0.5 s on a quiet
     machine; more than 2 s was seen on a loaded one), so a rank that left the collective and
-    sleeps in its data loader can still show it pending. When its main thread is in the user's
-    own code (its innermost frame is the user's, so it is in no torch call) its real position
-    is what the other ranks' completed count says.
+    sleeps in its data loader can still show it pending. When its main thread is in no torch call
+    (the user's own code, or the stdlib under it: a queue, a sleep) its real position is what the
+    other ranks' completed count says.
     """
     done: dict[str, int] = {}
     for snap in snaps:
@@ -420,10 +428,12 @@ def _unmatched_p2p(waiting: Sequence[RankSnapshot]) -> list[str]:
     """Point-to-point waits whose named peer waits in something that cannot match them: a receive
     from a rank that itself receives, or that waits in a collective (each line says which)."""
     by_rank = {s.rank: _waiting_op(s)[1] for s in waiting}
-    lines = []
+    lines, said = [], set()
     for rank, op in sorted(by_rank.items()):
-        if op is None or op.op not in POINT_TO_POINT or op.peer is None or op.peer not in by_rank:
+        if op is None or op.op not in POINT_TO_POINT or op.peer is None or op.peer not in by_rank \
+                or (op.peer, rank) in said:
             continue
+        said.add((rank, op.peer))
         other = by_rank[op.peer]
         if other is None:
             continue

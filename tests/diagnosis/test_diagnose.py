@@ -261,3 +261,15 @@ def test_an_exception_is_a_peers_consequence_by_its_origin_not_its_words(names, 
     from distdoctor.diagnosis.origin import from_torch_distributed
 
     assert from_torch_distributed(names, message) is expected
+
+
+def test_a_rank_waiting_in_the_stdlib_outside_torch_is_where_the_others_completed_count_says():
+    # Rank 1 left all_reduce #10 (rank 0 completed it and waits in #11) and blocks in queue.get;
+    # gloo has not yet marked #10 completed in rank 1's recorder.
+    queue_wait = (Frame("train.py", 67, "<module>", "batches.get()"), Frame("/usr/lib/python3.11/queue.py", 180, "get"))
+    stale = RankSnapshot(1, status="running", stack=queue_wait, where=queue_wait[0],
+                         groups=(GroupProgress("0", (0, 1), 10, 9, PendingOp("all_reduce", 10, ((4,),), ("Float",))),))
+    ahead = replace(waiting(0, seq=11), groups=(GroupProgress("0", (0, 1), 11, 10,
+                                                              PendingOp("all_reduce", 11, ((4,),), ("Float",))),))
+    finding = only(diagnose([ahead, stale]))
+    assert (finding.id, finding.ranks) == ("job.E002", (1,)), finding.title

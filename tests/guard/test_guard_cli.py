@@ -41,9 +41,9 @@ def test_a_mismatch_in_an_unmodified_script_is_named_on_both_ranks(tmp_path, fau
     assert [calls[str(r)]["site"] for r in (0, 1)] == [line_of(t) for t in tags]
 
 
-def test_a_straggler_in_an_unmodified_script_is_named_and_the_job_ends(tmp_path):
+def test_a_straggler_in_an_unmodified_script_is_named_and_with_on_hang_exit_the_job_ends(tmp_path):
     hang_timeout = 3
-    result, seconds = guarded_run("straggler", tmp_path, "--hang-timeout", str(hang_timeout))
+    result, seconds = guarded_run("straggler", tmp_path, "--hang-timeout", str(hang_timeout), "--on-hang", "exit")
     assert result.returncode != 0
     assert "job.E002 [straggler_rank] Rank 1 has not arrived at all_reduce #" in result.stdout, result.stdout[-4000:]
     assert f"`time.sleep(120)  # LINE:sleep` at {line_of('sleep')}" in result.stdout

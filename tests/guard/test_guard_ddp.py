@@ -19,8 +19,9 @@ def line(tag: str) -> str:
     return line_of(SCRIPT, tag)
 
 
-def run(tmp_path: Path, fault: str, *args: str, nproc: int = 2, env: dict | None = None):
-    result, _ = guarded_run(SCRIPT, [fault, *args], tmp_path, "--hang-timeout", str(HANG_TIMEOUT), nproc=nproc, env=env)
+def run(tmp_path: Path, fault: str, *args: str, nproc: int = 2, env: dict | None = None, on_hang: str = "auto"):
+    result, _ = guarded_run(SCRIPT, [fault, *args], tmp_path, "--hang-timeout", str(HANG_TIMEOUT), "--on-hang", on_hang,
+                            nproc=nproc, env=env)
     return result
 
 
@@ -33,7 +34,7 @@ def finding_of(output: str, finding_id: str) -> str:
 
 @pytest.mark.parametrize("wrapper, nproc", [("ddp", 2), ("fsdp", 2), ("ddp", 4)])
 def test_a_straggler_is_named_with_its_line_while_the_others_wait_in_a_cpp_collective(tmp_path, wrapper, nproc):
-    result = run(tmp_path, "straggler", wrapper, nproc=nproc)
+    result = run(tmp_path, "straggler", wrapper, nproc=nproc, on_hang="exit")  # the job ended at the hang timeout
     assert result.returncode != 0, result.stdout[-4000:]
     text = finding_of(result.stdout, "job.E002 [straggler_rank]")
     assert f"Rank 1 has not arrived at " in text and f"`time.sleep(120)  # LINE:sleep` at {line('sleep')}" in text

@@ -170,7 +170,7 @@ def summary_line(records: list[dict[str, Any]], omitted: dict[str, Any] | None, 
         top = max(candidates, key=lambda r: r.get("seconds") or 0)
         late = top.get("late_rank")
         who = f"rank {late}" if isinstance(late, int) else f"ranks {', '.join(map(str, late or ()))}" if late else "?"
-        op = f" ({top['op']}" + (f" #{top['seq']}" if top.get("seq") is not None else "") + ")" if top.get("op") else ""
+        op = f" in {top['op']}" + (f" #{top['seq']}" if top.get("seq") is not None else "") if top.get("op") else ""
         text += f"; the longest {top['seconds']:.1f} s: {who}" + (f" at {top['where']}" if top.get("where") else "") + op
     if open_now:
         text += f"; {open_now} still open"

@@ -395,7 +395,7 @@ class Guard:
             return
         if self.settings.report_dir:
             evidence.write_stalls(self.settings.report_dir, episodes.stalls_document(records, omitted, total))
-            line += f" (every stall in {os.path.join(self.settings.report_dir, episodes.STALLS_FILE)})"
+            line += f"; every stall in {os.path.join(self.settings.report_dir, episodes.STALLS_FILE)}"
         self.say(line)
 
     def end(self, report: Report | None, why: list[str], rendered_here: bool,

@@ -149,8 +149,8 @@ class HangWatch:
             side.count(side.key("look", look, "ack"))
             why = [f"{f.id} [{f.cause}] {f.title}" for f in findings] or [str(verdict.get("reason") or "")]
             self.ended = True
-            self.host.end(None, [f"the job ends (rank {verdict.get('renderer')} decided: "
-                                 f"{verdict.get('reason')}): " + why[0], *why[1:]], False, findings)
+            self.host.end(None, [f"the job ends, {verdict.get('reason')} (rank {verdict.get('renderer')}'s verdict): "
+                                 + why[0], *why[1:]], False, findings)
         elif action == policy.WATCH and isinstance(episode, int) and episode != (self.own.id if self.own else None):
             self.following = (episode, self.clock())
 
@@ -263,7 +263,7 @@ class HangWatch:
         self._keep(episode)
         self._publish(look, findings, decision, episode)
         if decision.action == policy.END:
-            self._end(report, look, answers)
+            self._end(report, look, answers, episode)
         self.own = episode
 
     def _tend(self, episode: Episode, stall: Stall | None) -> None:
@@ -309,7 +309,7 @@ class HangWatch:
             self._keep(episode)
         self._publish(look, findings, decision, episode)
         if decision.action == policy.END:
-            self._end(report, look, answers)
+            self._end(report, look, answers, episode)
 
     def _close(self, episode: Episode) -> None:
         self.own = None
@@ -331,10 +331,12 @@ class HangWatch:
             except Exception as exc:
                 self.host.fault("store channel", exc)
 
-    def _end(self, report: Any, look: int | None, answers: int) -> None:
-        """This rank decided that the job ends: wait (bounded) until the ranks that answered read the
-        verdict (this rank may host the store), then end."""
+    def _end(self, report: Any, look: int | None, answers: int, episode: Episode) -> None:
+        """This rank decided that the job ends: the episode ends with it; wait (bounded) until the ranks
+        that answered read the verdict (this rank may host the store), then end."""
         self.ended = True
+        episode.seconds = episode.stall.seconds(self.clock())
+        self._keep(episode)
         if look is not None and self.side is not None and answers:
             until = time.monotonic() + 1.0
             try:
