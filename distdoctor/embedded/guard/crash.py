@@ -139,7 +139,7 @@ class CrashHook:
         if call is None:
             own = guard.state(RAISED, error=error, stack=snapshots.traceback_frames(tb))
         else:
-            own = guard.state(RAISED, error=error, in_collective=snapshots.call_text(call))
+            own = guard.state(RAISED, error=error, in_collective=snapshots.call_text(call), failed_call=call)
         guard.leave_final(own)
         states: dict[int, Any] = {guard.rank: own}
         side = guard.watch.side if guard.watch is not None else None

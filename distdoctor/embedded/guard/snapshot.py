@@ -66,12 +66,14 @@ def call_text(record: CallRecord) -> str:
     return PendingOp(record.op, None, tuple(tuple(x) for x in record.shapes), tuple(record.dtypes)).describe()
 
 
-def _pending(record: CallRecord, now: float) -> PendingOp:
+def _pending(record: CallRecord, now: float, numbered: bool = True) -> PendingOp:
     """A guarded call as the op its group waits in; a point-to-point call with its peer (its own
-    sequence numbers count per peer, not the group's collectives: left out)."""
+    sequence numbers count per peer, not the group's collectives: left out). ``numbered=False``
+    beside the flight recorder's groups: the guard's own count is not the recorder's."""
     p2p = record.op in POINT_TO_POINT
     peer = record.params.get("peer") if p2p and isinstance(record.params.get("peer"), int) else None
-    return PendingOp(op=record.op, seq=None if p2p else record.seq, sizes=tuple(tuple(s) for s in record.shapes),
+    return PendingOp(op=record.op, seq=None if p2p or not numbered else record.seq,
+                     sizes=tuple(tuple(s) for s in record.shapes),
                      dtypes=tuple(record.dtypes), state="started", age_s=round(now - record.started, 2), peer=peer)
 
 
@@ -105,13 +107,13 @@ def _as_guarded(groups: tuple[GroupProgress, ...], running: list[CallRecord], no
     for group in groups:
         call, pending = calls.pop(group.group, None), group.pending
         if call is not None and pending is None:
-            pending = _pending(call, now)
+            pending = _pending(call, now, numbered=False)
         elif call is not None and call.op in COLLECTIVES and pending.age_s is not None \
                 and pending.age_s <= now - call.started + 0.05:
             pending = PendingOp(call.op, pending.seq, tuple(tuple(x) for x in call.shapes), tuple(call.dtypes),
                                 pending.state, pending.age_s)
         out.append(replace(group, pending=pending))
-    out += [GroupProgress(name, pending=_pending(call, now)) for name, call in calls.items()]
+    out += [GroupProgress(name, pending=_pending(call, now, numbered=False)) for name, call in calls.items()]
     return tuple(out)
 
 
@@ -124,13 +126,14 @@ def last_issued(groups: Iterable[GroupProgress]) -> str | None:
 def build(*, rank: int, status: str = RUNNING, recorder: Any, groups: dict[str, list[int]], flight: Any = None,
           error: RaisedError | None = None, stack: tuple[Frame, ...] | None = None,
           in_collective: str | None = None, notes: Iterable[str] = (),
-          thread_errors: Iterable[RaisedError] = ()) -> RankSnapshot:
-    """This rank now. Groups come from torch's flight recorder when it works, else from the guard's records."""
+          thread_errors: Iterable[RaisedError] = (), failed_call: CallRecord | None = None) -> RankSnapshot:
+    """This rank now. Groups come from torch's flight recorder when it works, else from the guard's
+    records. ``failed_call``: the guarded call that just failed (it ended, but the rank was in it)."""
     recorded = flight.groups() if flight is not None and flight.usable else ()
     notes = list(notes)
     if flight is not None and not flight.usable:
         notes.append(f"only Python-issued collectives counted: {flight.problem}")
-    running = recorder.running_records()
+    running = recorder.running_records() + ([failed_call] if failed_call is not None else [])
     recorded = _as_guarded(recorded, running, recorder.clock()) if running else recorded
     stack = main_stack() if stack is None else stack
     in_collective = in_collective or (call_text(running[0]) if running else None)

@@ -146,11 +146,15 @@ class HangWatch:
         episode, action = verdict.get("episode"), verdict.get("action")
         if action == policy.END:
             findings = [Finding.from_dict(f) for f in verdict.get("findings", ())]
-            side.count(side.key("look", look, "ack"))
             why = [f"{f.id} [{f.cause}] {f.title}" for f in findings] or [str(verdict.get("reason") or "")]
             self.ended = True
-            self.host.end(None, [f"the job ends, {verdict.get('reason')} (rank {verdict.get('renderer')}'s verdict): "
-                                 + why[0], *why[1:]], False, findings)
+            # Said before the acknowledgement: the deciding rank ends once every rank read its verdict,
+            # and the launcher then stops the others.
+            for line in [f"the job ends, {verdict.get('reason')} (rank {verdict.get('renderer')}'s verdict): "
+                         + why[0], *why[1:]]:
+                self.host.say(line)
+            side.count(side.key("look", look, "ack"))
+            self.host.end(None, [], False, findings)
         elif action == policy.WATCH and isinstance(episode, int) and episode != (self.own.id if self.own else None):
             self.following = (episode, self.clock())
 
