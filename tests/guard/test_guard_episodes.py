@@ -324,3 +324,14 @@ def test_the_stall_clock_starts_again_when_a_group_moves():
     assert clock.update({"0": (7, 6)}, 5.0) == Stall("0", 5.0)  # progress: the clock starts again
     assert clock.update({"0": (9, 6)}, 6.0) == Stall("0", 5.0)  # more enqueued (NCCL), none completed: still stalled
     assert clock.update({"0": (9, 9)}, 9.0) is None            # gloo caught up: nothing pending
+
+
+def test_a_report_directory_that_cannot_be_written_is_said_once_and_nothing_raises(tmp_path, capsys):
+    from distdoctor.embedded.guard import evidence
+
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the directory should be")
+    for _ in range(3):
+        assert evidence.write_stalls(str(blocked), [{"episode": 1}]) is None
+    err = capsys.readouterr().err
+    assert err.count("distdoctor guard: cannot write") == 1 and "stalls.json" in err
