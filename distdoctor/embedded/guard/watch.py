@@ -109,11 +109,6 @@ class HangWatch:
             recorded = self.stalls.update(self.flight.status(), self.clock())
         return longest(self.recorder, recorded)
 
-    def stuck(self) -> tuple[str, float] | None:
-        """(group, seconds) of this rank's longest stall now."""
-        stall = self.stall_now()
-        return (stall.group, stall.seconds(self.clock())) if stall is not None else None
-
     # -- answering the looks other ranks request --------------------------------------------------
     def _answer_looks(self) -> None:
         side = self.side
