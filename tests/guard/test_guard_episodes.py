@@ -335,3 +335,27 @@ def test_a_report_directory_that_cannot_be_written_is_said_once_and_nothing_rais
         assert evidence.write_stalls(str(blocked), [{"episode": 1}]) is None
     err = capsys.readouterr().err
     assert err.count("distdoctor guard: cannot write") == 1 and "stalls.json" in err
+
+
+def test_a_watched_straggler_that_raises_is_reported_again_and_the_job_ends():
+    """What the stall is changed (the late rank raised): reported again at once, and it cannot finish."""
+    from distdoctor.diagnosis.snapshot import RAISED, RaisedError
+
+    store, clock, hosts, watches, stall, clear = two_ranks("auto", timeout_s=1800)
+    try:
+        stall()
+        clock.now += 6
+        assert wait_until(lambda: hosts[0].shown and watches[0].own is not None)
+        assert hosts[0].shown[0][2].action == policy.WATCH
+        raised = RankSnapshot(1, status=RAISED, error=RaisedError("TimeoutError", "Read timed out.",
+                                                                  Frame("train.py", 12, "load"), time.time()))
+        watches[1].publish("final", {"snapshot": raised.to_dict(), "final": True})
+        assert wait_until(lambda: hosts[0].ended)
+        findings, heading, decision = hosts[0].shown[-1]
+        assert heading.startswith("stall 1 changed after") and decision.action == policy.END
+        assert findings[0].id == "job.E001" and findings[0].ranks == (1,)
+        records, _, _ = watches[0].ledger.read()
+        assert records[0]["verdict"] == "job.E001" and records[0]["reports"] == 2 and records[0]["action"] == "end"
+    finally:
+        for watch in watches.values():
+            watch.stop()

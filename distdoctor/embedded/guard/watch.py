@@ -211,6 +211,9 @@ class HangWatch:
             if len(states) == len(ranks) or time.monotonic() >= until:
                 break
             time.sleep(0.05)
+        # A rank that raised or left answers from its watchdog until its process ends: its final
+        # snapshot, not that live answer, is its last word.
+        states.update(side.read_many("final", ranks))
         hellos = side.read_many("hello", [r for r in ranks if r not in states])
         for rank in ranks:
             if rank not in states:
