@@ -68,18 +68,21 @@ def test_an_exception_in_one_rank_is_named_on_the_other_ranks_with_their_failure
     assert result.returncode != 0
     assert "[rank1]: ValueError: bad batch at step 3" in result.stdout  # the user's traceback is still printed
     assert "distdoctor guard (rank 1): this rank raised ValueError" in result.stdout, result.stdout[-5000:]
-    # A peer whose collective failed names rank 1's error too (torchrun may SIGTERM a peer first;
-    # rank 0 of 2 always got there in these runs).
-    if nproc == 2:
-        assert "distdoctor guard (rank 0): this rank's RuntimeError is a consequence" in result.stdout, result.stdout[-5000:]
-    for report in reports(tmp_path, "exception"):
-        [finding] = report["findings"]
+    # A peer names rank 1's error too: its collective failed when rank 1's process ended (its error is
+    # the consequence), or, when that process takes longer than the hang timeout to end (a loaded
+    # machine), the stall's verdict read rank 1's final snapshot. torchrun may SIGTERM a peer first;
+    # rank 0 of 2 always got there in these runs.
+    for report in reports(tmp_path, "exception") + reports(tmp_path, "hang"):
+        finding = report["findings"][0]
         assert (finding["id"], finding["ranks"]) == ("job.E001", [1])
         assert finding["title"] == "Rank 1 raised ValueError: bad batch at step 3"
         assert f"at {line('raise')}" in finding["detail"]
     peers = [r for r in reports(tmp_path, "exception") if "consequence" in r["findings"][0]["detail"]]
-    # With 4 ranks on 2 loaded cores torchrun's SIGTERM may reach every peer before its collective fails.
-    assert (peers or nproc > 2) and all(re.search(r"rank [023] failed with RuntimeError", r["findings"][0]["detail"]) for r in peers)
+    assert all(re.search(r"rank [023] failed with RuntimeError", r["findings"][0]["detail"]) for r in peers)
+    if nproc == 2:
+        named = ("distdoctor guard (rank 0): this rank's RuntimeError is a consequence" in result.stdout
+                 or "distdoctor guard (rank 0): the guard ends the job: no rank can advance (job.E001" in result.stdout)
+        assert named and (peers or reports(tmp_path, "hang")), result.stdout[-5000:]
 
 
 def test_a_rank_with_one_batch_more_is_named_uneven_inputs(tmp_path):
