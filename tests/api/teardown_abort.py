@@ -16,13 +16,17 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 ABORT = "terminate called without an active exception"
+EXAMPLE = REPO / "docs" / "examples" / "train_preflight.py"
+NO_BARRIER = Path(tempfile.gettempdir()) / "distdoctor_train_preflight_no_barrier.py"
 VARIANTS = {
-    "with distdoctor": [str(REPO / "docs" / "examples" / "train_preflight.py")],
+    "with distdoctor": [str(EXAMPLE)],
+    "with distdoctor, no barrier": [str(NO_BARRIER)],
     "without distdoctor": [str(HERE / "teardown_plain.py")],
     "without distdoctor, no barrier": [str(HERE / "teardown_plain.py"), "--no-barrier"],
 }
@@ -39,6 +43,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
+    NO_BARRIER.write_text("".join(line for line in EXAMPLE.read_text().splitlines(keepends=True)
+                                  if line.strip() != "torch.distributed.barrier()"))
     counts = {name: [0, 0, 0] for name in VARIANTS}  # runs, aborts, other failures
     for _ in range(args.runs):
         for name, argv in VARIANTS.items():
