@@ -379,8 +379,8 @@ class Guard:
 
     def stall_summary(self, wait_s: float = 0.0) -> None:
         """Rank 0, at the end of the run: how many stalls, how long ranks waited, the longest (one line)."""
-        if self.rank != 0 or self.watch is None:
-            return
+        if self.rank != 0 or self.watch is None or not self.watch.saw_episodes:
+            return  # a run without a stall asks the store nothing at its end
         try:
             records, omitted, total = self.watch.ledger.read()
             until = time.monotonic() + wait_s  # an episode another rank is closing right now

@@ -71,6 +71,7 @@ class HangWatch:
         self.following: tuple[int, float] | None = None   # (episode another rank watches, when last seen)
         self.channel_error: BaseException | None = None   # the store channel's last failure, said when needed
         self.ended = False
+        self.saw_episodes = False                          # this rank opened or answered one (a healthy run: never)
 
     def start(self) -> "HangWatch":
         self.thread = threading.Thread(target=self._watch, name="distdoctor-guard-watch", daemon=True)
@@ -139,6 +140,7 @@ class HangWatch:
             return  # the requesting rank ended before its verdict: nothing to follow
         verdict = side.get(side.key("look", look, "verdict"))
         episode, action = verdict.get("episode"), verdict.get("action")
+        self.saw_episodes = self.saw_episodes or isinstance(episode, int)
         if action == policy.END:
             findings = [Finding.from_dict(f) for f in verdict.get("findings", ())]
             why = [f"{f.id} [{f.cause}] {f.title}" for f in findings] or [str(verdict.get("reason") or "")]
@@ -256,7 +258,7 @@ class HangWatch:
             episode.seconds = waited
             self.host.say(f"a stall of {waited:.1f} s in {self._group_text(stall.group)} cleared while the ranks "
                           f"were asked (hang timeout {self.hang_timeout:g} s); nothing to report, nothing ends")
-            self._publish(look, findings, decision, None)
+            self._publish(look, findings, decision, episode)
             self._keep(episode)
             return
         heading = (f"a collective has not completed for {waited:.1f} s (hang timeout {self.hang_timeout:g} s)"
@@ -368,6 +370,7 @@ class HangWatch:
             return self.ledger.new_id()
 
     def _keep(self, episode: Episode) -> None:
+        self.saw_episodes = True
         try:
             self.ledger.keep(episode)
         except Exception as exc:
