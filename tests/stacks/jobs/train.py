@@ -5,6 +5,8 @@
 #   in the rendezvous (under gloo, a rank that exits after init closes its connections and its
 #   peers fail at once, so a rank that died is seen with peers still waiting only before init).
 # MODE recv: every rank receives from the next one and none sends: every rank waits in recv.
+# MODE busy: no hang: every rank computes (matrix products before the model, then DDP's forward
+#   and backward), about 0.3 s a step on an idle core, until it is ended.
 
 import os
 import sys
@@ -17,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 MODE, READY = sys.argv[1], sys.argv[2]
 HANG_STEP = 2
+BUSY_PRODUCTS = 120  # 256x256 matrix products a step in MODE busy
 
 
 def ready(rank: int) -> None:
@@ -32,7 +35,11 @@ def main() -> None:
         os._exit(3)
     dist.init_process_group("gloo", timeout=timedelta(seconds=900))
     model = DDP(torch.nn.Linear(16, 4))
-    for step in range(100):
+    weights = torch.randn(256, 256)
+    for step in range(10**9 if MODE == "busy" else 100):
+        if MODE == "busy":
+            for _ in range(BUSY_PRODUCTS):
+                weights = torch.tanh(weights @ weights / 256)
         if step == HANG_STEP:
             ready(rank)
             if MODE == "sleep" and rank == 1:
