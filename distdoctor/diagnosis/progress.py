@@ -35,7 +35,7 @@ from distdoctor.diagnosis.snapshot import FINISHED, UNKNOWN, RankSnapshot
 # A rank over its looks.
 MOVED, STILL, ONE_LOOK, ENDED, UNREAD = "moved", "still", "one look", "ended", "unread"
 # The job over its looks.
-RUNNING, STALLED, FAILED, IDLE, UNDECIDED = "running", "stalled", "failed", "idle", "undecided"
+RUNNING, STALLED, FAILED, IDLE, ENDED_ALL, UNDECIDED = "running", "stalled", "failed", "idle", "ended", "undecided"
 
 # Less CPU than this between two looks is a wake-up (a timer, a signal, a poll), not work ...
 CPU_FLOOR_S = 0.002
@@ -232,7 +232,7 @@ def enough(looks: Sequence[RankSnapshot], *, min_looks: int = 3, min_span_s: flo
 class Judgement:
     """What the looks prove about the job: the outcome, its findings, and each rank's motion."""
 
-    outcome: str                      # RUNNING, STALLED, FAILED, IDLE or UNDECIDED
+    outcome: str                      # RUNNING, STALLED, FAILED, IDLE, ENDED_ALL or UNDECIDED
     findings: tuple[Finding, ...]
     motions: Mapping[int, Motion]
 
@@ -306,9 +306,11 @@ def judge(history: Mapping[int, Sequence[RankSnapshot]], *, world_size: int | No
     if kept:
         return Judgement(STALLED, tuple(kept), motions)
     alive = [m for m in motions.values() if m.state not in (ENDED, UNREAD)]
-    if alive and all(m.state == MOVED for m in alive) and len(alive) == len(motions):
+    if not alive:  # nothing left to read: what ended is diagnose's (a clean end: nothing to say)
+        return Judgement(ENDED_ALL, tuple(f for f, _ in dropped), motions)
+    if all(m.state == MOVED for m in alive) and len(alive) == len(motions):
         return Judgement(RUNNING, (_running(alive),), motions)
-    if alive and all(m.state == STILL for m in alive) and not dropped:
+    if all(m.state == STILL for m in alive) and not dropped:
         return Judgement(IDLE, (_open(motions, dropped, idle=True),), motions)
     return Judgement(UNDECIDED, (_open(motions, dropped, idle=False),), motions)
 

@@ -157,7 +157,8 @@ def judge(view: JobView, *, several: bool = False) -> list[Finding]:
     # A rank whose stack could not be read is not evidence either way: the verdict is over the others.
     unread = [s for s in everyone if s.status == UNKNOWN]
     snaps = [s for s in everyone if s.status != UNKNOWN]
-    found = list(verdict(view).findings)
+    judged = verdict(view)
+    found = list(judged.findings)
     named = {r for f in found if f.id not in (job_kinds.RUNNING.id, job_kinds.OPEN.id) for r in f.ranks}
     ended = [s for s in snaps if s.status in (EXITED, KILLED) and s.rank not in named and s.pid is not None]
     if ended:
@@ -170,7 +171,8 @@ def judge(view: JobView, *, several: bool = False) -> list[Finding]:
         hang = [f for f in found if f.id == job_kinds.HANG.id]
         found = [f for f in found if f.id != job_kinds.HANG.id]
         found.append(_partial(view, snaps, unread, hang[0].title if hang else ""))
-    groups = stack_groups(snaps, native=view.native)
+    # The stacks of a job whose every rank moved are moments of its work, not places to group.
+    groups = stack_groups(snaps, native=view.native) if judged.outcome != progress.RUNNING else None
     if groups is not None:
         found.append(groups)
     found += view.problems

@@ -25,7 +25,7 @@ MIN_LOOKS = 3           # reads of each rank before a verdict ...
 SPAN_S = 1.0            # ... spanning at least this long (--span)
 
 
-def _settled(track: Track, span_s: float) -> bool:
+def settled(track: Track, span_s: float) -> bool:
     """Enough reads of this rank for a verdict: MIN_LOOKS over span_s, or its end."""
     reads = list(track.reads)
     if track.ended:
@@ -74,7 +74,7 @@ def _views(found: Discovery, sampler: Sampler, host: str, native: bool, span_s: 
 
 
 def _decided(found: Discovery, sampler: Sampler, host: str, native: bool, span_s: float) -> bool:
-    if not all(_settled(t, span_s) for t in sampler.tracks):
+    if not all(settled(t, span_s) for t in sampler.tracks):
         return False
     return all(verdict(view).decided for view in _views(found, sampler, host, native, span_s))
 

@@ -32,7 +32,8 @@ _MAX_FRAMES = 256
 # A local variable's repr as py-spy gives it for an object: `<TypeName at 0x7f...>`.
 _OBJECT_REPR = re.compile(r"^<([A-Za-z_][A-Za-z0-9_]{0,80}) at 0x[0-9a-f]+>$")
 # The model wrappers worth knowing about (what a wait inside backward or forward can be).
-_WRAPPERS = re.compile(r"^(DistributedDataParallel|FullyShardedDataParallel|FSDP[A-Z]\w*)$")
+# FSDP2's fully_shard names a module's class FSDP<its class>; its own helpers are not models.
+_WRAPPERS = re.compile(r"^(DistributedDataParallel|FullyShardedDataParallel|FSDP(?!State$|Param|Comm|Mesh|Module$)[A-Z]\w*)$")
 
 # What went wrong, for the caller to phrase (attach problems need the process's owner etc.).
 MISSING, DENIED, GONE, NOT_PYTHON, FAILED = "missing", "denied", "gone", "not_python", "failed"
@@ -90,20 +91,21 @@ class Dump:
         return next((t for t in self.threads if t.is_main), self.threads[0] if self.threads else None)
 
 
-def _is_script(path: str) -> bool:
+def _is_script(path: str, mentioning: bytes = b"") -> bool:
     try:
         with open(path, "rb") as fh:
-            return fh.read(2) == b"#!"
+            head = fh.read(4096)
     except OSError:
         return False
+    return head.startswith(b"#!") and mentioning in head
 
 
 def find_pyspy(env: Mapping[str, str] | None = None) -> str | None:
-    """py-spy on PATH. When that is a wrapper script (pyenv's shim starts a shell and `pyenv exec`,
-    ten times py-spy's own 0.03 s per dump), the binary installed beside this Python is used: the
-    one the wrapper would pick for this environment."""
+    """py-spy on PATH. When that is pyenv's shim (a script that starts a shell and `pyenv exec`: ten
+    times py-spy's own 0.03 s per dump), the binary installed beside this Python is used: the one
+    the shim would pick for this environment."""
     found = shutil.which("py-spy", path=(env if env is not None else os.environ).get("PATH"))
-    if found is None or not _is_script(found):
+    if found is None or not _is_script(found, mentioning=b"pyenv"):
         return found
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
     return beside if os.access(beside, os.X_OK) and not _is_script(beside) else found

@@ -26,6 +26,7 @@ from distdoctor.stacks.snapshots import Facts, RankView, Read, build, read_rank,
 
 MAX_PARALLEL = 16       # py-spy processes at once (64 ranks: four rounds)
 KEPT_READS = 64         # reads kept per rank (a --watch runs for hours)
+VIEWED_READS = 16       # the latest of them turned into snapshots (a verdict's window is shorter)
 
 
 @dataclass
@@ -54,14 +55,14 @@ class Track:
             self.last_failure = read.dump.message
         self.reads.append(read)
 
-    def views(self, host: str) -> list[RankView]:
-        """Every read as a RankView, judged with what all the reads know (the model is DDP, a
+    def views(self, host: str, last: int = VIEWED_READS) -> list[RankView]:
+        """The last reads as RankViews, judged with what all the reads know (the model is DDP, a
         native read's finding still holds)."""
         reads = list(self.reads)
         ddp = any(r.main is not None and any(t in r.main.wrappers for t in DDP_TYPES) for r in reads)
         anchor = next((r for r in reads if r.native and r.main is not None), None)
         out = []
-        for read in reads:
+        for read in reads[-last:]:
             carried = None
             if anchor is not None and read is not anchor and _unmoved(anchor, read):
                 carried = read_wait(anchor.main, native=True, ddp=ddp, gpu=self.gpu)
@@ -105,9 +106,14 @@ class Sampler:
         self.tracks = [Track(r) for r in ranks]
         self.native, self.pyspy_path, self.host = native, pyspy_path, host
         self.dump_timeout_s, self.interval_s = dump_timeout_s, interval_s
-        self._pool = ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(ranks))),
+        # As many threads as ranks, up to MAX_PARALLEL (a watch adds ranks later: MAX_PARALLEL).
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(ranks) or MAX_PARALLEL)),
                                         thread_name_prefix="distdoctor-pyspy")
         self._running: dict[Future, Track] = {}
+
+    def add(self, ranks: Sequence[RankProcess]) -> None:
+        """Read these ranks too, from the next step on."""
+        self.tracks += [Track(r) for r in ranks]
 
     def _read(self, track: Track, timeout_s: float) -> Read:
         try:

@@ -130,6 +130,11 @@ def build(read: Read, facts: Facts = Facts(), *, host: str | None = None) -> Ran
     stack = python_frames(main, read.cwd)
     found = facts.carried or read_wait(main, native=read.native, ddp=facts.ddp, gpu=facts.gpu)
     notes = [n for n in (*proc.notes, state.note, found.note) if n]
+    # A GPU process's main thread may spin in a CUDA synchronisation that only native frames show.
+    spin = found.may_spin or (facts.gpu and not read.native and facts.carried is None)
+    if spin and not found.may_spin:
+        notes.append("its process uses a GPU: without --native its CPU time is no evidence of progress (the CPU "
+                     "may spin in a CUDA synchronisation), only its stack moving is (cannot tell otherwise)")
     if any(proc.env.get(v) for v in _FR_VARS):
         notes.append("the flight recorder is on, but its sequence numbers live inside the process: py-spy cannot read them")
     shown = tuple(Frame(display_path(f.file), f.line, f.function) if is_user_file(f.file) else f for f in stack)
@@ -137,7 +142,7 @@ def build(read: Read, facts: Facts = Facts(), *, host: str | None = None) -> Ran
                         status=state.status if state.status != EXITED else RUNNING, exit_code=state.exit_code,
                         stack=shown, where=_shown(user_frame(stack)), in_collective=found.op, time=read.time,
                         source="stacks", notes=tuple(notes), cpu_s=read.clock.cpu_s, proc_state=read.clock.state,
-                        may_spin=found.may_spin)
+                        may_spin=spin)
     return RankView(snap, threads=read.dump.threads, seconds=read.dump.seconds)
 
 
