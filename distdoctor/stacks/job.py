@@ -162,8 +162,10 @@ def judge(view: JobView, *, several: bool = False) -> list[Finding]:
     named = {r for f in found if f.id not in (job_kinds.RUNNING.id, job_kinds.OPEN.id) for r in f.ranks}
     ended = [s for s in snaps if s.status in (EXITED, KILLED) and s.rank not in named and s.pid is not None]
     if ended:
+        seen = any(look.stack for s in ended for look in view.looks(s.rank))
+        when = "between reads" if seen else f"before {'its' if len(ended) == 1 else 'their'} stack could be read"
         found.append(ENDED(f"{'Rank' if len(ended) == 1 else 'Ranks'} {format_ranks(s.rank for s in ended)} "
-                           f"ended before {'its' if len(ended) == 1 else 'their'} stack could be read",
+                           f"ended {when}",
                            detail="\n".join(f"rank {s.rank} (PID {s.pid}): {'; '.join(s.notes)}" for s in ended),
                            ranks=[s.rank for s in ended], hosts=[s.host for s in ended if s.host]))
     if snaps and (unread or (not view.whole and view.world_size and len(snaps) < view.world_size)):

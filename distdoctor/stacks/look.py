@@ -23,6 +23,7 @@ TIMEOUT_S = 10.0        # the reads of one `stacks` run, in all (--timeout)
 INTERVAL_S = 0.5        # between two reads of one rank
 MIN_LOOKS = 3           # reads of each rank before a verdict ...
 SPAN_S = 1.0            # ... spanning at least this long (--span)
+SETTLE_S = 1.0          # past the deadline, how long the reads still running may take to end
 
 
 def settled(track: Track, span_s: float) -> bool:
@@ -97,10 +98,13 @@ def gather(pids: Sequence[int] = (), *, native: bool = False, timeout_s: float =
     sampler = Sampler(members, native=native, pyspy_path=program or "py-spy", host=host, dump_timeout_s=timeout_s,
                       interval_s=INTERVAL_S)
     try:
-        while members and time.monotonic() < deadline and not sampler.idle:
-            if sampler.step(min(deadline, time.monotonic() + INTERVAL_S), deadline) and \
-                    _decided(found, sampler, host, native, span_s):
-                break
+        decided = False
+        while members and time.monotonic() < deadline and not sampler.idle and not decided:
+            decided = bool(sampler.step(min(deadline, time.monotonic() + INTERVAL_S), deadline)) and \
+                _decided(found, sampler, host, native, span_s)
+        if not decided:
+            sampler.settle(SETTLE_S)  # reads still running were bounded by the deadline: collect them
+        sampler.never_read(f"py-spy did not answer within --timeout ({timeout_s:g} s)")
     finally:
         sampler.close()
     return _views(found, sampler, host, native, span_s), found.findings

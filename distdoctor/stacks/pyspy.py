@@ -105,7 +105,7 @@ def find_pyspy(env: Mapping[str, str] | None = None) -> str | None:
     times py-spy's own 0.03 s per dump), the binary installed beside this Python is used: the one
     the shim would pick for this environment."""
     found = shutil.which("py-spy", path=(env if env is not None else os.environ).get("PATH"))
-    if found is None or not _is_script(found, mentioning=b"pyenv"):
+    if found is None or not _is_script(found, mentioning=b"pyenv\" exec"):
         return found
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
     return beside if os.access(beside, os.X_OK) and not _is_script(beside) else found

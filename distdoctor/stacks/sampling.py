@@ -160,6 +160,13 @@ class Sampler:
         while self._running and time.monotonic() < end:
             self.step(end, deadline=0.0)
 
+    def never_read(self, why: str) -> None:
+        """A rank with no read at all (its only read is still running) gets a failed one saying why."""
+        for track in self.tracks:
+            if not track.reads:
+                track.add(Read(track.proc, pyspy.Dump(problem=pyspy.FAILED, message=why), ProcState(UNKNOWN),
+                               time=time.time()))
+
     @property
     def idle(self) -> bool:
         return not self._running and all(t.ended for t in self.tracks)

@@ -7,8 +7,8 @@
 # MODE recv: every rank receives from the next one and none sends: every rank waits in recv.
 # MODE busy: no hang: every rank computes (matrix products before the model, then DDP's forward
 #   and backward), about 0.3 s a step on an idle core, until it is ended.
-# MODE pause: as busy, but rank 1 sleeps PAUSE_S seconds at step PAUSE_STEP (a slow checkpoint):
-#   a stall that forms and clears.
+# MODE pause: as busy, but rank 1 sleeps PAUSE_S seconds every PAUSE_EVERY steps, from step
+#   PAUSE_STEP on (a slow checkpoint): a stall that forms and clears, again and again.
 
 import os
 import sys
@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 MODE, READY = sys.argv[1], sys.argv[2]
 HANG_STEP = 2
 BUSY_PRODUCTS = 120  # 256x256 matrix products a step in MODE busy
-PAUSE_STEP, PAUSE_S = 4, 10.0
+PAUSE_STEP, PAUSE_EVERY, PAUSE_S = 4, 30, 10.0
 
 
 def ready(rank: int) -> None:
@@ -49,7 +49,7 @@ def main() -> None:
                 time.sleep(3600)
             if MODE == "recv":
                 dist.recv(torch.zeros(1), src=(rank + 1) % world)
-        if MODE == "pause" and step == PAUSE_STEP and rank == 1:
+        if MODE == "pause" and step % PAUSE_EVERY == PAUSE_STEP and rank == 1:
             time.sleep(PAUSE_S)
         loss = model(torch.randn(8, 16)).sum()
         loss.backward()
