@@ -24,6 +24,7 @@ INTERVAL_S = 0.5        # between two reads of one rank
 MIN_LOOKS = 3           # reads of each rank before a verdict ...
 SPAN_S = 1.0            # ... spanning at least this long (--span)
 SETTLE_S = 1.0          # past the deadline, how long the reads still running may take to end
+SLACK_S = 0.05          # reads started interval apart are timed by their threads: a little earlier or later
 
 
 def settled(track: Track, span_s: float) -> bool:
@@ -32,7 +33,7 @@ def settled(track: Track, span_s: float) -> bool:
     if track.ended:
         return True
     times = [r.time for r in reads if r.time is not None]
-    return len(reads) >= MIN_LOOKS and bool(times) and times[-1] - times[0] >= span_s
+    return len(reads) >= MIN_LOOKS and bool(times) and times[-1] - times[0] >= span_s - SLACK_S
 
 
 def _whole(members: Sequence[RankProcess]) -> tuple[int | None, bool]:
@@ -48,7 +49,7 @@ def _rank_views(track: Track, host: str, span_s: float) -> tuple[RankView, list[
     views = track.views(host)
     readable = [v for v in views if v.snapshot.status != UNKNOWN]
     latest = readable[-1] if readable else views[-1]
-    window = progress.recent([v.snapshot for v in readable], min_looks=MIN_LOOKS, min_span_s=span_s)
+    window = progress.recent([v.snapshot for v in readable], min_looks=MIN_LOOKS, min_span_s=span_s - SLACK_S)
     return latest, readable[len(readable) - len(window):]
 
 

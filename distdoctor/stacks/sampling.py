@@ -25,6 +25,7 @@ from distdoctor.stacks.procs import RankProcess
 from distdoctor.stacks.snapshots import Facts, RankView, Read, build, read_rank, python_frames
 
 MAX_PARALLEL = 16       # py-spy processes at once (64 ranks: four rounds)
+MAX_INFLIGHT = 1        # reads of one rank running at once (2 was measured slower on a loaded node)
 KEPT_READS = 64         # reads kept per rank (a --watch runs for hours)
 VIEWED_READS = 16       # the latest of them turned into snapshots (a verdict's window is shorter)
 
@@ -37,8 +38,9 @@ class Track:
     reads: Deque[Read] = field(default_factory=lambda: deque(maxlen=KEPT_READS))
     started: int | None = None         # its process's start time at the first read
     gpu: bool = False
-    busy: bool = False                 # a read of it is running
-    last_start: float = float("-inf")
+    inflight: int = 0                  # its reads running now
+    started_reads: int = 0             # its reads started so far
+    last_start: float = float("-inf")  # when its last read was started (monotonic clock)
     failures: int = 0                  # reads whose stack could not be read
     last_failure: str = ""
 
@@ -54,6 +56,10 @@ class Track:
             self.failures += 1
             self.last_failure = read.dump.message
         self.reads.append(read)
+        if len(self.reads) > 1 and read.time is not None and (self.reads[-2].time or 0) > read.time:
+            ordered = sorted(self.reads, key=lambda r: r.time or 0.0)  # two reads overlapped: keep time order
+            self.reads.clear()
+            self.reads.extend(ordered)
 
     def views(self, host: str, last: int = VIEWED_READS) -> list[RankView]:
         """The last reads as RankViews, judged with what all the reads know (the model is DDP, a
@@ -79,14 +85,9 @@ class Track:
         return replace(view, snapshot=replace(view.snapshot, notes=(*view.snapshot.notes, note)))
 
     def due(self, now: float, interval_s: float) -> bool:
-        """Not being read, not ended, and interval_s past its last read (by the read's own clock,
-        so that the reads' times, which a verdict's span is measured by, are interval_s apart)."""
-        if self.busy or self.ended:
-            return False
-        last = self.reads[-1].time if self.reads else None
-        if last is not None:
-            return time.time() - last >= interval_s
-        return now - self.last_start >= interval_s
+        """Not ended, interval_s past the start of its last read, and fewer than MAX_INFLIGHT of
+        its reads running (a dump slowed down by a loaded node does not delay the next read)."""
+        return not self.ended and self.inflight < MAX_INFLIGHT and now - self.last_start >= interval_s
 
 
 def _unmoved(anchor: Read, later: Read) -> bool:
@@ -107,7 +108,7 @@ class Sampler:
         self.native, self.pyspy_path, self.host = native, pyspy_path, host
         self.dump_timeout_s, self.interval_s = dump_timeout_s, interval_s
         # As many threads as ranks, up to MAX_PARALLEL (a watch adds ranks later: MAX_PARALLEL).
-        self._pool = ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(ranks) or MAX_PARALLEL)),
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(ranks) * MAX_INFLIGHT or MAX_PARALLEL)),
                                         thread_name_prefix="distdoctor-pyspy")
         self._running: dict[Future, Track] = {}
 
@@ -115,9 +116,9 @@ class Sampler:
         """Read these ranks too, from the next step on."""
         self.tracks += [Track(r) for r in ranks]
 
-    def _read(self, track: Track, timeout_s: float) -> Read:
+    def _read(self, track: Track, timeout_s: float, first: bool) -> Read:
         try:
-            return read_rank(track.proc, native=self.native and not track.reads, pyspy_path=self.pyspy_path,
+            return read_rank(track.proc, native=self.native and first, pyspy_path=self.pyspy_path,
                              timeout_s=timeout_s, started=track.started)
         except Exception as exc:  # one rank's surprise must not cost the others' report
             dump = pyspy.Dump(problem=pyspy.FAILED, message=f"{type(exc).__name__}: {exc}"[:300])
@@ -130,8 +131,9 @@ class Sampler:
             return
         for track in self.tracks:
             if track.due(now, self.interval_s):
-                track.busy, track.last_start = True, now
-                self._running[self._pool.submit(self._read, track, left)] = track
+                track.inflight, track.last_start = track.inflight + 1, now
+                track.started_reads += 1
+                self._running[self._pool.submit(self._read, track, left, track.started_reads == 1)] = track
 
     def step(self, until: float, deadline: float | None = None) -> int:
         """Start the reads that are due, then wait until one ends or `until` (monotonic);
@@ -143,15 +145,13 @@ class Sampler:
         done, _ = wait(list(self._running), timeout=max(0.0, until - time.monotonic()), return_when=FIRST_COMPLETED)
         for future in done:
             track = self._running.pop(future)
-            track.busy = False
+            track.inflight -= 1
             track.add(future.result())
         return len(done)
 
     def _next_due(self) -> float:
         """When the next read is due (monotonic clock)."""
-        offset = time.monotonic() - time.time()
-        starts = [(t.reads[-1].time + offset if t.reads and t.reads[-1].time is not None else t.last_start)
-                  + self.interval_s for t in self.tracks if not t.ended and not t.busy]
+        starts = [t.last_start + self.interval_s for t in self.tracks if not t.ended and t.inflight < MAX_INFLIGHT]
         return min(starts) if starts else float("inf")
 
     def settle(self, limit_s: float) -> None:
