@@ -6,7 +6,9 @@
 # waits have no Python frame of their own and are told by their C/C++ frames (--native) or not at
 # all:
 # - DDP's gradient all-reduce runs inside `loss.backward()`, where the main thread waits in
-#   c10d::Reducer::finalize_backward. Without --native, a main thread idle inside backward is DDP's
+#   c10d::Reducer::finalize_backward (on a GPU the main thread waits in autograd's ReadyQueue::pop
+#   and the reducer's wait is on autograd's device thread, which py-spy --native lists too: recorded
+#   on an H100, tests/gpu/recorded/). Without --native, a main thread idle inside backward is DDP's
 #   all-reduce only when the model is DDP (a DistributedDataParallel among its frames' variables,
 #   which py-spy --locals reads) and the process uses no GPU (on a GPU the main thread also sleeps
 #   in backward while the device computes). A busy backward is computing.
@@ -66,8 +68,10 @@ def _outermost(frames: Sequence[RawFrame], pattern: re.Pattern, exclude: frozens
     return None
 
 
-def _native(frames: Sequence[RawFrame], names: Sequence[str]) -> str | None:
-    return next((f.function for f in frames if f.native and any(n in f.function for n in names)), None)
+def _native(frames: Sequence[RawFrame], names: Sequence[str], *, outermost: bool = False) -> str | None:
+    """The innermost (or outermost) native frame whose function names one of names."""
+    ordered = reversed(frames) if outermost else frames
+    return next((f.function for f in ordered if f.native and any(n in f.function for n in names)), None)
 
 
 def fsdp_context(frames: Sequence[RawFrame]) -> str | None:
@@ -97,12 +101,20 @@ def _c10d_op(frames: Sequence[RawFrame]) -> Reading | None:
     return None
 
 
-def _native_wait(thread: Thread) -> Reading | None:
+def _native_wait(thread: Thread, others: Sequence[Thread]) -> Reading | None:
     """A wait told by C/C++ frames alone: DDP's reducer, a Work, the store, a CUDA synchronisation."""
     frames = thread.frames
     reducer = _native(frames, ("c10d::Reducer::",))
     if reducer is not None:
         return Reading(BACKWARD_DDP, f"native frames show {reducer}: DDP's reducer waits for the gradient all-reduce")
+    if thread.idle and _outermost(frames, _BACKWARD) is not None:
+        # A CUDA backward: the main thread waits for autograd's device thread, which runs DDP's
+        # reducer (a thread with no Python name: py-spy lists it for its native frames).
+        helper = next((_native(t.frames, ("c10d::Reducer::",)) for t in others
+                       if t is not thread and _native(t.frames, ("c10d::Reducer::",))), None)
+        if helper is not None:
+            return Reading(BACKWARD_DDP, f"its main thread waits for autograd's device thread, whose native frames "
+                                         f"show {helper}: DDP's reducer waits for the gradient all-reduce")
     work = next(((f.function, backend) for f in frames if f.native for name, backend in _WORK_WAIT if name in f.function), None)
     if work is not None:
         fsdp = fsdp_context(frames)
@@ -111,7 +123,7 @@ def _native_wait(thread: Thread) -> Reading | None:
     store = _native(frames, _STORE)
     if store is not None and thread.idle:
         return Reading(STORE_WAIT, f"native frames show {store}")
-    sync = _native(frames, _CUDA_SYNC)
+    sync = _native(frames, _CUDA_SYNC, outermost=True)  # the runtime's call (cudaStreamSynchronize), not the driver's
     if sync is not None:
         return Reading(None, f"in a CUDA synchronisation ({sync}): a wait for a collective only if one is pending on "
                              "that stream, which py-spy cannot see (cannot tell; the guard's flight recorder can)",
@@ -122,6 +134,10 @@ def _native_wait(thread: Thread) -> Reading | None:
 def _backward(thread: Thread, *, native: bool, ddp: bool, gpu: bool) -> Reading | None:
     if _outermost(thread.frames, _BACKWARD) is None:
         return None
+    if native and thread.idle:
+        return Reading(None, "idle inside loss.backward() with no collective among any thread's native frames: waiting "
+                             "for autograd's other threads (on a GPU, the device's work) — not a collective (cannot tell "
+                             "more)")
     if native:
         return Reading(None, "in backward, with no collective among its native frames: computing")
     if not thread.idle:
@@ -138,14 +154,15 @@ def _backward(thread: Thread, *, native: bool, ddp: bool, gpu: bool) -> Reading 
                          "variables: whether it waits in a collective cannot tell without --native")
 
 
-def read_wait(thread: Thread, *, native: bool, ddp: bool = False, gpu: bool = False) -> Reading:
+def read_wait(thread: Thread, *, native: bool, ddp: bool = False, gpu: bool = False,
+              others: Sequence[Thread] = ()) -> Reading:
     """What the thread waits in (see the module's comment). ddp: the rank's model is known to be
-    DDP; gpu: its process uses a GPU."""
+    DDP; gpu: its process uses a GPU; others: the process's other threads (from the same dump)."""
     found = _c10d_op(thread.frames)
     if found is not None:
         return found
     if native:
-        found = _native_wait(thread)
+        found = _native_wait(thread, others)
         if found is not None:
             return found
     fsdp = fsdp_context(thread.frames)
@@ -155,7 +172,8 @@ def read_wait(thread: Thread, *, native: bool, ddp: bool = False, gpu: bool = Fa
     return _backward(thread, native=native, ddp=ddp, gpu=gpu) or Reading()
 
 
-def in_collective(thread: Thread, *, native: bool, ddp: bool = False, gpu: bool = False) -> tuple[str | None, str]:
+def in_collective(thread: Thread, *, native: bool, ddp: bool = False, gpu: bool = False,
+                  others: Sequence[Thread] = ()) -> tuple[str | None, str]:
     """(the operation the thread waits in or None, a note on how it was told)."""
-    found = read_wait(thread, native=native, ddp=ddp, gpu=gpu)
+    found = read_wait(thread, native=native, ddp=ddp, gpu=gpu, others=others)
     return found.op, found.note

@@ -71,7 +71,7 @@ class Track:
         for read in reads[-last:]:
             carried = None
             if anchor is not None and read is not anchor and _unmoved(anchor, read):
-                carried = read_wait(anchor.main, native=True, ddp=ddp, gpu=self.gpu)
+                carried = read_wait(anchor.main, native=True, ddp=ddp, gpu=self.gpu, others=anchor.dump.threads)
             out.append(build(read, Facts(ddp, self.gpu, carried), host=host))
         return [self._noted(v) for v in out]
 

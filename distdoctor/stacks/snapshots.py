@@ -128,7 +128,7 @@ def build(read: Read, facts: Facts = Facts(), *, host: str | None = None) -> Ran
         return _unread(read, host)
     proc, state = read.proc, read.state
     stack = python_frames(main, read.cwd)
-    found = facts.carried or read_wait(main, native=read.native, ddp=facts.ddp, gpu=facts.gpu)
+    found = facts.carried or read_wait(main, native=read.native, ddp=facts.ddp, gpu=facts.gpu, others=read.dump.threads)
     notes = [n for n in (*proc.notes, state.note, found.note) if n]
     # A GPU process's main thread may spin in a CUDA synchronisation that only native frames show.
     spin = found.may_spin or (facts.gpu and not read.native and facts.carried is None)

@@ -72,20 +72,51 @@ def test_the_model_type_comes_from_the_frames_variables_and_nothing_else_is_kept
     assert "repr" not in json.dumps(thread.to_dict())  # the report keeps frames, never a variable's value
 
 
-def test_a_cuda_synchronisation_under_item_cannot_tell_and_may_spin():
-    got = reading("cuda_item.rank0.native.json", "cuda-handmade")
+GPU = Path(__file__).resolve().parents[1] / "gpu" / "recorded"
+
+
+def recorded_gpu(job: str, rank: int, native: bool, read: int = 0) -> tuple[pyspy.Thread, tuple[pyspy.Thread, ...]]:
+    """A read recorded on an H100 (tests/gpu/recorded/README.md): its main thread and every thread."""
+    path = GPU / job / f"rank{rank}-{read}{'-native' if native else ''}.json"
+    if not path.exists():
+        pytest.skip(f"{path} not in this checkout")
+    threads = pyspy.parse(json.loads(path.read_text())["stdout"])
+    return next(t for t in threads if t.is_main), threads
+
+
+@pytest.mark.parametrize("job", ["cuda_busy", "nccl_one_rank"])
+def test_a_cuda_synchronisation_under_item_cannot_tell_and_its_cpu_is_no_evidence(job):
+    # A healthy GPU job (no collective pending): the CPU spins in cudaStreamSynchronize, py-spy says active.
+    main, threads = recorded_gpu(job, 0, native=True)
+    got = read_wait(main, native=True, gpu=True, others=threads)
     assert got.op is None and got.may_spin and "cannot tell" in got.note and "cudaStreamSynchronize" in got.note
-    # Without --native the same place is just a line on a CPU: a GPU process's CPU is no evidence.
-    read = Read(RankProcess(pid=4242, rank=0), pyspy.Dump(threads=(main_thread("cuda_item.rank0.json", "cuda-handmade"),)),
-                ProcState("running"), Clock("R", 12.0), 1.0)
-    snap = build(read, Facts(ddp=True, gpu=True), host="gpu-node").snapshot
+    # Without --native the same moment is a line on a CPU; a GPU process's CPU time is no evidence.
+    plain, _ = recorded_gpu(job, 0, native=False)
+    read = Read(RankProcess(pid=4242, rank=0), pyspy.Dump(threads=(plain,)), ProcState("running"), Clock("R", 12.0), 1.0)
+    snap = build(read, Facts(gpu=True), host="gpu-node").snapshot
     assert snap.in_collective is None and snap.may_spin and any("uses a GPU" in n for n in snap.notes)
 
 
-def test_nccls_work_wait_is_a_wait_and_ddp_on_a_gpu_cannot_tell_without_native():
-    assert reading("nccl_work_wait.rank0.native.json", "cuda-handmade").op == "Work.wait() of an async NCCL collective"
-    got = reading("ddp_backward_gpu.rank0.json", "cuda-handmade", gpu=True)
+def test_ddp_on_a_gpu_waits_on_autograds_device_thread_which_native_frames_show_in_the_reducer():
+    main, threads = recorded_gpu("ddp_gloo_cuda_straggler", 0, native=True)
+    got = read_wait(main, native=True, gpu=True, others=threads)
+    assert got.op == BACKWARD_DDP and "autograd's device thread" in got.note and "c10d::Reducer" in got.note
+    plain, threads = recorded_gpu("ddp_gloo_cuda_straggler", 0, native=False)
+    got = read_wait(plain, native=False, ddp=True, gpu=True, others=threads)
     assert got.op is None and "uses a GPU" in got.note and "cannot tell" in got.note
+    late, threads = recorded_gpu("ddp_gloo_cuda_straggler", 1, native=True)
+    assert read_wait(late, native=True, gpu=True, others=threads).op is None
+
+
+def test_gloo_on_cuda_tensors_waits_in_its_collective():
+    for native in (False, True):
+        main, threads = recorded_gpu("gloo_cuda_straggler", 0, native=native)
+        assert read_wait(main, native=native, gpu=True, others=threads).op == "all_reduce"
+
+
+def test_nccls_work_wait_is_a_wait():
+    # Hand-made (dumps/cuda-handmade/meta.json): no recording of WorkNCCL::wait yet.
+    assert reading("nccl_work_wait.rank0.native.json", "cuda-handmade").op == "Work.wait() of an async NCCL collective"
 
 
 # Recorded on a GPU machine (record.py --backend nccl); skipped until dumps/nccl/ exists.
