@@ -29,10 +29,11 @@ def main_thread(name: str, folder: str = "gloo") -> pyspy.Thread:
     return next(t for t in threads if t.is_main)
 
 
-def reading(name: str, folder: str = "gloo", *, gpu: bool = False):
+def reading(name: str, folder: str = "gloo", *, gpu: bool = False, every_thread: bool = False):
     thread = main_thread(name, folder)
+    others = pyspy.parse((DUMPS / folder / name).read_text()) if every_thread else ()
     ddp = any(t in thread.wrappers for t in DDP_TYPES)
-    return read_wait(thread, native=name.endswith(".native.json"), ddp=ddp, gpu=gpu)
+    return read_wait(thread, native=name.endswith(".native.json"), ddp=ddp, gpu=gpu, others=others)
 
 
 # (case, what py-spy --locals alone tells, what --native tells) for the rank that waits (rank 0).
@@ -121,13 +122,14 @@ def test_nccls_work_wait_is_a_wait():
 
 # Recorded on a GPU machine (record.py --backend nccl); skipped until dumps/nccl/ exists.
 NCCL = [("ddp_backward", None, BACKWARD_DDP), ("barrier", "barrier", "barrier"), ("recv", "recv", "recv"),
-        ("store_wait", None, STORE_WAIT), ("cuda_item", None, None), ("cuda_compute_item", None, None)]
+        ("store_wait", None, STORE_WAIT), ("work_wait_blocking", None, "Work.wait() of an async NCCL collective"),
+        ("cuda_item", None, None), ("cuda_compute_item", None, None)]
 
 
 @pytest.mark.parametrize("case, plain, native", NCCL, ids=[c[0] for c in NCCL])
 def test_the_waiting_rank_on_nccl(case, plain, native):
     assert reading(f"{case}.rank0.json", "nccl", gpu=True).op == plain
-    got = reading(f"{case}.rank0.native.json", "nccl", gpu=True)
+    got = reading(f"{case}.rank0.native.json", "nccl", gpu=True, every_thread=True)
     assert got.op == native, got
     if case.startswith("cuda_"):
         assert got.may_spin and "cannot tell" in got.note

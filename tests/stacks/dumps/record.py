@@ -3,6 +3,9 @@
     python tests/stacks/dumps/record.py                      # gloo cases, into tests/stacks/dumps/gloo/
     python tests/stacks/dumps/record.py --backend nccl       # on a machine with 2 GPUs: into dumps/nccl/
 
+(NCCL needs one GPU per rank: two ranks on one GPU fail with "Duplicate GPU detected". The
+one-GPU CUDA cases are recorded by tests/gpu/record_cuda_stacks.py into tests/gpu/recorded/.)
+
 For each case a 2-rank torchrun job (sys.executable -m torch.distributed.run) is started; when
 both ranks are at the case's point and a moment has passed, each rank is dumped twice — `py-spy
 dump --json --nonblocking --locals` (what `distdoctor stacks` reads) and `py-spy dump --json
@@ -29,7 +32,8 @@ HERE = Path(__file__).resolve().parent
 JOB = HERE.parent / "jobs" / "waits.py"
 CASES = {"gloo": ["ddp_backward", "fsdp2_all_gather", "fsdp2_reduce", "fsdp1_reduce", "barrier", "store_wait",
                   "recv", "work_wait"]}
-CASES["nccl"] = CASES["gloo"] + ["cuda_item", "cuda_compute_item"]
+CASES["nccl"] = CASES["gloo"] + ["work_wait_blocking", "cuda_item", "cuda_compute_item"]
+EXTRA_ENV = {"work_wait_blocking": {"TORCH_NCCL_BLOCKING_WAIT": "1"}}
 READY_S = 300.0
 SETTLE_S = 3.0
 
@@ -43,7 +47,7 @@ def record_case(case: str, backend: str, out: Path, port: int) -> list[str]:
     scratch = Path(tempfile.mkdtemp(prefix=f"distdoctor-record-{case}-"))
     ready = scratch / "ready"
     ready.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **EXTRA_ENV.get(case, {})}
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
             str(JOB), case, str(ready), backend]
     with open(scratch / "job.log", "wb") as log:

@@ -10,7 +10,8 @@
 #   barrier           dist.barrier()
 #   store_wait        the default store's wait() for a key no rank sets
 #   recv              dist.recv from rank 1, which never sends
-#   work_wait         all_reduce(async_op=True) and then Work.wait()
+#   work_wait         all_reduce(async_op=True) and then Work.wait() (on a GPU, then synchronize())
+#   work_wait_blocking (nccl) the same under TORCH_NCCL_BLOCKING_WAIT=1: WorkNCCL::wait itself waits
 #   cuda_item         (nccl) an all_reduce queued on the GPU, then loss.item(): the CPU waits in a
 #                     CUDA synchronisation with a collective pending on the stream
 #   cuda_compute_item (nccl) no collective: GPU work, then .item(), in a loop (a healthy GPU job)
@@ -87,9 +88,11 @@ def wait_alone(rank: int, dev: torch.device) -> None:
         _get_default_store().wait(["distdoctor-never-set"], timedelta(seconds=3600))
     elif CASE == "recv":
         dist.recv(torch.zeros(4, device=dev), src=1)
-    elif CASE == "work_wait":
+    elif CASE in ("work_wait", "work_wait_blocking"):
         work = dist.all_reduce(torch.ones(4, device=dev), async_op=True)
-        work.wait()
+        work.wait()  # NCCL: returns at once unless TORCH_NCCL_BLOCKING_WAIT=1 (work_wait_blocking)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()  # the CPU waits for the stream the collective is pending on
     elif CASE == "cuda_item":
         total = torch.ones(1024, device=dev)
         dist.all_reduce(total)  # queued on the GPU; rank 1 never joins
@@ -109,7 +112,7 @@ def compute_items(rank: int, dev: torch.device) -> None:
 def main() -> None:
     dist.init_process_group(BACKEND, timeout=timedelta(seconds=3600))
     rank, dev = dist.get_rank(), device()
-    if CASE in ("barrier", "store_wait", "recv", "work_wait", "cuda_item"):
+    if CASE in ("barrier", "store_wait", "recv", "work_wait", "work_wait_blocking", "cuda_item"):
         wait_alone(rank, dev)
     elif CASE == "cuda_compute_item":
         compute_items(rank, dev)
