@@ -107,14 +107,16 @@ def _asleep(snap: RankSnapshot) -> bool:
     return bool(snap.proc_state) and snap.proc_state in ASLEEP and not snap.may_spin
 
 
-def _spot(snap: RankSnapshot) -> str:
-    """Where the rank was, briefly: the wait, else the user's line, else the innermost frame."""
+def _spot(snap: RankSnapshot, *, bare: bool = False) -> str:
+    """Where the rank was, briefly: `in` the wait, else `at` the user's line, else the innermost
+    frame (bare: without the preposition)."""
     place = wait_place(snap)
     if place:
-        return f"in {place}"
-    if snap.where is not None:
-        return f"at {snap.where.label}"
-    return f"at {snap.stack[-1].label}" if snap.stack else "somewhere its source did not show"
+        return place if bare else f"in {place}"
+    if snap.where is not None or snap.stack:
+        label = snap.where.label if snap.where is not None else snap.stack[-1].label
+        return label if bare else f"at {label}"
+    return "somewhere its source did not show"
 
 
 def moved(before: RankSnapshot, after: RankSnapshot) -> str | None:
@@ -137,7 +139,7 @@ def moved(before: RankSnapshot, after: RankSnapshot) -> str | None:
                     "found it asleep there")
         return None
     if here != there or (before.stack and after.stack and _stack_key(before) != _stack_key(after)):
-        return f"its stack went from {_spot(before)} to {_spot(after)}"
+        return f"its stack went from {_spot(before, bare=True)} to {_spot(after, bare=True)}"
     if not (before.may_spin or after.may_spin) and _is_work(cpu, elapsed):
         return f"it computed: {cpu:.2f} s of CPU {_spot(after)}"
     return None

@@ -47,8 +47,10 @@ def table(screen: Screen, *, interval_s: float) -> Any:
                        f"{screen.reads} reads · Ctrl-C for the report", title_justify="left", expand=False)
     for name, justify in (("rank", "right"), ("host", "left"), ("PID", "right"), ("state", "left"),
                           ("CPU %", "right"), ("where", "left")):
-        grid.add_column(name, justify=justify, overflow="fold" if name == "where" else "ellipsis",
-                        no_wrap=name != "where")
+        wraps = name in ("state", "where")
+        grid.add_column(name, justify=justify, overflow="fold" if wraps else "ellipsis", no_wrap=not wraps,
+                        ratio=2 if name == "where" else 1 if name == "state" else None,
+                        min_width=12 if wraps else None)
     if several:
         grid.add_column("job", overflow="ellipsis")
     for row in screen.rows[:_SHOWN_ROWS]:

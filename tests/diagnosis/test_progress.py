@@ -22,8 +22,9 @@ def look(rank: int, t: float, line: int, *, op: str | None = None, cpu: float = 
 
 
 def test_a_stack_that_moved_is_progress():
-    assert "went from at /job/train.py:39 to at /job/train.py:42" in moved(look(0, 0, 39), look(0, 0.5, 42))
-    assert "went from at /job/train.py:39 to in" in moved(look(0, 0, 39), look(0, 0.5, 43, op=BACKWARD))
+    assert moved(look(0, 0, 39), look(0, 0.5, 42)) == "its stack went from /job/train.py:39 to /job/train.py:42"
+    assert moved(look(0, 0, 39), look(0, 0.5, 43, op=BACKWARD)) == \
+        f"its stack went from /job/train.py:39 to {BACKWARD} at /job/train.py:43"
 
 
 def test_cpu_outside_a_wait_is_progress_and_none_is_not():
