@@ -98,11 +98,19 @@ def gather(pids: Sequence[int] = (), *, native: bool = False, timeout_s: float =
     deadline = started + timeout_s
     sampler = Sampler(members, native=native, pyspy_path=program or "py-spy", host=host, dump_timeout_s=timeout_s,
                       interval_s=INTERVAL_S)
+    # A rank read enough waits for the others (fewer py-spy processes on a loaded node) until the
+    # verdict over all of them is open: then every rank is read again.
+    undecided = [False]
+
+    def wanted(track: Track) -> bool:
+        return undecided[0] or not settled(track, span_s)
+
     try:
         decided = False
         while members and time.monotonic() < deadline and not sampler.idle and not decided:
-            decided = bool(sampler.step(min(deadline, time.monotonic() + INTERVAL_S), deadline)) and \
-                _decided(found, sampler, host, native, span_s)
+            if sampler.step(min(deadline, time.monotonic() + INTERVAL_S), deadline, wanted):
+                decided = _decided(found, sampler, host, native, span_s)
+                undecided[0] = not decided and all(settled(t, span_s) for t in sampler.tracks)
         if not decided:
             sampler.settle(SETTLE_S)  # reads still running were bounded by the deadline: collect them
         sampler.never_read(f"py-spy did not answer within --timeout ({timeout_s:g} s)")

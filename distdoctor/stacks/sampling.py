@@ -14,7 +14,7 @@ import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Deque, Sequence
+from typing import Callable, Deque, Sequence
 
 from distdoctor.diagnosis.progress import CPU_FLOOR_S
 from distdoctor.diagnosis.snapshot import EXITED, KILLED, UNKNOWN
@@ -43,6 +43,11 @@ class Track:
     last_start: float = float("-inf")  # when its last read was started (monotonic clock)
     failures: int = 0                  # reads whose stack could not be read
     last_failure: str = ""
+
+    @property
+    def knows_model(self) -> bool:
+        """A read already found its model's wrapper type (later reads need not read variables)."""
+        return any(r.main is not None and r.main.wrappers for r in self.reads)
 
     @property
     def ended(self) -> bool:
@@ -119,26 +124,26 @@ class Sampler:
     def _read(self, track: Track, timeout_s: float, first: bool) -> Read:
         try:
             return read_rank(track.proc, native=self.native and first, pyspy_path=self.pyspy_path,
-                             timeout_s=timeout_s, started=track.started)
+                             timeout_s=timeout_s, started=track.started, local_types=not track.knows_model)
         except Exception as exc:  # one rank's surprise must not cost the others' report
             dump = pyspy.Dump(problem=pyspy.FAILED, message=f"{type(exc).__name__}: {exc}"[:300])
             return Read(track.proc, dump, ProcState(UNKNOWN), time=time.time())
 
-    def _start_due(self, deadline: float | None) -> None:
+    def _start_due(self, deadline: float | None, wanted: Callable[[Track], bool] | None) -> None:
         now = time.monotonic()
         left = self.dump_timeout_s if deadline is None else min(self.dump_timeout_s, deadline - now)
         if left <= 0.05:
             return
         for track in self.tracks:
-            if track.due(now, self.interval_s):
+            if track.due(now, self.interval_s) and (wanted is None or wanted(track)):
                 track.inflight, track.last_start = track.inflight + 1, now
                 track.started_reads += 1
                 self._running[self._pool.submit(self._read, track, left, track.started_reads == 1)] = track
 
-    def step(self, until: float, deadline: float | None = None) -> int:
-        """Start the reads that are due, then wait until one ends or `until` (monotonic);
-        returns how many reads ended."""
-        self._start_due(deadline)
+    def step(self, until: float, deadline: float | None = None, wanted: Callable[[Track], bool] | None = None) -> int:
+        """Start the reads that are due (of the tracks wanted), then wait until one ends or
+        `until` (monotonic); returns how many reads ended."""
+        self._start_due(deadline, wanted)
         if not self._running:
             time.sleep(max(0.0, min(until, self._next_due()) - time.monotonic()))
             return 0
