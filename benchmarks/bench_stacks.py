@@ -101,6 +101,11 @@ def right(mode: str, run: Timed) -> bool:
             and any(f["id"] == "job.I001" for f in report["findings"]))
 
 
+def own_duration(run: Timed) -> float:
+    """The report's own duration_s: finding the ranks, reading them, the diagnosis (no start-up)."""
+    return float((_report(run) or {}).get("duration_s") or 0.0)
+
+
 def reads(run: Timed) -> int:
     """How many times the ranks were read: the most reads of one rank."""
     report = _report(run) or {}
@@ -125,9 +130,11 @@ def measure(ranks: int, repeats: int, mode: str) -> list[Figure]:
             return [Figure.unavailable(f"{ranks} local ranks, {'hung' if mode == 'sleep' else 'busy'}",
                                        describe_failure(wrong[0], "distdoctor stacks") + f" ({what})", target)]
         counts = sorted(reads(r) for r in subjects)
+        inside = sorted(own_duration(r) for r in subjects)
         verdict = "every run named rank 1 (job.E002)" if mode == "sleep" else "every run: no error or warning, job.I001"
         note = (f"distdoctor stacks --format json LAUNCHER_PID; {verdict}; reads of a rank: median "
-                f"{counts[len(counts) // 2]} (runs {counts[0]}-{counts[-1]}); 1-minute load average "
+                f"{counts[len(counts) // 2]} (runs {counts[0]}-{counts[-1]}); the report's own duration (find, "
+                f"read, diagnose; no start-up): median {inside[len(inside) // 2]:.2f} s; 1-minute load average "
                 f"{load_start:.2f} -> {load_end:.2f}")
         return [Figure.from_runs(f"{ranks} local ranks, {'hung' if mode == 'sleep' else 'busy'}",
                                  "distdoctor stacks (find, read each rank until the reads decide, diagnose, report)",
