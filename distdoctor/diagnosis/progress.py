@@ -309,7 +309,7 @@ def judge(history: Mapping[int, Sequence[RankSnapshot]], *, world_size: int | No
         return Judgement(STALLED, tuple(kept), motions)
     alive = [m for m in motions.values() if m.state not in (ENDED, UNREAD)]
     if not alive:  # nothing left to read: what ended is diagnose's (a clean end: nothing to say)
-        return Judgement(ENDED_ALL, tuple(f for f, _ in dropped), motions)
+        return Judgement(ENDED_ALL, (), motions)
     if all(m.state == MOVED for m in alive) and len(alive) == len(motions):
         return Judgement(RUNNING, (_running(alive),), motions)
     if all(m.state == STILL for m in alive) and not dropped:

@@ -173,3 +173,8 @@ def test_the_new_snapshot_fields_round_trip_and_survive_hostile_input():
     assert hostile.cpu_s is None and len(hostile.proc_state) <= 1 and hostile.may_spin is False
     assert RankSnapshot.from_dict({"rank": 0, "cpu_s": float("nan")}).cpu_s is None
     assert progress.cpu_between(look(0, 0, 39, cpu=2.0), look(0, 1, 39, cpu=1.0)) == 0.0
+
+
+def test_a_job_whose_every_rank_ended_cleanly_is_decided_with_nothing_to_say():
+    ended = judge({0: [look(0, 0, 39, status=EXITED, exit_code=0)], 1: [look(1, 0, 39, status=EXITED, exit_code=0)]})
+    assert ended.outcome == progress.ENDED_ALL and ended.decided and ended.findings == ()
