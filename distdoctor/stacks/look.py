@@ -32,6 +32,8 @@ def settled(track: Track, span_s: float) -> bool:
     reads = list(track.reads)
     if track.ended:
         return True
+    if track.native_running:
+        return False  # --native asked for C/C++ frames: its native read is still coming
     times = [r.time for r in reads if r.time is not None]
     return len(reads) >= MIN_LOOKS and bool(times) and times[-1] - times[0] >= span_s - SLACK_S
 

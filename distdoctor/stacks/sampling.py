@@ -40,6 +40,7 @@ class Track:
     gpu: bool = False
     inflight: int = 0                  # its reads running now
     started_reads: int = 0             # its reads started so far
+    native_running: bool = False       # its native read (the first, with --native) is still running
     last_start: float = float("-inf")  # when its last read was started (monotonic clock)
     failures: int = 0                  # reads whose stack could not be read
     last_failure: str = ""
@@ -91,8 +92,10 @@ class Track:
 
     def due(self, now: float, interval_s: float) -> bool:
         """Not ended, interval_s past the start of its last read, and fewer than MAX_INFLIGHT of
-        its reads running (a dump slowed down by a loaded node does not delay the next read)."""
-        return not self.ended and self.inflight < MAX_INFLIGHT and now - self.last_start >= interval_s
+        its reads running — one more while its native read runs (symbolising libtorch takes
+        seconds: the plain reads go on beside it)."""
+        limit = MAX_INFLIGHT + (1 if self.native_running else 0)
+        return not self.ended and self.inflight < limit and now - self.last_start >= interval_s
 
 
 def _unmoved(anchor: Read, later: Read) -> bool:
@@ -116,15 +119,17 @@ class Sampler:
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(ranks) * MAX_INFLIGHT or MAX_PARALLEL)),
                                         thread_name_prefix="distdoctor-pyspy")
         self._running: dict[Future, Track] = {}
+        self._native: set[Future] = set()       # the native reads still running
 
     def add(self, ranks: Sequence[RankProcess]) -> None:
         """Read these ranks too, from the next step on."""
         self.tracks += [Track(r) for r in ranks]
 
-    def _read(self, track: Track, timeout_s: float, first: bool) -> Read:
+    def _read(self, track: Track, timeout_s: float, first: bool, beside_native: bool) -> Read:
         try:
             return read_rank(track.proc, native=self.native and first, pyspy_path=self.pyspy_path,
-                             timeout_s=timeout_s, started=track.started, local_types=not track.knows_model)
+                             timeout_s=timeout_s, started=track.started, local_types=not track.knows_model,
+                             beside_native=beside_native)
         except Exception as exc:  # one rank's surprise must not cost the others' report
             dump = pyspy.Dump(problem=pyspy.FAILED, message=f"{type(exc).__name__}: {exc}"[:300])
             return Read(track.proc, dump, ProcState(UNKNOWN), time=time.time())
@@ -138,7 +143,12 @@ class Sampler:
             if track.due(now, self.interval_s) and (wanted is None or wanted(track)):
                 track.inflight, track.last_start = track.inflight + 1, now
                 track.started_reads += 1
-                self._running[self._pool.submit(self._read, track, left, track.started_reads == 1)] = track
+                first = track.started_reads == 1
+                future = self._pool.submit(self._read, track, left, first, track.native_running)
+                self._running[future] = track
+                if first and self.native:
+                    track.native_running = True
+                    self._native.add(future)
 
     def step(self, until: float, deadline: float | None = None, wanted: Callable[[Track], bool] | None = None) -> int:
         """Start the reads that are due (of the tracks wanted), then wait until one ends or
@@ -151,6 +161,9 @@ class Sampler:
         for future in done:
             track = self._running.pop(future)
             track.inflight -= 1
+            if future in self._native:
+                self._native.discard(future)
+                track.native_running = False
             track.add(future.result())
         return len(done)
 

@@ -147,15 +147,19 @@ def build(read: Read, facts: Facts = Facts(), *, host: str | None = None) -> Ran
 
 
 def read_rank(proc: RankProcess, *, native: bool = False, pyspy_path: str | None = None,
-              timeout_s: float = pyspy.DUMP_TIMEOUT_S, started: int | None = None, local_types: bool = True) -> Read:
+              timeout_s: float = pyspy.DUMP_TIMEOUT_S, started: int | None = None, local_types: bool = True,
+              beside_native: bool = False) -> Read:
     """Read one rank: its clock and state, its stacks, its state again (did it end during the
-    dump?). started: its process's start time at an earlier read (a PID reused since differs)."""
+    dump?). started: its process's start time at an earlier read (a PID reused since differs);
+    beside_native: our own native read of it runs now (a tracing stop is py-spy's, not the job's)."""
     now, clock = time.time(), read_clock(proc.pid)
     if started is not None and clock.start is not None and clock.start != started:
         gone = ProcState(EXITED, None, f"PID {proc.pid} now belongs to another process: this rank ended (its exit "
                                        "status was not seen)")
         return Read(proc, pyspy.Dump(problem=pyspy.GONE, message="its PID was reused"), gone, Clock(), now)
     before = read_state(proc.pid)
+    if beside_native and before.status == RUNNING and before.note.startswith("its process is tracing-stop"):
+        before = ProcState(RUNNING)
     if before.status in (EXITED, KILLED):
         return Read(proc, pyspy.Dump(problem=pyspy.GONE, message="ended before the dump"), before, clock, now)
     cwd = _cwd(proc.pid)

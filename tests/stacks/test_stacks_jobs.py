@@ -50,7 +50,7 @@ def _alive(pid: int) -> bool:
 def test_worker_pids_given_by_hand_are_read_alike(sleeping_rank):
     pids = [str(p) for _, p in sorted(sleeping_rank.rank_pids().items())]
     report, _ = stacks_once(pids)
-    assert finding(report, "job.E002")["ranks"] == [1], ids(report)
+    assert (finding(report, "job.E002") or {}).get("ranks") == [1], report["findings"]
     job = report["data"]["stacks"]["jobs"][0]
     assert sorted(s["pid"] for s in job["snapshots"]) == sorted(int(p) for p in pids)
     # Every thread of every rank is in the JSON report, frames innermost first as py-spy gives them.
@@ -60,7 +60,7 @@ def test_worker_pids_given_by_hand_are_read_alike(sleeping_rank):
 
 def test_native_frames_confirm_ddp_gradient_all_reduce(sleeping_rank):
     report, _ = stacks_once(["--native", str(sleeping_rank.pid)])
-    assert finding(report, "job.E002")["ranks"] == [1], ids(report)
+    assert (finding(report, "job.E002") or {}).get("ranks") == [1], report["findings"]
     waiting = next(s for s in report["data"]["stacks"]["jobs"][0]["snapshots"] if s["rank"] == 0)
     assert waiting["in_collective"] == "backward (DDP's gradient all-reduce)"
     assert any("c10d::Reducer" in n for n in waiting["notes"]), waiting["notes"]
