@@ -47,12 +47,23 @@ def _more_joined(value: str) -> str:
     return "yes" if len(numbers) == 2 and numbers[1] > numbers[0] else ""
 
 
+def _long_wait(value: str) -> str:
+    """'1800000ms' / '900s' -> 'yes' when the wait was 10 minutes or more (a process group's timeout,
+    not a rendezvous connect's 60 s)."""
+    match = re.fullmatch(r"(\d{1,12})(ms|s)", value.strip())
+    if match is None:
+        return ""
+    seconds = int(match.group(1)) / (1000 if match.group(2) == "ms" else 1)
+    return "yes" if seconds >= 600 else ""
+
+
 # Named transforms a `derive` entry may apply: "src1,src2:transform".
 DERIVATIONS: dict[str, Callable[[str], str]] = {
     "signal": _signal_name,
     "shape": _shape,
     "more_joined": _more_joined,
     "seq_tag": lambda value: f" #{value}",
+    "long_wait": _long_wait,
     # A hang in the first collectives after init (where blocked P2P shows) rather than mid-training.
     "first_collectives": lambda value: "yes" if value.isdigit() and len(value) < 4 and int(value) <= 2 else "",
 }

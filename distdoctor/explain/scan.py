@@ -63,6 +63,10 @@ def _cut_line(text: str, span: tuple[int, int] | None = None) -> str:
     if span is None or span[1] <= MAX_LINE_CHARS - 20:
         return text[:MAX_LINE_CHARS] + " …"
     head = text[:120]
+    if span[1] - span[0] > MAX_LINE_CHARS - 140:
+        # A long match (two fingerprints of DETAIL's message): its end is what tells it apart.
+        start = max(120, span[1] - (MAX_LINE_CHARS - 140))
+        return head + " … " + text[start:span[1]] + (" …" if span[1] < len(text) else "")
     start = max(120, span[0] - 60)
     return head + " … " + text[start:start + MAX_LINE_CHARS - 120] + (" …" if start + MAX_LINE_CHARS - 120 < len(text) else "")
 
