@@ -69,7 +69,8 @@ def explain_files(
     findings = findings_from(acc, catalog)
     snaps = build_snapshots(evidence, catalog, empty=acc.empty_ranks)
     anonymous = anonymous_error(evidence.collector, snaps, catalog)
-    findings = job_findings(snaps, findings, acc, catalog, error_lines(evidence.collector), anonymous)
+    findings = job_findings(snaps, findings, acc, catalog, error_lines(evidence.collector), anonymous,
+                            evidence.activity)
     disagreement = rank_config_finding(evidence.collector, catalog)
     if disagreement is not None:
         findings.insert(0, disagreement)  # the job was not one world: what failed afterwards follows from it

@@ -26,6 +26,7 @@ from distdoctor.explain.candidates import Ranked, apply_cues, describe
 from distdoctor.explain.catalog import Catalog
 from distdoctor.explain.ranks import RankCollector
 from distdoctor.explain.scan import Accumulator
+from distdoctor.explain.snapshots import FINISHED_WORDS, KEPT_GOING, QUIET_FIRST
 
 CHECK_NAME = "explain"
 SPECIFIC = 0.8
@@ -92,7 +93,8 @@ ANONYMOUS_WITH_FRAME = 0.75  # an exception with its traceback, but no rank: whi
 
 def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc: Accumulator,
                  catalog: Catalog, error_lines: dict[int, set[tuple[str, int]]] | None = None,
-                 anonymous: tuple[RaisedError, tuple[str, int]] | None = None) -> list[Finding]:
+                 anonymous: tuple[RaisedError, tuple[str, int]] | None = None,
+                 activity: dict[int, str] | None = None) -> list[Finding]:
     """The log findings with the job's verdict merged in, most likely cause first.
 
     error_lines: per rank, the (file, line) of the exceptions its logs show (to tell the catalog's
@@ -123,7 +125,7 @@ def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc
     if specific is not None:
         top = _add_job(specific, primary, folded)
     else:
-        top = _verdict(primary, first, snaps, folded, acc, catalog)
+        top = _verdict(primary, first, snaps, folded, acc, catalog, activity or {})
     return [top] + [_recorder(f) for f in extra] + kept
 
 
@@ -195,8 +197,8 @@ def _folded_lines(folded: list[Finding], cause: str = "") -> tuple[list[str], li
 
 
 def _verdict(primary: Finding, first: RankSnapshot | None, snaps: Sequence[RankSnapshot], folded: list[Finding],
-             acc: Accumulator, catalog: Catalog) -> Finding:
-    kind, confidence, ranked = _kind_and_confidence(primary, first, snaps, acc, catalog)
+             acc: Accumulator, catalog: Catalog, activity: dict[int, str]) -> Finding:
+    kind, confidence, ranked = _kind_and_confidence(primary, first, snaps, acc, catalog, activity)
     lines, folded_data = _folded_lines(folded, kind.cause)
     detail = [primary.detail]
     notes = [f"  rank {s.rank}: {note}" for s in snaps for note in s.notes]
@@ -237,7 +239,8 @@ def _verdict(primary: Finding, first: RankSnapshot | None, snaps: Sequence[RankS
 
 
 def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Sequence[RankSnapshot],
-                         acc: Accumulator, catalog: Catalog) -> tuple[FindingKind, float, list[Ranked]]:
+                         acc: Accumulator, catalog: Catalog,
+                         activity: dict[int, str]) -> tuple[FindingKind, float, list[Ranked]]:
     own = _job_kind(primary.id)
     if primary.id == job_kinds.EXCEPTION.id:
         if first is None and primary.data.get("anonymous_error"):
@@ -252,6 +255,7 @@ def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Se
     ranked = [Ranked(_kind_for(cause, catalog, own), conf, why, tell, []) for cause, conf, why, tell in options]
     if primary.id == job_kinds.MISSING.id:
         _weigh_how_peers_failed(ranked, snaps)
+    _weigh_activity(ranked, {activity.get(rank, "") for rank in primary.ranks})
     # The kill the verdict is about is no further evidence for it.
     ranked = apply_cues(ranked, acc, catalog, ignore=("sigkill_line",) if primary.id == job_kinds.KILLED.id else ())
     top = ranked[0]
@@ -284,6 +288,26 @@ def _weigh_how_peers_failed(ranked: list[Ranked], snaps: Sequence[RankSnapshot])
         if late and not gone and r.cause == "straggler_rank":
             r.confidence += 0.25
             r.reasons.append("the waiting ranks timed out: the silent rank did not answer in time (late or hung)")
+
+
+# How what a rank's output did around its peers' complaints moves the alternatives (snapshots.py).
+ACTIVITY_WEIGHTS = {
+    KEPT_GOING: ({"straggler_rank": 0.1, "rank_missing": -0.15},
+                 "its output went on after its peers reported the timeout: it was alive and busy elsewhere"),
+    QUIET_FIRST: ({"straggler_rank": -0.15},
+                  "its output stopped before its peers reported anything: it was not busy printing"),
+    FINISHED_WORDS: ({"uneven_inputs": 0.4},
+                     "its last line says it finished (words support, they do not decide: it fell silent)"),
+}
+
+
+def _weigh_activity(ranked: list[Ranked], seen: set[str]) -> None:
+    for word in seen & set(ACTIVITY_WEIGHTS):
+        deltas, reason = ACTIVITY_WEIGHTS[word]
+        for r in ranked:
+            if r.cause in deltas:
+                r.confidence += deltas[r.cause]
+                r.reasons.append(reason)
 
 
 def _exception_confidence(first: RankSnapshot | None) -> float:
