@@ -66,7 +66,7 @@ def explain_files(
     spoke = {r for r, t in evidence.collector.ranks.items() if t.lines}
     acc.empty_ranks -= spoke
     acc.quiet_ranks -= {r for r, t in evidence.collector.ranks.items() if t.errors or t.error_file}
-    findings = findings_from(acc, catalog)
+    findings = findings_from(acc, catalog, evidence.collector.progress)
     snaps = build_snapshots(evidence, catalog, empty=acc.empty_ranks)
     anonymous = anonymous_error(evidence.collector, snaps, catalog)
     findings = job_findings(snaps, findings, acc, catalog, error_lines(evidence.collector), anonymous,

@@ -147,6 +147,9 @@ class Signature:
     also: tuple[re.Pattern[str], ...] = ()
     # Candidate boosts that apply when the message itself shows a field: (field, cause, delta, note).
     boost_if: tuple[tuple[str, str, float, str], ...] = ()
+    # A warning a healthy job prints while it retries (an IPv6 lookup, a refused connect before the
+    # store is up): no failure when the same input shows the job making progress after it.
+    transient: bool = False
 
     @property
     def cause(self) -> str:
@@ -282,6 +285,7 @@ def _parse_signature(entry: Mapping[str, Any], kind_of: Callable[[str, str], Fin
         tell=entry.get("tell", ""),
         also=tuple(_compile(where, p) for p in entry.get("also", ())),
         boost_if=tuple((b["field"], b["cause"], float(b["delta"]), b.get("note", "")) for b in entry.get("boost_if", ())),
+        transient=bool(entry.get("transient", False)),
     )
     _check_templates(where, sig)
     if sig.candidates and not sig.tell_apart:

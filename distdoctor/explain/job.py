@@ -123,7 +123,7 @@ def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc
     folded = [f for f in log_findings if f is not specific and _folds(f, primary)]
     kept = [f for f in log_findings if f is not specific and f not in folded]
     if specific is not None:
-        top = _add_job(specific, primary, folded)
+        top = _add_job(specific, primary, folded, first)
     else:
         top = _verdict(primary, first, snaps, folded, acc, catalog, activity or {})
     return [top] + [_recorder(f) for f in extra] + kept
@@ -338,8 +338,11 @@ def _kind_for(cause: str, catalog: Catalog, own: FindingKind) -> FindingKind:
     return next(k for k in catalog.kinds.values() if k.cause == cause)
 
 
-def _add_job(specific: Finding, primary: Finding, folded: list[Finding]) -> Finding:
-    """The catalog's specific cause, with the rank, its line and the consequences the job shows."""
+def _add_job(specific: Finding, primary: Finding, folded: list[Finding], first: RankSnapshot | None) -> Finding:
+    """The catalog's specific cause, with the rank, its line and the consequences the job shows.
+
+    The meaning is the catalog's (a CPU tensor on NCCL, a variable not set); the frame stays in the
+    title: which rank raised what, at which line of the user's code."""
     lines, folded_data = _folded_lines(folded)
     detail = [specific.detail, "Across the job: " + primary.detail.replace("\n", "\n  ")]
     if lines:
@@ -347,8 +350,13 @@ def _add_job(specific: Finding, primary: Finding, folded: list[Finding]) -> Find
     data = {**specific.data, "job_finding": primary.id, "first_rank": primary.data.get("first_rank")}
     if folded_data:
         data["consequences"] = list(specific.data.get("consequences") or []) + folded_data
+    title = specific.title
+    if primary.id == job_kinds.EXCEPTION.id and first is not None and first.error is not None:
+        frame = first.error.frame or first.where
+        title = (f"{title} — rank {first.rank} raised {first.error.type}"
+                 + (f" at {frame.label}" if frame else ""))[:400]
     # Its own ranks stay: the message may name another rank than the one that printed it (monitoredBarrier).
-    return specific.with_(detail="\n".join(detail), data=data, ranks=specific.ranks or primary.ranks)
+    return specific.with_(title=title, detail="\n".join(detail), data=data, ranks=specific.ranks or primary.ranks)
 
 
 def _recorder(finding: Finding) -> Finding:

@@ -162,6 +162,8 @@ class RankCollector:
         # Per input: the last line without a rank prefix that shows a job making progress (a progress
         # bar, a step/loss line): (line, timestamp, text). Whose it is, activity.py decides.
         self.anonymous: dict[int, tuple[int, str | None, str]] = {}
+        # Per input: the last line (any rank's or none's) that shows the job making progress.
+        self.progress: dict[int, int] = {}
 
     def rank(self, number: int) -> RankText | None:
         if number not in self.ranks and len(self.ranks) >= MAX_RANKS:
@@ -214,8 +216,11 @@ class RankCollector:
             owner = rank if rank is not None else rank_hint
             if not rest.strip():
                 continue
+            progressing = is_progress(rest)
+            if progressing:
+                self.progress[index] = max(self.progress.get(index, 0), line_no + offset)
             if owner is None:
-                if is_progress(rest):
+                if progressing:
                     self.anonymous[index] = (line_no + offset, _line_time(rest), rest[-MAX_MESSAGE:])
                 continue
             text = self.rank(owner)

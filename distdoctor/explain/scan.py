@@ -115,6 +115,7 @@ class Group:
     evidence: list[dict[str, Any]] = field(default_factory=list)
     first_time: str | None = None
     flagged_first_failure: bool = False
+    last_at: dict[int, int] = field(default_factory=dict)  # input index -> its last line with this match
 
     @property
     def order(self) -> tuple:
@@ -128,6 +129,7 @@ class Group:
         if obs.host:
             self.hosts.add(obs.host)
         self.files[obs.file] = self.files.get(obs.file, 0) + 1
+        self.last_at[obs.source_index] = max(self.last_at.get(obs.source_index, 0), obs.line)
         for k, v in obs.fields.items():
             self.fields.setdefault(k, v)
         if obs.time and (self.first_time is None or obs.time < self.first_time):
