@@ -29,6 +29,8 @@ class CatalogError(ValueError):
 
 
 def _signal_name(value: str) -> str:
+    if value.startswith("Signals."):
+        return value[len("Signals."):]
     try:
         return _signal.Signals(abs(int(value))).name
     except (ValueError, TypeError):
