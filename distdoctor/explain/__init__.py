@@ -65,6 +65,9 @@ def explain_files(
     # A rank is silent only if all its files are empty (--log-dir's stderr.log is empty when all went well).
     spoke = {r for r, t in evidence.collector.ranks.items() if t.lines}
     acc.empty_ranks -= spoke
+    # --log-dir's stderr.log is empty when its rank printed only to stdout.log: not a silent rank.
+    acc.empty_files = [f for f in acc.empty_files if acc.empty_file_ranks.get(f) not in spoke]
+    acc.progress_seen = bool(evidence.collector.progress)
     acc.quiet_ranks -= {r for r, t in evidence.collector.ranks.items() if t.errors or t.error_file}
     findings = findings_from(acc, catalog, evidence.collector.progress)
     snaps = build_snapshots(evidence, catalog, empty=acc.empty_ranks)
@@ -130,6 +133,7 @@ def _record_empty(acc: Accumulator, source: LogSource) -> None:
     """An empty log is evidence: its rank printed nothing (hung or killed before its first line)."""
     acc.empty_files.append(source.name)
     if source.rank_hint is not None:
+        acc.empty_file_ranks[source.name] = source.rank_hint
         acc.empty_ranks.add(source.rank_hint)
         acc.ranks_seen.add(source.rank_hint)
 

@@ -253,9 +253,10 @@ def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Se
     if primary.id == job_kinds.UNEVEN.id and not (first and first.status == EXITED and first.exit_code == 0):
         options = [(c, conf - 0.15 if c == "uneven_inputs" else conf, why, tell) for c, conf, why, tell in options]
     ranked = [Ranked(_kind_for(cause, catalog, own), conf, why, tell, []) for cause, conf, why, tell in options]
+    said = {activity.get(rank, "") for rank in primary.ranks}
     if primary.id == job_kinds.MISSING.id:
-        _weigh_how_peers_failed(ranked, snaps)
-    _weigh_activity(ranked, {activity.get(rank, "") for rank in primary.ranks})
+        _weigh_how_peers_failed(ranked, snaps, said_finished=FINISHED_WORDS in said)
+    _weigh_activity(ranked, said)
     # The kill the verdict is about is no further evidence for it.
     ranked = apply_cues(ranked, acc, catalog, ignore=("sigkill_line",) if primary.id == job_kinds.KILLED.id else ())
     top = ranked[0]
@@ -271,16 +272,17 @@ def _peer_gone(snaps: Sequence[RankSnapshot]) -> bool:
                for word in PEER_GONE)
 
 
-def _weigh_how_peers_failed(ranked: list[Ranked], snaps: Sequence[RankSnapshot]) -> None:
+def _weigh_how_peers_failed(ranked: list[Ranked], snaps: Sequence[RankSnapshot], said_finished: bool = False) -> None:
     """The waiting ranks' own errors say whether the silent rank's process was gone or alive but late:
-    a closed connection means its process ended (a signal, most often SIGKILL: nothing printed); a
-    timeout means nobody answered in time (late, or hung)."""
+    a closed connection means its process ended (a signal, most often SIGKILL, when it printed nothing
+    more; a clean exit when its last line says it finished); a timeout means nobody answered in time
+    (late, or hung)."""
     seen = [s.error.message for s in snaps if s.error is not None and s.error.consequence]
     gone = any(word in message for message in seen for word in PEER_GONE)
     late = any("imeout" in message or "timed out" in message for message in seen) or any(
         g.pending is not None and g.pending.state == "timed out" for snap in snaps for g in snap.groups)
     for r in ranked:
-        if gone and r.cause == "oom_killed_rank":
+        if gone and r.cause == "oom_killed_rank" and not said_finished:
             r.confidence += 0.27
             r.reasons.append("the waiting ranks lost the connection: the silent rank's process ended without a word")
         if gone and r.cause == "straggler_rank":

@@ -398,6 +398,11 @@ def _unknown_finding(acc: Accumulator, catalog: Catalog) -> Finding:
     evidence = [{"file": f, "line": n, "text": clean_quote(t)} for _, _, n, f, t in lines]
     if evidence:
         detail = ["No known failure signature matched. The lines that look most relevant:"] + _quote(evidence, len(evidence))
+    elif acc.progress_seen:
+        detail = ["No line looks like an error (no 'error', 'failed', 'timeout', 'killed' ...), and the output shows "
+                  "the job at work (progress bars, steps, losses): as far as these logs tell, nothing failed. If the "
+                  "job hung, its last lines are where each rank stopped; for a live job, distdoctor stacks shows where "
+                  "each rank waits."]
     else:
         detail = ["No known failure signature matched, and no line looks like an error (no 'error', 'failed', "
                   "'timeout', 'killed' ...). The job may have been stopped from outside, or the log is not its output."]

@@ -166,6 +166,9 @@ class Accumulator:
     # Per-rank logs that are empty: the rank printed nothing at all (hung or killed early).
     empty_ranks: set[int] = field(default_factory=set)
     empty_files: list[str] = field(default_factory=list)
+    empty_file_ranks: dict[str, int] = field(default_factory=dict)  # an empty per-rank file -> its rank
+    # The output showed the job at work (progress bars, steps, losses): set before findings are made.
+    progress_seen: bool = False
     # Cue name -> (occurrences, first evidence line).
     cues: dict[str, list] = field(default_factory=dict)
     # distdoctor's own JSON reports found among the inputs: (file, parsed report).

@@ -123,6 +123,8 @@ def build_snapshots(evidence: JobEvidence, catalog: Catalog, empty: set[int]) ->
         # A rank known only to exist adds nothing but "it did not answer", which the complaints'
         # own reading ranks better; it is named when unclaimed progress lines can only be its.
         implied = set()
+    # The agent whose summary was read started every rank of its range: one it does not list exited 0.
+    implied |= set(reading.agent_ranks or ()) - seen
     snaps = {s.rank: s for s in merge_reported(evidence.reported)}
     for rank in sorted(seen | implied):
         text = collector.ranks.get(rank) or RankText(rank)
