@@ -15,7 +15,10 @@
 from __future__ import annotations
 
 import time
+import traceback
 from typing import BinaryIO, Iterable, Sequence
+
+from distdoctor.core.kinds import CHECK_CRASHED
 
 from distdoctor.explain.catalog import Catalog, CatalogError, load_catalog
 from distdoctor.explain.own_reports import read_reports
@@ -70,13 +73,17 @@ def explain_files(
     acc.progress_seen = bool(evidence.collector.progress)
     acc.quiet_ranks -= {r for r, t in evidence.collector.ranks.items() if t.errors or t.error_file}
     findings = findings_from(acc, catalog, evidence.collector.progress)
-    snaps = build_snapshots(evidence, catalog, empty=acc.empty_ranks)
-    anonymous = anonymous_error(evidence.collector, snaps, catalog)
-    findings = job_findings(snaps, findings, acc, catalog, error_lines(evidence.collector), anonymous,
-                            evidence.activity)
-    disagreement = rank_config_finding(evidence.collector, catalog)
-    if disagreement is not None:
-        findings.insert(0, disagreement)  # the job was not one world: what failed afterwards follows from it
+    snaps: list = []
+    try:
+        snaps = build_snapshots(evidence, catalog, empty=acc.empty_ranks)
+        anonymous = anonymous_error(evidence.collector, snaps, catalog)
+        findings = job_findings(snaps, findings, acc, catalog, error_lines(evidence.collector), anonymous,
+                                evidence.activity)
+        disagreement = rank_config_finding(evidence.collector, catalog)
+        if disagreement is not None:
+            findings.insert(0, disagreement)  # the job was not one world: what failed afterwards follows from it
+    except Exception as exc:  # noqa: BLE001 - the line-by-line reading stands; a report, never a traceback
+        findings.append(_reading_broke(exc))
     if skipped:
         findings.append(skipped_finding(skipped, catalog))
     order = {id(f): i for i, f in enumerate(findings)}
@@ -114,6 +121,14 @@ def _read_one(source: LogSource, index: int, acc: Accumulator, scanner: Scanner,
         _record_empty(acc, source)
     matched = sum(g.count for g in acc.groups.values()) - before
     return _read_check(source, matched, time.monotonic() - t0)
+
+
+def _reading_broke(exc: Exception):
+    """The reading across ranks raised (a bug): said, with the traceback's end for the report."""
+    tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:])
+    return CHECK_CRASHED(
+        "explain's reading across ranks raised an exception; the findings above come from the lines alone",
+        detail=f"{type(exc).__name__}: {exc}\n{tail}"[:2000], check="explain")
 
 
 def _close(source: LogSource) -> None:

@@ -126,7 +126,47 @@ def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc
         top = _add_job(specific, primary, folded, first)
     else:
         top = _verdict(primary, first, snaps, folded, acc, catalog, activity or {})
-    return [top] + [_recorder(f) for f in extra] + kept
+    return [_past_its_loop(top, snaps, catalog)] + [_recorder(f) for f in extra] + kept
+
+
+MISMATCHES = ("collective_mismatch", "shape_mismatch", "dtype_mismatch")
+PAST_LOOP_CONFIDENCE = 0.7
+
+
+def _in_backward(snap: RankSnapshot) -> bool:
+    """Its failing collective ran inside backward (DDP's gradient all-reduce)."""
+    return any(f.function in ("backward", "_engine_run_backward", "run_backward") or "/torch/autograd/" in f.file
+               for f in snap.stack)
+
+
+def _past_its_loop(top: Finding, snaps: Sequence[RankSnapshot], catalog: Catalog) -> Finding:
+    """A mismatch where one rank's collective is DDP's gradient all-reduce inside backward and another
+    rank's is not: that rank had left the training loop (an all_reduce of a metric, a barrier, the
+    next epoch's set-up) while its peer still trained — uneven inputs, not two code paths."""
+    if top.cause not in MISMATCHES:
+        return top
+    raised = [s for s in snaps if s.error is not None and s.stack]
+    training = [s.rank for s in raised if _in_backward(s)]
+    outside = [s for s in raised if not _in_backward(s)]
+    if not training or not outside:
+        return top
+    kind = next(k for k in catalog.kinds.values() if k.cause == "uneven_inputs")
+    left = outside[0]
+    where = f" at {left.where.label}" if left.where else ""
+    ranked = [Ranked(kind, PAST_LOOP_CONFIDENCE, f"rank {format_ranks([s.rank for s in outside])} ran a collective "
+                     f"outside backward{where} while rank {format_ranks(training)} still all-reduced gradients in "
+                     "backward: it had run out of batches first", "len(dataloader) (or the iterable's length) per rank", []),
+              Ranked(_kind_for(top.cause, catalog, job_kinds.MISMATCH), 0.45,
+                     f"the ranks' code issues different collectives here ({top.title})",
+                     "TORCH_DISTRIBUTED_DEBUG=DETAIL's fingerprints and the two lines named", [])]
+    detail = [top.detail, *describe(ranked)]
+    return kind(f"Rank {format_ranks([s.rank for s in outside])} left the training loop while rank "
+                f"{format_ranks(training)} still ran backward: {top.title}"[:400],
+                detail="\n".join(detail), remediation=f"{kind.hint}. To confirm: compare len(dataloader) across ranks "
+                "(an IterableDataset must yield the same number of batches on every rank, or use DDP's join()).",
+                ranks=[s.rank for s in outside], hosts=top.hosts,
+                data={**top.data, "candidates": [r.to_dict() for r in ranked], "signature": "left_training_loop",
+                      "in_backward": training}, check=CHECK_NAME, confidence=PAST_LOOP_CONFIDENCE)
 
 
 def _anonymous_verdict(error: RaisedError) -> Finding:
