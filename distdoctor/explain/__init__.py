@@ -168,6 +168,11 @@ def _read_check(source: LogSource, matched: int, duration: float, kind: str = "l
         check["rank_hint"] = source.rank_hint
     if source.replaced_bytes:
         check["reason"] = "some bytes were not UTF-8 and were replaced"
+    if source.not_utf8:
+        check["reason"] = ("not UTF-8 text (latin-1, cp1252, GBK ...?): its bytes that are not UTF-8 were replaced; "
+                           "the English messages torch and NCCL print read exactly")
+    if source.encoding != "utf-8":
+        check["reason"] = f"read as {source.encoding.upper()} text"
     if source.empty:
         check["reason"] = "empty: the process printed nothing"
     if kind != "log":
