@@ -24,7 +24,7 @@ from distdoctor.diagnosis.frames import is_user_file
 from distdoctor.diagnosis.snapshot import EXITED, RaisedError, RankSnapshot
 from distdoctor.explain.candidates import Ranked, apply_cues, describe
 from distdoctor.explain.catalog import Catalog
-from distdoctor.explain.ranks import RankCollector
+from distdoctor.explain.ranks import CUT_TYPE, RankCollector
 from distdoctor.explain.scan import Accumulator
 from distdoctor.explain.snapshots import FINISHED_WORDS, KEPT_GOING, QUIET_FIRST
 
@@ -89,6 +89,7 @@ CONFIDENCE = {"job.E001": 0.9, "job.E006": 0.9, "job.E007": 0.9, "job.E008": 0.9
 RAISED_IN_LIBRARY = 0.75   # an own exception raised inside torch or another library: the message decides
 NO_TRACEBACK = 0.7         # an exception known only by its message (an error file, torchrun's summary)
 ANONYMOUS_WITH_FRAME = 0.75  # an exception with its traceback, but no rank: which process is not known
+CUT_OFF = 0.45             # a traceback the log ends inside: the rank raised, what is not known
 
 
 def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc: Accumulator,
@@ -290,6 +291,9 @@ def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Se
     if primary.id not in OPEN:
         return own, CONFIDENCE.get(primary.id, 0.6), []
     options = OPEN[primary.id]
+    if primary.id == job_kinds.MISSING.id and first is not None and first.error is None \
+            and first.exit_code is not None and first.exit_code > 0:
+        options = _exit_without_error(snaps)
     if primary.id == job_kinds.UNEVEN.id and not (first and first.status == EXITED and first.exit_code == 0):
         options = [(c, conf - 0.15 if c == "uneven_inputs" else conf, why, tell) for c, conf, why, tell in options]
     ranked = [Ranked(_kind_for(cause, catalog, own), conf, why, tell, []) for cause, conf, why, tell in options]
@@ -301,6 +305,20 @@ def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Se
     ranked = apply_cues(ranked, acc, catalog, ignore=("sigkill_line",) if primary.id == job_kinds.KILLED.id else ())
     top = ranked[0]
     return top.kind, top.confidence, ranked
+
+
+def _exit_without_error(snaps: Sequence[RankSnapshot]) -> list[tuple[str, float, str, str]]:
+    """A rank that exited non-zero and whose error the logs do not hold (torchrun's summary alone)."""
+    left_cleanly = any(s.status == EXITED and s.exit_code == 0 for s in snaps)
+    return [
+        ("worker_exception", 0.5, "a non-zero exit code (1) is what Python returns when an exception ends the process; "
+         "the exception is in that rank's own output, which these logs do not hold",
+         "that rank's own output (torchrun --tee 3 or --log-dir, or @record for an error file)"),
+        ("uneven_inputs", 0.45 if left_cleanly else 0.2, "another rank had already exited 0: if this rank failed "
+         "because its peer was gone, that peer ran out of batches first",
+         "the failing rank's own error names a closed connection or a timeout"),
+        ("rank_missing", 0.2, "the rank failed because a peer vanished", "the failing rank's own error"),
+    ]
 
 
 PEER_GONE = ("closed by peer", "reset by peer", "remote process exited", "Broken pipe", "ncclRemoteError",
@@ -355,6 +373,8 @@ def _weigh_activity(ranked: list[Ranked], seen: set[str]) -> None:
 def _exception_confidence(first: RankSnapshot | None) -> float:
     """0.9 when the user's own code raised it (the traceback's innermost frame is theirs), 0.75 when a
     library raised it on their behalf (CUDA out of memory inside torch), 0.7 when no traceback says."""
+    if first is not None and first.error is not None and first.error.type == CUT_TYPE:
+        return CUT_OFF  # it raised, but what: the log ends before the exception's line
     if first is None or first.error is None or first.error.frame is None:
         return NO_TRACEBACK
     innermost = first.stack[-1] if first.stack else first.error.frame

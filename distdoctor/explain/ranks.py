@@ -28,6 +28,9 @@ MAX_MESSAGE = 300
 MAX_WATCHDOG_LINES = 4096    # watchdog lines read per token and block (a rank prints a handful)
 
 TRACEBACK = "Traceback (most recent call last)"
+# What a traceback the log ends inside raised is not known; it stands in for the exception line.
+CUT_TYPE = "TracebackCutOff"
+CUT_MESSAGE = "the log ends inside this traceback, before the exception's line"
 SUMMARY_TOKEN = "exitcode  : "         # torchrun >= 1.11's failure summary, one per failed rank
 OLD_SUMMARY_TOKEN = "exitcode: "        # torchrun 1.9-1.10 (and the agent's own log line)
 
@@ -173,6 +176,13 @@ class RankCollector:
     # -- per input ------------------------------------------------------------------------------
 
     def start_source(self) -> None:
+        self._pending = []
+
+    def end_source(self) -> None:
+        """A traceback the input ends inside (a log cut mid-traceback): its rank raised, what is not known."""
+        for pending in self._pending:
+            if pending.frames:
+                self._raised(pending, f"{CUT_TYPE}: {CUT_MESSAGE}", pending.line + pending.scanned)
         self._pending = []
 
     def block(self, block: str, first_line: int, name: str, index: int, rank_hint: int | None) -> None:

@@ -248,6 +248,8 @@ class Scanner:
             if self.ranks is not None:
                 self.ranks.block(block, first_line, source.name, source_index, source.rank_hint)
             self._drop_seen_cues()
+        if self.ranks is not None:
+            self.ranks.end_source()
         if source.rank_hint is not None:
             self.acc.ranks_seen.add(source.rank_hint)
             # A rank's stdout.log says nothing of errors, its stderr.log does: quiet is per rank, over its files.
