@@ -22,6 +22,7 @@ from distdoctor.diagnosis import kinds as job_kinds
 from distdoctor.diagnosis.diagnose import diagnose
 from distdoctor.diagnosis.frames import is_user_file
 from distdoctor.diagnosis.snapshot import EXITED, RaisedError, RankSnapshot
+from distdoctor.explain.activity import CLOCK_MARGIN_S
 from distdoctor.explain.candidates import Ranked, apply_cues, describe
 from distdoctor.explain.catalog import Catalog
 from distdoctor.explain.ranks import CUT_TYPE, RankCollector
@@ -242,6 +243,13 @@ def _verdict(primary: Finding, first: RankSnapshot | None, snaps: Sequence[RankS
     kind, confidence, ranked = _kind_and_confidence(primary, first, snaps, acc, catalog, activity)
     lines, folded_data = _folded_lines(folded, kind.cause)
     detail = [primary.detail]
+    rival = _close_call(first, snaps)
+    if rival is not None:
+        # Two ranks raised their own errors within what two hosts' clocks may differ by: which was
+        # first, these timestamps cannot tell.
+        confidence = min(confidence, CLOSE_CALL)
+        detail.append(f"Rank {rival.rank} also raised {rival.error.type} within {CLOCK_MARGIN_S:.0f} s of it by "
+                      "another clock: which failed first, clocks that may differ cannot tell; read both.")
     notes = [f"  rank {s.rank}: {note}" for s in snaps for note in s.notes]
     if notes:
         detail += ["What each rank's own lines say of its end:", *notes[:16]]
@@ -305,6 +313,24 @@ def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Se
     ranked = apply_cues(ranked, acc, catalog, ignore=("sigkill_line",) if primary.id == job_kinds.KILLED.id else ())
     top = ranked[0]
     return top.kind, top.confidence, ranked
+
+
+CLOSE_CALL = 0.6
+
+
+def _close_call(first: RankSnapshot | None, snaps: Sequence[RankSnapshot]) -> RankSnapshot | None:
+    """Another rank's own error timed within the clock margin of the first's, on another host (or a host
+    the logs do not name)."""
+    if first is None or first.error is None or first.error.time is None or first.error.consequence:
+        return None
+    for snap in snaps:
+        other = snap.error
+        if snap.rank == first.rank or other is None or other.consequence or other.time is None:
+            continue
+        same_host = bool(first.host) and first.host == snap.host
+        if not same_host and abs(other.time - first.error.time) < CLOCK_MARGIN_S and other.time >= first.error.time:
+            return snap
+    return None
 
 
 def _exit_without_error(snaps: Sequence[RankSnapshot]) -> list[tuple[str, float, str, str]]:

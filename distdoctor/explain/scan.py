@@ -293,7 +293,8 @@ class Scanner:
             end = find("\n", start)
             text = block[start:end if end != -1 else len(block)].rstrip("\r")
             if start in hits:
-                self._match_line(text, line_no, hits[start], source, source_index, context)
+                self._match_line(text, line_no, hits[start], source, source_index, context,
+                                 follow=lambda end=end: _next_line(block, end))
             if start in relevance:
                 raised = _EXCEPTION_LINE.match(text)
                 score = relevance[start] + (2 if raised else 0)
@@ -304,7 +305,7 @@ class Scanner:
                 self.acc.add_relevant(score, source_index, line_no, source.name, _cut_line(text))
 
     def _match_line(self, line: str, line_no: int, items: Iterable, source: LogSource, source_index: int,
-                    context: dict) -> None:
+                    context: dict, follow=None) -> None:
         seen: set[int] = set()
         line_rank: int | None = None
         line_host: str | None = None
@@ -321,6 +322,8 @@ class Scanner:
             seen.add(id(item))
             text = strip_controls(_window(line, offset))
             match = item.regex.search(text)
+            if match is None and follow is not None and isinstance(item, Signature):
+                text, match = _wrapped(text, follow(), item.regex)
             if match is None:
                 continue
             if isinstance(item, Context):
@@ -415,6 +418,28 @@ def _find_gated(block: str, gated: dict[str, list], word_lines: dict[str, list[i
                 j = line.find(token)
                 if j != -1:
                     hits.setdefault(start, []).extend((item, j) for item in items)
+
+
+def _next_line(block: str, end: int) -> str:
+    """The line after the one ending at `end` (a terminal's wrap continues a message there)."""
+    if end == -1 or end + 1 >= len(block):
+        return ""
+    stop = block.find("\n", end + 1)
+    return block[end + 1:stop if stop != -1 else len(block)][:WINDOW_AFTER].rstrip("\r")
+
+
+def _wrapped(text: str, following: str, regex: re.Pattern[str]) -> tuple[str, re.Match[str] | None]:
+    """The message read across a wrapped line: this line and the next one joined (a terminal splits
+    anywhere, a paste at a space); the next line's own rank prefix, if any, dropped."""
+    _, rest = split_prefix(following)
+    rest = strip_controls(rest)
+    if not rest.strip():
+        return text, None
+    for joined in (text + rest, text.rstrip() + " " + rest.lstrip()):
+        match = regex.search(joined)
+        if match is not None:
+            return joined, match
+    return text, None
 
 
 def _without_seen_cues(tokens: list, seen: dict) -> list:
