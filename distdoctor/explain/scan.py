@@ -287,7 +287,7 @@ class Scanner:
         line_no, pos = first_line, 0
         self._noticed += len(relevance)
         find = block.find
-        for start in sorted(hits.keys() | relevance.keys()):
+        for start in sorted(hits.keys() | _worth_reading(relevance)):
             line_no += block.count("\n", pos, start)
             pos = start
             end = find("\n", start)
@@ -295,7 +295,7 @@ class Scanner:
             if start in hits:
                 self._match_line(text, line_no, hits[start], source, source_index, context,
                                  follow=lambda end=end: _next_line(block, end))
-            if start in relevance:
+            if start in relevance and relevance[start]:
                 raised = _EXCEPTION_LINE.match(text)
                 score = relevance[start] + (2 if raised else 0)
                 if raised and self.ranks is not None:
@@ -330,7 +330,10 @@ class Scanner:
                 self._set_context(item, match, context)
                 continue
             if isinstance(item, Cue):
-                self.acc.add_cue(item, {"file": source.name, "line": line_no, "text": quote_line(text, match.span())})
+                if item.name in self.acc.cues:
+                    self.acc.cues[item.name][0] += 1  # counted; its first line is the one quoted
+                else:
+                    self.acc.add_cue(item, {"file": source.name, "line": line_no, "text": quote_line(text, match.span())})
                 continue
             sig: Signature = item
             self._noticed += 1
@@ -375,9 +378,15 @@ class Scanner:
 
 
 GATE_WORDS = ("error", "exception", "failed", "timed out", "timeout", "killed", "fatal", "abort",
-              "exit", "memory", "nccl", "cuda", "connect")
-# Gate words that are not relevance words: their lines are collected for the gated tokens only.
-GATE_ONLY = {"exit": 0, "memory": 0, "nccl": 0, "cuda": 0, "connect": 0}
+              "exit", "memory", "nccl", "cuda", "connect", "signal", "socket", "device", "peer", "missing",
+              "libuv", "p2p", "gpu", "traceback", "tensor", "expected")
+# Gate words that are not relevance words: their lines are collected for the gated tokens only (one
+# lower-case pass per word instead of one pass per token it gates; words that healthy chatter rarely has).
+GATE_ONLY = {"exit": 0, "memory": 0, "nccl": 0, "cuda": 0, "connect": 0, "signal": 0, "socket": 0, "device": 0,
+             "peer": 0, "missing": 0, "libuv": 0, "p2p": 0, "gpu": 0, "tensor": 0, "expected": 0}
+# Relevance words whose every line is not needed (they gate no token): only the last few lines of a
+# block can be kept, so they are searched backwards from its end.
+TAIL_ONLY = ("warn",)
 
 
 def _find_tokens(block: str, tokens: list, hits: dict[int, list]) -> None:
@@ -393,10 +402,13 @@ def _find_tokens(block: str, tokens: list, hits: dict[int, list]) -> None:
             i = find(token, end) if end != -1 else -1
 
 
-def _find_relevance(block: str, lower: str, words: list, relevance: dict[int, int],
+def _find_relevance(block: str, lower: str, words: list[tuple[str, int]], relevance: dict[int, int],
                     word_lines: dict[str, list[int]]) -> None:
     find, lfind = block.find, lower.find
     for word, weight in words:
+        if word in TAIL_ONLY:
+            _find_last(block, lower, word, weight, relevance)
+            continue
         lines = word_lines.setdefault(word, [])
         i = lfind(word)
         while i != -1:
@@ -408,16 +420,46 @@ def _find_relevance(block: str, lower: str, words: list, relevance: dict[int, in
             i = lfind(word, end) if end != -1 else -1
 
 
+def _find_last(block: str, lower: str, word: str, weight: int, relevance: dict[int, int]) -> None:
+    """The last RELEVANT_LINES lines holding a word, found from the block's end."""
+    end, found = len(lower), 0
+    while found < RELEVANT_LINES:
+        i = lower.rfind(word, 0, end)
+        if i == -1:
+            return
+        start = block.rfind("\n", 0, i) + 1
+        relevance[start] = relevance.get(start, 0) + weight
+        found += 1
+        end = start
+
+
+# Past this many lines holding a gate word in one block (NCCL INFO chatter), searching its tokens in the
+# whole block is cheaper than trying each on every such line.
+GATED_LINES_PER_BLOCK = 256
+
+
 def _find_gated(block: str, gated: dict[str, list], word_lines: dict[str, list[int]], hits: dict[int, list]) -> None:
     find = block.find
     for word, tokens in gated.items():
-        for start in word_lines.get(word, ()):
+        starts = word_lines.get(word, ())
+        if len(starts) > GATED_LINES_PER_BLOCK:
+            _find_tokens(block, tokens, hits)
+            continue
+        for start in starts:
             end = find("\n", start)
             line = block[start:end if end != -1 else len(block)]
             for token, items, _ in tokens:
                 j = line.find(token)
                 if j != -1:
                     hits.setdefault(start, []).extend((item, j) for item in items)
+
+
+def _worth_reading(relevance: dict[int, int]) -> set[int]:
+    """The relevant lines to read: every one with an error word (it may be an exception), and of those
+    with a lesser word ("warn") only the last few, which are all the kept ones can gain from a block."""
+    strong = {start for start, score in relevance.items() if score >= 2}
+    weak = [start for start, score in relevance.items() if 0 < score < 2]
+    return strong | set(sorted(weak)[-RELEVANT_LINES:]) if len(weak) > RELEVANT_LINES else strong | set(weak)
 
 
 def _next_line(block: str, end: int) -> str:
