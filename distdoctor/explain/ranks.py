@@ -181,7 +181,9 @@ class RankCollector:
     def end_source(self) -> None:
         """A traceback the input ends inside (a log cut mid-traceback): its rank raised, what is not known."""
         for pending in self._pending:
-            if pending.frames:
+            # Only a rank's: a cut traceback no rank owns is as likely the launcher's own (torchrun's
+            # entry point, cut where a paste ends) as the job's.
+            if pending.frames and pending.rank is not None:
                 self._raised(pending, f"{CUT_TYPE}: {CUT_MESSAGE}", pending.line + pending.scanned)
         self._pending = []
 
