@@ -59,13 +59,24 @@ def _long_wait(value: str) -> str:
     return "yes" if seconds >= 600 else ""
 
 
-# Named transforms a `derive` entry may apply: "src1,src2:transform".
+def _barrier_mid_training(fields: dict[str, str]) -> str:
+    """A one-element all-reduce (NumelIn=1) or a BARRIER op, past the first collectives after init: what
+    barrier() and a metric's reduction issue mid-training (right after init, it is the init's own)."""
+    seq = fields.get("seq", "")
+    if not (seq.isdigit() and len(seq) < 13 and int(seq) > 2):
+        return ""
+    return "yes" if fields.get("numel_in") == "1" or fields.get("op", "").upper() == "BARRIER" else ""
+
+
+# Named transforms a `derive` entry may apply: "src1,src2:transform" (barrier_mid_training reads the
+# fields it needs itself).
 DERIVATIONS: dict[str, Callable[[str], str]] = {
     "signal": _signal_name,
     "shape": _shape,
     "more_joined": _more_joined,
     "seq_tag": lambda value: f" #{value}",
     "long_wait": _long_wait,
+    "barrier_mid_training": _barrier_mid_training,
     # A hang in the first collectives after init (where blocked P2P shows) rather than mid-training.
     "first_collectives": lambda value: "yes" if value.isdigit() and len(value) < 4 and int(value) <= 2 else "",
 }
@@ -101,6 +112,9 @@ class Derivation:
     transform: Callable[[str], str] | None = None
 
     def apply(self, fields: dict[str, str]) -> None:
+        if self.transform is _barrier_mid_training:
+            fields.update({self.target: "yes"} if _barrier_mid_training(fields) else {})
+            return
         if self.target == "ranks":
             # Ranks named by the message: all of them, not the first.
             named = [fields[s] for s in self.sources if fields.get(s)]
