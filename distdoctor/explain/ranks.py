@@ -62,7 +62,8 @@ _WATCHDOG_STATUS = re.compile(
     r"(?P<seq2>\d{1,12}), last enqueued NCCL work: (?P<enq2>-?\d{1,12}), last completed NCCL work: (?P<done2>-?\d{1,12}))")
 _WATCHDOG_OP = re.compile(r"(?:\[Rank (?P<rank>\d{1,7})\] )?Watchdog caught collective operation timeout: "
                           r"WorkNCCL\(SeqNum=(?P<seq>\d{1,12}), OpType=(?P<op>\w{1,40})")
-_LOG_TIME = re.compile(r"[EWIF](?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d{1,9})?)|"
+# glog's month-day: torch writes "E0321" or "E321" (no zero before a one-digit month).
+_LOG_TIME = re.compile(r"[EWIF](?P<md>\d{3,4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d{1,9})?)|"
                        r"(?P<iso>\d{4}-\d\d-\d\d[ T_]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?)")
 # A last line that says the loop ended (what a rank that left early prints).
 _FINISHED = re.compile(r"\b(?:done|finished|completed?|training (?:is )?(?:over|ended)|exiting)\b", re.I)
@@ -551,4 +552,4 @@ def _line_time(text: str) -> str | None:
         return None
     if match["iso"]:
         return match["iso"].replace("T", " ").replace("_", " ").replace(",", ".")
-    return f"{match['md']} {match['hms']}"
+    return f"{match['md'].zfill(4)} {match['hms']}"

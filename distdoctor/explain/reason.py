@@ -396,7 +396,11 @@ def _unknown_finding(acc: Accumulator, catalog: Catalog) -> Finding:
     kind = catalog.kinds["log.W030"]
     lines = sorted(acc.relevant, key=lambda item: (item[1], item[2]))
     evidence = [{"file": f, "line": n, "text": clean_quote(t)} for _, _, n, f, t in lines]
-    if evidence:
+    if evidence and acc.progress_seen:
+        detail = ["No known failure signature matched, and the output shows the job at work (progress bars, steps, "
+                  "losses): as far as these logs tell, nothing failed. The lines that look most relevant:"] \
+            + _quote(evidence, len(evidence))
+    elif evidence:
         detail = ["No known failure signature matched. The lines that look most relevant:"] + _quote(evidence, len(evidence))
     elif acc.progress_seen:
         detail = ["No line looks like an error (no 'error', 'failed', 'timeout', 'killed' ...), and the output shows "

@@ -32,7 +32,7 @@ MAX_RANK_DIGITS = 7  # ranks are < 10 million; a longer number is not a rank
 _RANK_NUMBER = re.compile(r"(?<!\d)\d{1,7}(?!\d)")
 # NCCL's own lines start with host:pid:tid [cuda device].
 _NCCL_PREFIX = re.compile(r"^(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[(?P<cuda_device>\d+)\] ")
-_GLOG_TIME = re.compile(r"(?:^|\]:?\[?)[EWIF](\d{4}) (\d\d:\d\d:\d\d(?:\.\d+)?)")
+_GLOG_TIME = re.compile(r"(?:^|\]:?\[?)[EWIF](\d{3,4}) (\d\d:\d\d:\d\d(?:\.\d+)?)")
 _ISO_TIME = re.compile(r"\d{4}-(\d\d)-(\d\d)[ T_](\d\d:\d\d:\d\d)(?:[.,](\d+))?")
 
 # Words that make a line look relevant when no signature matches, with their weight. They are
@@ -75,7 +75,7 @@ def time_key(text: str, fallback: str | None = None) -> str | None:
     """A sortable 'MMDD HH:MM:SS.ffffff' from a glog or ISO timestamp in the line, if any."""
     m = _GLOG_TIME.search(text[:80])
     if m:
-        return f"{m.group(1)} {m.group(2)}"
+        return f"{m.group(1).zfill(4)} {m.group(2)}"
     m = _ISO_TIME.search(text[:80])
     if m:
         frac = f".{m.group(4)}" if m.group(4) else ""

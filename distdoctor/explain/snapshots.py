@@ -309,9 +309,14 @@ def _ended(text: RankText, has_error: bool, notes: list[str]) -> tuple[str, int 
 
 
 def _summary_year(collector: RankCollector) -> int | None:
+    """The year glog's MMDD stamps are in: torchrun's summary's, else a dated line's of the same logs."""
     for text in collector.ranks.values():
         if text.exit and text.exit.time:
             return datetime.fromtimestamp(text.exit.time).year
+    for text in collector.ranks.values():
+        for stamp in (text.last_time, text.complained_time, *(e.time for e in text.errors)):
+            if stamp and _YEAR.match(stamp):
+                return int(stamp[:4])
     return None
 
 
