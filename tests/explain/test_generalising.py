@@ -241,3 +241,14 @@ def test_a_host_without_ipv6_is_a_failure_only_if_the_job_did_not_go_on(then):
                "(gai error: -2 - Name or service not known).\n")
     report = explain_text(warning * 3 + then)
     assert (report.exit_code() == 0) == bool(then), [(f.id, f.title) for f in report.findings]
+
+
+def test_a_real_nccl_log_from_a_gpu_machine_reads_right():
+    """Two NCCL ranks on one GPU, recorded on an H100 (torch 2.11, NCCL 2.28.9) by tests/gpu."""
+    from pathlib import Path
+
+    recorded = Path(__file__).resolve().parents[1] / "gpu" / "recorded" / "nccl_two_ranks_one_gpu"
+    if not recorded.is_dir():
+        pytest.skip("tests/gpu/recorded is not in this checkout")
+    top = explain_files([str(p) for p in sorted(recorded.glob("log-rank*.txt"))]).findings[0]
+    assert top.cause == "duplicate_gpu" and set(top.ranks) == {0, 1} and top.confidence >= 0.8
