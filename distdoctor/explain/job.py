@@ -279,12 +279,28 @@ def _verdict(primary: Finding, first: RankSnapshot | None, snaps: Sequence[RankS
     if ranked:
         data["candidates"] = [r.to_dict() for r in ranked]
         detail += describe(ranked)
-    remediation = next((f.remediation for f in folded if f.cause == kind.cause and f.remediation), primary.remediation)
-    title = primary.title
+    own = kind.id == primary.id
+    remediation = next((f.remediation for f in folded if f.cause == kind.cause and f.remediation),
+                       primary.remediation if own else kind.hint)
+    title = primary.title if own else _retitled(primary, kind, activity)
     if first is not None and first.error is not None and first.error.frame is not None and primary.id == "job.E001":
         title = f"{title} at {first.error.frame.label}"[:400]
     return kind(title, detail="\n".join(detail), remediation=remediation, ranks=primary.ranks, hosts=primary.hosts,
                 data=data, check=CHECK_NAME, confidence=confidence)
+
+
+def _retitled(primary: Finding, kind: FindingKind, activity: dict[int, str]) -> str:
+    """A silent rank's title when the evidence ranked another reading of its silence first."""
+    if primary.id != job_kinds.MISSING.id or " while " not in primary.title:
+        return primary.title
+    who = format_ranks(primary.ranks)
+    said = {activity.get(rank, "") for rank in primary.ranks}
+    how = {"uneven_inputs": "stopped after its last line said it finished" if FINISHED_WORDS in said
+           else "left the job", "oom_killed_rank": "ended without a word (a signal?)",
+           "straggler_rank": "was still busy elsewhere"}.get(kind.cause)
+    if how is None:
+        return primary.title
+    return f"Rank{'s' if len(primary.ranks) > 1 else ''} {who} {how} while " + primary.title.split(" while ", 1)[1]
 
 
 def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Sequence[RankSnapshot],
