@@ -462,6 +462,10 @@ def _worth_reading(relevance: dict[int, int]) -> set[int]:
     return strong | set(sorted(weak)[-RELEVANT_LINES:]) if len(weak) > RELEVANT_LINES else strong | set(weak)
 
 
+# A line a terminal or a paste wrapped is long: shorter ones are not joined with the next.
+MIN_WRAPPED_CHARS = 60
+
+
 def _next_line(block: str, end: int) -> str:
     """The line after the one ending at `end` (a terminal's wrap continues a message there)."""
     if end == -1 or end + 1 >= len(block):
@@ -475,8 +479,8 @@ def _wrapped(text: str, following: str, regex: re.Pattern[str]) -> tuple[str, re
     anywhere, a paste at a space); the next line's own rank prefix, if any, dropped."""
     _, rest = split_prefix(following)
     rest = strip_controls(rest)
-    if not rest.strip():
-        return text, None
+    if not rest.strip() or len(text.rstrip()) < MIN_WRAPPED_CHARS:
+        return text, None  # a short line ended where its writer ended it
     for joined in (text + rest, text.rstrip() + " " + rest.lstrip()):
         match = regex.search(joined)
         if match is not None:
