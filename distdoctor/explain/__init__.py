@@ -62,7 +62,8 @@ def explain_files(
                 raise
             # One bad file among a directory's many is named, not fatal.
             skipped.append(str(exc))
-            checks.append({"name": f"read {source.name}", "stage": "log", "status": "skip", "reason": str(exc)})
+            checks.append({"name": f"read {source.name}", "stage": "log", "status": "skip", "duration_s": 0.0,
+                           "reason": str(exc)})
         finally:
             _close(source)
     # A rank is silent only if all its files are empty (--log-dir's stderr.log is empty when all went well).

@@ -151,3 +151,16 @@ def test_a_log_in_another_encoding_is_read_and_says_so(tmp_path, encoding):
     assert report["findings"][0]["cause"] == "backend_unavailable"
     reason = report["checks"][0]["reason"]
     assert ("UTF-16" in reason) if encoding.startswith("utf-16") else ("not UTF-8" in reason), reason
+
+
+def test_verbose_lists_a_skipped_file_without_a_traceback(tmp_path):
+    """--verbose renders every file's pseudo-check, the skipped ones too (they once lacked a duration)."""
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "core.bin").write_bytes(b"\x7fELF\x00\x00\x01" * 100)
+    (folder / "notes.txt").write_bytes("Fehler: Größe überschritten\n".encode("latin-1"))
+    (folder / "job.log").write_text("[rank1]: ValueError: bad batch\n")
+    result = invoke(str(folder), "--verbose")
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output and "looks like binary data" in result.output
+    assert "not UTF-8 text" in result.output  # read, with its bytes that are not UTF-8 replaced
