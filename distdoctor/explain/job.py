@@ -291,6 +291,8 @@ def _verdict(primary: Finding, first: RankSnapshot | None, snaps: Sequence[RankS
 
 def _retitled(primary: Finding, kind: FindingKind, activity: dict[int, str]) -> str:
     """A silent rank's title when the evidence ranked another reading of its silence first."""
+    if primary.id == job_kinds.MISSING.id and kind.cause == "worker_exception":
+        return primary.title.replace(" before its peers", "") + ": its own error is not in these logs"
     if primary.id != job_kinds.MISSING.id or " while " not in primary.title:
         return primary.title
     who = format_ranks(primary.ranks)
