@@ -6,10 +6,12 @@
 # The signature catalog (catalog.toml) is data; scan.py matches it against the logs in bounded
 # memory; reason.py turns the matches into findings with a cause, a confidence and the evidence.
 # Beside the scan, ranks.py collects what each rank's own lines say (its exception, its exit in
-# torchrun's summary, NCCL's watchdog progress); structured.py reads error files, flight-recorder
-# dumps and snapshots; snapshots.py makes one RankSnapshot per rank and job.py merges the one
-# diagnosis (distdoctor.diagnosis.diagnose) with the catalog's findings: the first failure is the
-# cause, the rest its consequences. Importing this package registers the catalog's finding IDs
+# torchrun's summary, NCCL's watchdog progress, where its output was last seen working);
+# structured.py reads error files, flight-recorder dumps and snapshots; activity.py sets each rank's
+# output against its peers' first complaints (who kept going, who went quiet); snapshots.py makes
+# one RankSnapshot per rank and job.py merges the one diagnosis (distdoctor.diagnosis.diagnose) with
+# the catalog's findings: the first failure is the cause, the rest its consequences, and a
+# recognised exception's meaning is the cause while its frame stays in the title. Importing this package registers the catalog's finding IDs
 # (area ``log``). Nothing here prints.
 
 from __future__ import annotations
