@@ -61,14 +61,16 @@ def is_consequence(raised: RaisedText, catalog: Catalog) -> bool:
 
     torch.distributed's own errors (DistError, a C++ error raised in gloo, c10d or NCCL) are a
     consequence; an exception whose traceback ends outside torch (the user's code, `requests`, a
-    file system) is the rank's own, whatever its words (`TimeoutError('Read timed out.')`). Only
-    what the traceback does not place is judged by the catalog's symptoms and the words below.
+    file system) and is not a RuntimeError is the rank's own, whatever its words
+    (`TimeoutError('Read timed out.')`). What the traceback does not place (and a bare RuntimeError,
+    which older torch and C++ errors raise from a user's `dist.barrier()` line) is judged by the
+    catalog's symptoms and the words below.
     """
     name = raised.type.rsplit(".", 1)[-1]
     if name in _CONSEQUENCE_TYPES or from_torch_distributed([name], raised.message):
         return True
-    if raised.frames and not _TORCH_FRAME.search(raised.frames[-1].file):
-        return False
+    if name != "RuntimeError" and raised.frames and not _TORCH_FRAME.search(raised.frames[-1].file):
+        return False  # torch.distributed raises its own types or RuntimeError (old releases, C++ errors)
     line = f"{raised.type}: {raised.message}"
     if any(word in line for word in _CONSEQUENCE_WORDS):
         return True
