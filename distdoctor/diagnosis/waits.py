@@ -16,9 +16,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Sequence
+
+from distdoctor.diagnosis.frames import is_user_file
 
 C10D_FILE = re.compile(r"(^|[/\\])torch[/\\]distributed[/\\]distributed_c10d\.py$")
 BACKWARD_FILE = re.compile(r"(^|[/\\])torch[/\\]autograd[/\\](graph|__init__)\.py$")
@@ -35,6 +39,8 @@ DDP_INIT = frozenset({"_verify_param_shape_across_processes", "_sync_module_stat
 DDP_TYPES = ("DistributedDataParallel",)
 
 BACKWARD_DDP = "backward (DDP's gradient all-reduce)"
+_MAX_SOURCE_BYTES = 1 << 20
+_DDP_NAME = re.compile(rb"\bDistributedDataParallel\b")
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,18 @@ def fsdp_context(frames: Sequence[Any]) -> str | None:
                  "in backward" if any("pre_backward" in n or "backward" in n for n in names) else "")
         return "FSDP's parameter all-gather" + (f", {phase}" if phase else "")
     return None
+
+
+def fsdp_wait(frames: Sequence[Any], *, idle: bool, gpu: bool | None) -> Reading | None:
+    """Idle in FSDP's own frames outside any c10d call: the Work.wait() of FSDP's async collective
+    when the process uses no GPU (there is no stream to wait for); otherwise it cannot tell (a
+    Work.wait() or a stream wait). None when the stack is not idle in FSDP."""
+    fsdp = fsdp_context(frames)
+    if fsdp is None or not idle:
+        return None
+    if gpu is False:
+        return Reading(fsdp, f"idle in {fsdp} of a process that uses no GPU: the Work.wait() of FSDP's collective")
+    return Reading(None, f"idle in {fsdp} outside any c10d call (Work.wait() or a stream wait): which cannot tell")
 
 
 def python_wait(frames: Sequence[Any]) -> Reading | None:
@@ -115,3 +133,25 @@ def backward_wait(frames: Sequence[Any], *, idle: bool, ddp: bool | str, gpu: bo
                                      "that confirms it)")
     return Reading(None, "idle inside loss.backward(), but no DistributedDataParallel model was seen among its frames' "
                          "variables: whether it waits in a collective cannot tell without --native")
+
+
+# A training loop written at module level has no function frame whose variables name the model;
+# its script's source does: a user's file that names DistributedDataParallel wraps its model in it.
+@lru_cache(maxsize=256)
+def _names_ddp(path: str, mtime_ns: int) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return bool(_DDP_NAME.search(fh.read(_MAX_SOURCE_BYTES)))
+    except OSError:
+        return False
+
+
+def file_names_ddp(path: str) -> bool:
+    """True when the file (the user's, readable here; not torch's or an installed package's) names
+    DistributedDataParallel; read at most 1 MiB, once per modification time."""
+    if not is_user_file(path):
+        return False
+    try:
+        return _names_ddp(path, os.stat(path).st_mtime_ns)
+    except OSError:
+        return False
