@@ -57,6 +57,7 @@ from distdoctor.world.watchdog import (
     flush_std_streams,
     too_little_time,
 )
+from distdoctor.world.store_api import serve_on_listener
 from distdoctor.world.store_open import AGENT_STORE_ENV, RUN_ID_ENV
 
 LOOPBACK = "127.0.0.1"
@@ -199,7 +200,6 @@ def run_selftest(
     """
     started = time.monotonic() if started is None else started
     import torch.multiprocessing as mp  # torch loads when a self-test starts, not with the CLI
-    from torch.distributed import TCPStore
 
     gpus = visible_gpu_count()
     size = nproc or default_nproc(gpus)
@@ -238,13 +238,21 @@ def run_selftest(
         start_method=method,
     )
     processes = list(context.processes)
-    # The server takes the socket over (and closes it when the store is deleted).
-    store = TCPStore(LOOPBACK, port, is_master=True, wait_for_workers=False,
-                     timeout=timedelta(seconds=max(config.timeout, 1.0)), master_listen_fd=listener.detach())
+    # The server serves on a copy of the socket (and closes it when the store is deleted).
+    try:
+        store = serve_on_listener(LOOPBACK, port, listener.fileno(), wait_for_workers=False,
+                                  timeout=timedelta(seconds=max(config.timeout, 1.0)))
+    except BaseException:
+        end_processes(processes)
+        raise
+    finally:
+        listener.close()
     set_interrupt_handler(lambda signum: interrupt_world(processes, signum))
     hard_deadline = started + config.timeout + NON_ROOT_GRACE_S + EXPIRE_GRACE_S + SUPERVISOR_SLACK_S
     try:
-        killed = supervise(processes, hard_deadline, context.error_files)
+        # torch (2.2 on) records each rank's exception in a file it leaves behind; torch 2.1 used
+        # queues instead, and has no files to remove.
+        killed = supervise(processes, hard_deadline, list(getattr(context, "error_files", None) or ()))
     finally:
         del store
     if INTERRUPTED.is_set():
