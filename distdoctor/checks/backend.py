@@ -33,6 +33,13 @@ TORCH_BROKEN = finding_kind(
     title="torch cannot be imported in this environment",
     hint="Reinstall torch in the job's environment; `python -c 'import torch'` shows the error",
 )
+# Not a check of its own: the commands that run torch refuse such a torch at start (one line,
+# machine.torch_support), and the embedded API raises PreflightError with this finding.
+TORCH_UNSUPPORTED = finding_kind(
+    "backend.E007", cause="version_incompat",
+    title="This torch is older than the oldest release distdoctor supports",
+    hint="Install torch 2.1 or newer in the job's environment (docs/compatibility.md lists the tested releases)",
+)
 MPI_WITHOUT_MPIRUN = finding_kind(
     "backend.W005", cause="launcher_misuse",
     title="The mpi backend is requested but no MPI launcher started this process",

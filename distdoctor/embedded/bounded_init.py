@@ -155,7 +155,7 @@ def resolve_target(init_method: str | None, rank: int, world_size: int, env: Map
     except (KeyError, ValueError):
         return None  # torch reports the missing variable itself; the local checks name it too
     agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    return Target(host, port, rank, world_size, agent, rendezvous_store_options(query, env))
+    return Target(host, port, rank, world_size, agent, rendezvous_store_options(parsed.scheme, query, env))
 
 
 # How long rank 0 keeps its store up after a failing verdict, for the others to read it.

@@ -38,6 +38,7 @@ from typing import Any, Mapping
 
 from distdoctor.checks._support import tensor_specs as ts
 from distdoctor.checks._support.tensor_specs import SpecTable, TensorSpec, values_close
+from distdoctor.checks.backend import TORCH_UNSUPPORTED
 from distdoctor.core.config import Config, load_config
 from distdoctor.core.findings import Finding, Severity
 from distdoctor.core.kinds import RUN_DEADLINE
@@ -49,6 +50,7 @@ from distdoctor.embedded import setup_checks as pc
 from distdoctor.machine.host import diagnose_here
 from distdoctor.machine.launchers import detect
 from distdoctor.machine.probes import Probes
+from distdoctor.machine.torch_support import OLDEST_TEXT, installed_version, refusal
 from distdoctor.world.checkin import VERDICT, CheckInProtocol, Prefixed, StoreGone, first_line, malformed_finding
 from distdoctor.world import kinds as world_kinds
 
@@ -69,6 +71,16 @@ class PreflightError(RuntimeError):
     def __init__(self, report: Report, message: str | None = None) -> None:
         self.report = report
         super().__init__(message if message is not None else render_plain(report))
+
+
+def _refuse_unsupported_torch() -> None:
+    """PreflightError (its message one line) when this torch is older than distdoctor supports."""
+    version = installed_version()
+    line = refusal(version)
+    if line is not None:
+        finding = TORCH_UNSUPPORTED(f"torch {version} is older than the oldest release distdoctor supports ({OLDEST_TEXT})",
+                                    detail=line, check="torch_support")
+        raise PreflightError(build_report([finding], duration_s=0.0), message=f"distdoctor: {line}")
 
 
 def render_plain(report: Report) -> str:
@@ -107,6 +119,7 @@ def preflight(
     Findings below ``fail_level`` at warning or above are logged at WARNING on rank 0 (logger
     ``distdoctor``), so they reach stderr without any logging set-up.
     """
+    _refuse_unsupported_torch()
     # torch is imported here, not at the top: `import distdoctor` must stay cheap for the CLI.
     import torch
     import torch.distributed as dist
@@ -504,9 +517,9 @@ def init_process_group(
     apart from the local checks. ``guard=True`` (or a dict of distdoctor.guard's arguments)
     turns the runtime guard on once the group exists; left None, DISTDOCTOR_GUARD=1 does.
     """
+    _refuse_unsupported_torch()
     # torch is imported here, not at the top: `import distdoctor` must stay cheap for the CLI.
     import torch.distributed as dist
-
 
     started = time.monotonic()
     fail = Severity.parse(fail_level)

@@ -250,8 +250,8 @@ def run_selftest(
     set_interrupt_handler(lambda signum: interrupt_world(processes, signum))
     hard_deadline = started + config.timeout + NON_ROOT_GRACE_S + EXPIRE_GRACE_S + SUPERVISOR_SLACK_S
     try:
-        # torch (2.2 on) records each rank's exception in a file it leaves behind; torch 2.1 used
-        # queues instead, and has no files to remove.
+        # torch (2.3 on) records each rank's exception in a file it leaves behind; torch 2.1-2.2
+        # used queues instead (ProcessContext.error_queues), and has no files to remove.
         killed = supervise(processes, hard_deadline, list(getattr(context, "error_files", None) or ()))
     finally:
         del store

@@ -1,7 +1,7 @@
 """The c10d store's methods as this torch has them: one a release lacks is made from ones it has.
 
-torch binds ``Store.check`` (do these keys exist, without waiting) in Python from 2.2 on; on
-torch 2.1 the call raises AttributeError. Every store since 2.1 has ``compare_set``, and its
+torch binds ``Store.check`` (do these keys exist, without waiting) in Python from 2.3 on; on
+torch 2.1 and 2.2 the call raises AttributeError. Every store since 2.1 has ``compare_set``, and its
 answer tells presence without writing anything: for a missing key and a non-empty expected
 value it returns the expected value and sets nothing; for a present key whose value differs it
 returns the value (TCPStore, FileStore, HashStore and PrefixStore alike, measured on 2.1.2).
@@ -15,6 +15,8 @@ up, never the version), and the answer is the same either way: True when every k
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
 import os
 import secrets
 import sys
@@ -130,24 +132,33 @@ def stderr_held() -> Iterator[_Held]:
                     pass
 
 
-def rendezvous_store_options(query: Mapping[str, str], env: Mapping[str, str]) -> dict[str, Any]:
+def rendezvous_store_options(scheme: str, query: Mapping[str, str], env: Mapping[str, str]) -> dict[str, Any]:
     """The TCPStore options torch's env:// and tcp:// rendezvous ask for, so a store distdoctor
     opens first on MASTER_PORT is one torch's own (multi-tenant) store can share.
 
-    torch 2.4 on choose the store backend in the rendezvous (``use_libuv`` in the URL, else
-    USE_LIBUV, else libuv; torch's ``_get_use_libuv_from_query_dict`` is looked up to tell);
-    earlier releases pass no choice, so the constructor's default holds (legacy; the PyPI
-    wheels of torch 2.1 have no libuv at all), and none is passed here either.
+    Three rules, told apart by what torch's rendezvous module has (read in the wheels):
+    torch 2.4 on have ``_get_use_libuv_from_query_dict``: ``use_libuv`` in the URL, else
+    USE_LIBUV, else libuv (legacy on Windows); torch 2.2-2.3 pass ``use_libuv`` to
+    ``_create_c10d_store`` from the URL (and USE_LIBUV for env://), legacy by default; torch 2.1
+    passes no choice, so the constructor's default holds (legacy; its PyPI wheels have no libuv
+    at all), and none is passed here either.
     """
     try:
-        from torch.distributed import rendezvous  # the caller has imported torch.distributed already
+        # The module (torch.distributed's attribute of that name is the function rendezvous()).
+        rendezvous = importlib.import_module("torch.distributed.rendezvous")
     except ImportError:
         return {}
-    if not hasattr(rendezvous, "_get_use_libuv_from_query_dict"):
+    if hasattr(rendezvous, "_get_use_libuv_from_query_dict"):
+        default = "0" if sys.platform == "win32" else "1"
+        return {"use_libuv": query.get("use_libuv", env.get("USE_LIBUV", default)) == "1"}
+    try:
+        takes = "use_libuv" in inspect.signature(rendezvous._create_c10d_store).parameters
+    except (AttributeError, TypeError, ValueError):
+        takes = False
+    if not takes:
         return {}
-    # torch's rule (torch/distributed/rendezvous.py): "1" means libuv; Windows builds default to "0".
-    default = "0" if sys.platform == "win32" else "1"
-    return {"use_libuv": query.get("use_libuv", env.get("USE_LIBUV", default)) == "1"}
+    fallback = env.get("USE_LIBUV", "0") if scheme == "env" else "0"
+    return {"use_libuv": query.get("use_libuv", fallback) == "1"}
 
 
 def store_refusal(exc: BaseException) -> str:
