@@ -40,6 +40,11 @@ TORCH_UNSUPPORTED = finding_kind(
     title="This torch is older than the oldest release distdoctor supports",
     hint="Install torch 2.1 or newer in the job's environment (docs/compatibility.md lists the tested releases)",
 )
+NUMPY_UNUSABLE = finding_kind(
+    "backend.E008", cause="version_incompat",
+    title="This torch cannot use the installed NumPy (built against another NumPy major version)",
+    hint="pip install 'numpy<2' in the job's environment, or a torch release built for NumPy 2",
+)
 MPI_WITHOUT_MPIRUN = finding_kind(
     "backend.W005", cause="launcher_misuse",
     title="The mpi backend is requested but no MPI launcher started this process",
@@ -115,6 +120,23 @@ def backend_available(ctx: CheckContext):
             "NCCL_DEBUG=INFO prints the NCCL version each rank loads",
             data={"torch": version, "cuda": info.get("cuda"), "nccl": info.get("nccl")},
         )
+
+
+@check(stage="local", tags=("backend",), emits=(NUMPY_UNUSABLE,))
+def numpy_bridge(ctx: CheckContext):
+    """torch's bridge to NumPy works (a torch built for NumPy 1 fails on NumPy 2)."""
+    info = torch_backends(ctx)
+    bridge = info.get("numpy") if isinstance(info, dict) else None
+    if not isinstance(bridge, dict) or bridge.get("works") is not False:
+        return  # NumPy absent (torch runs without it), working, or not told
+    yield NUMPY_UNUSABLE(
+        f"torch {info.get('torch')} cannot use NumPy {bridge.get('version')}: {bridge.get('error')}",
+        detail="torch.from_numpy fails here, so does everything built on it: tensor.numpy(), DataLoader batches of "
+        "NumPy arrays, and (on torch 2.1) broadcast_object_list. The NumPy message printed when torch is imported "
+        "(\"A module that was compiled using NumPy 1.x cannot be run in NumPy 2...\") says the same.",
+        remediation="pip install 'numpy<2' in the job's environment (or a torch release built for NumPy 2)",
+        data={"torch": info.get("torch"), "numpy": bridge.get("version"), "error": bridge.get("error")},
+    )
 
 
 @check(stage="local", tags=("backend", "mpi"), emits=(MPI_WITHOUT_MPIRUN,))

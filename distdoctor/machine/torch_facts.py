@@ -64,7 +64,26 @@ def read_torch_info() -> dict[str, Any]:
             info["nccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
         except Exception:
             info["nccl"] = None
+    info["numpy"] = read_numpy_bridge(torch)
     return info
+
+
+def read_numpy_bridge(torch: Any) -> dict[str, Any] | None:
+    """NumPy as this torch sees it: its version and whether torch's bridge to it works (None when
+    NumPy is not installed: torch runs without it). Tried, not inferred from versions: a torch
+    built against NumPy 1 (the PyPI wheels of torch 2.1) cannot use NumPy 2; torch.from_numpy then raises
+    "Numpy is not available", and so does everything built on it (tensor.numpy(), DataLoader
+    batches of arrays, broadcast_object_list on torch 2.1)."""
+    try:
+        import numpy  # torch imported it already when it could
+    except Exception:
+        return None
+    version = str(getattr(numpy, "__version__", "?"))
+    try:
+        torch.from_numpy(numpy.zeros(1, dtype=numpy.float32))
+    except Exception as exc:
+        return {"version": version, "works": False, "error": f"{type(exc).__name__}: {str(exc).strip()[:200]}"}
+    return {"version": version, "works": True}
 
 
 def read_gpus() -> list[dict[str, Any]]:

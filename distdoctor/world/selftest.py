@@ -32,7 +32,7 @@ from typing import Any, Callable
 from distdoctor.core.config import Config
 from distdoctor.core.engine import load_registry, report_from_runner
 from distdoctor.core.stages import STAGES
-from distdoctor.core.kinds import RUN_DEADLINE
+from distdoctor.core.kinds import RUN_DEADLINE, TORCH_LACKS
 from distdoctor.core.report import WorldSummary, build_report
 from distdoctor.core.runner import Runner
 from distdoctor.machine.host import build_context
@@ -199,7 +199,15 @@ def run_selftest(
     prints the partial report); the supervisor then exits with 128 + the signal's number.
     """
     started = time.monotonic() if started is None else started
+    import torch.distributed as dist  # torch loads when a self-test starts, not with the CLI
     import torch.multiprocessing as mp  # torch loads when a self-test starts, not with the CLI
+
+    unusable = world_unavailable(dist)
+    if unusable is not None:
+        report = partial_report(config, started, size=nproc or 2, argv=argv, stage="rendezvous",
+                                reason=unusable[0], extra=unusable[1], incomplete=False)
+        render(report)
+        return report.exit_code(config.fail_level)
 
     gpus = visible_gpu_count()
     size = nproc or default_nproc(gpus)
@@ -273,24 +281,47 @@ def out_of_time_report(config: Config, started: float, *, size: int, argv: list[
                        stage: str = "rendezvous", why: str = "") -> Any:
     """A partial report when the deadline leaves too little time for ``stage``: the stages before
     it run in this process with what is left, ``stage`` and the later ones are skipped and named."""
+    left = started + config.timeout - time.monotonic()
+    if stage != "local" and left - working_reserve(config.timeout) < MIN_LOCAL_S:
+        stage, why = "local", why or "starting distdoctor and importing torch had taken the rest"
+    need = {"local": MIN_LOCAL_S}.get(stage, MIN_SELFTEST_S)
+    reason, finding = too_little_time(stage, left, need, config.timeout, why=why)
+    return partial_report(config, started, size=size, argv=argv, stage=stage, reason=reason, extra=[finding])
+
+
+def partial_report(config: Config, started: float, *, size: int, argv: list[str] | None, stage: str,
+                   reason: str, extra: list[Any] = (), incomplete: bool = True) -> Any:
+    """The stages before ``stage`` run in this process; ``stage`` and the later ones are skipped
+    with ``reason``; ``extra`` findings say why."""
     registry = load_registry(config)
     ctx = build_context(config, argv=argv)
-    left = started + config.timeout - time.monotonic()
-    budget = left - working_reserve(config.timeout)
-    if stage != "local" and budget < MIN_LOCAL_S:
-        stage, why = "local", why or "starting distdoctor and importing torch had taken the rest"
+    budget = started + config.timeout - time.monotonic() - working_reserve(config.timeout)
     runner = Runner(registry, timeout=max(budget, 0.01), check_timeout=config.check_timeout,
                     silence=config.silence)
     runner.started = started
     checks = registry.select(config.stages, config.tags)
-    need = {"local": MIN_LOCAL_S}.get(stage, MIN_SELFTEST_S)
-    reason, finding = too_little_time(stage, left, need, config.timeout, why=why)
     for each in STAGES:  # run_stage runs only the selected checks of each stage
         runner.run_stage(each, checks, ctx, skip_reason=reason if STAGES.index(each) >= STAGES.index(stage) else None)
     world = WorldSummary(size=size, launcher=MP_SPAWN_LAUNCHER, ranks_reported=(), ranks_missing=())
-    report = report_from_runner(runner, ctx, world, extra=[finding])
-    report.incomplete = True
+    report = report_from_runner(runner, ctx, world, extra=list(extra))
+    report.incomplete = incomplete
     return report
+
+
+def world_unavailable(dist: Any) -> tuple[str, list[Any]] | None:
+    """Why this torch cannot form a world at all (the skip reason, and a finding when the local
+    stage has none to say it), or None. Looked up, not inferred from the version."""
+    if not dist.is_available():
+        # The local stage names it (backend.C001, critical).
+        return "skipped: this torch is built without torch.distributed (backend.C001)", []
+    missing = [name for name in ("TCPStore", "PrefixStore", "init_process_group") if not hasattr(dist, name)]
+    if not missing:
+        return None
+    what = ", ".join(f"torch.distributed.{name}" for name in missing)
+    return (f"skipped: this torch lacks {what}",
+            [TORCH_LACKS(f"The self-test world could not be started: this torch lacks {what}",
+                         detail="The self-test hosts a TCPStore and forms process groups through it; without these "
+                         "interfaces no world can be formed here.", check="selftest")])
 
 
 def abnormal_report(codes: dict[int, int | None], killed: set[int], config: Config, started: float, size: int) -> Any:

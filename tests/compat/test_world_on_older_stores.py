@@ -42,3 +42,22 @@ def test_a_store_interface_nothing_stands_in_for_is_not_the_network(tmp_path):
     assert "master_unreachable" not in causes.values() and "firewall" not in causes.values()
     lacking = next(f for f in report["findings"] if f["id"] == "core.E007")
     assert "compare_set" in lacking["detail"]
+
+
+def test_a_torch_without_distributed_gets_the_local_report_not_a_world(tmp_path):
+    """As a build without distributed support looks (is_available() False, no stores): the local
+    stage names it, the cross-rank stages are skipped with that reason, no rank is started."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import torch.distributed as d\nd.is_available = lambda: False\n"
+        "for name in ('TCPStore', 'PrefixStore', 'init_process_group', 'ProcessGroupGloo'):\n"
+        "    delattr(d, name) if hasattr(d, name) else None\n")
+    env = base_env(PYTHONPATH=os.pathsep.join([str(site), str(REPO)]), NO_COLOR="1")
+    done = subprocess.run([sys.executable, "-m", "distdoctor", "check", "--format", "json", "--timeout", "30"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    report = json.loads(done.stdout)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert [f["id"] for f in report["findings"]] == ["backend.C001"]
+    skipped = [c for c in report["checks"] if c["stage"] in ("rendezvous", "collective")]
+    assert skipped and all(c["status"] == "skip" for c in skipped)
