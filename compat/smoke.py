@@ -8,14 +8,17 @@ crash of the smoke set. Each case has a deadline; a case that passes its deadlin
 whole process group, by PID) and fails with what it printed.
 
 The cases, and what passes:
-- check:      ``distdoctor check`` (local stage + a 2-rank self-test world) exits 0, no error.
+- check:      ``distdoctor check`` (local stage + a 2-rank self-test world) exits 0, no error,
+              with TORCH_NCCL_* switches set (gloo ignores them: nothing may be said).
 - preflight:  init_process_group + preflight(model) on 2 ranks: silent on the same model,
-              PreflightError naming shape_mismatch on every rank when rank 1's model differs.
+              PreflightError naming shape_mismatch on every rank when rank 1's model differs
+              (that job with USE_LIBUV=0: the other store backend).
 - guard-ok:   a healthy DDP job under ``distdoctor guard``: exit 0, no diagnosis.
 - guard-late: rank 1 sleeps while rank 0 waits in DDP's all-reduce: straggler_rank, rank 1.
 - guard-raise: rank 1 raises: worker_exception, rank 1.
 - stacks:     the straggler job started without distdoctor: ``distdoctor stacks`` names rank 1.
-- explain:    the raising job's torchrun output: ``distdoctor explain`` names rank 1's exception.
+- explain:    the raising job's torchrun output (``--tee 3``): ``distdoctor explain`` names rank 1's
+              exception.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ JOBS = HERE / "jobs"
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
                "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 HANG_TIMEOUT_S = 6
+# A guarded job ends by itself in 20-60 s on a busy 2-core machine; one still running after this
+# is a guard that did not name (or end) the hang.
+GUARD_DEADLINE_S = 120
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 DISTDOCTOR = [sys.executable, "-m", "distdoctor"]
 
@@ -47,18 +53,21 @@ class Outcome:
         self.ok, self.why, self.seconds = ok, why, seconds
 
 
-def clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith("DISTDOCTOR_")}
+def clean_env(**switches: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCH_VARS and not k.startswith(("DISTDOCTOR_", "TORCH_NCCL_")) and k != "USE_LIBUV"}
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("PYTHONPATH", None)  # the environment's own distdoctor, not a checkout's on the path
+    env.update(switches)
     return env
 
 
-def run(command: list[str], deadline_s: float, cwd: str | None = None) -> tuple[int | None, str]:
+def run(command: list[str], deadline_s: float, cwd: str | None = None, **switches: str) -> tuple[int | None, str]:
     """(exit code or None when the deadline ended it, stdout+stderr); the command runs in its own
-    session, and what is left of it at the deadline is ended by its process group's ID."""
+    session, and what is left of it at the deadline is ended by its process group's ID.
+    ``switches``: environment variables the case sets (torch's store backend, NCCL's handling)."""
     with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=clean_env(), cwd=cwd,
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=clean_env(**switches), cwd=cwd,
                                 start_new_session=True)
         try:
             code: int | None = proc.wait(timeout=deadline_s)
@@ -118,7 +127,9 @@ def json_object(text: str) -> dict[str, Any] | None:
 
 # -- the cases ---------------------------------------------------------------------------------
 def case_check(work: str) -> Outcome:
-    code, out = run(DISTDOCTOR + ["check", "--format", "json", "--timeout", "60"], 120)
+    # torch's switches set as users set them: on gloo they change nothing, so nothing may be said.
+    code, out = run(DISTDOCTOR + ["check", "--format", "json", "--timeout", "60"], 120,
+                    TORCH_NCCL_ASYNC_ERROR_HANDLING="1", TORCH_NCCL_BLOCKING_WAIT="1")
     report = json_object(out)
     if code != 0 or report is None or traceback_in(out):
         return Outcome(False, f"exit {code}: {tail(out)}")
@@ -132,10 +143,12 @@ def case_check(work: str) -> Outcome:
 
 
 def case_preflight(work: str) -> Outcome:
-    for mode in ("healthy", "mismatch"):
+    # The healthy job on the store backend torch's rendezvous picks by default, the other one
+    # with USE_LIBUV=0 (the legacy backend, which torch 2.1 uses anyway: it ignores the switch).
+    for mode, switches in (("healthy", {}), ("mismatch", {"USE_LIBUV": "0"})):
         out_dir = Path(work, f"preflight-{mode}")
         out_dir.mkdir()
-        code, out = run(TORCHRUN + [str(JOBS / "preflight_job.py"), mode, str(out_dir)], 120)
+        code, out = run(TORCHRUN + [str(JOBS / "preflight_job.py"), mode, str(out_dir)], 180, **switches)
         results = {}
         for rank in (0, 1):
             try:
@@ -153,7 +166,7 @@ def guarded(work: str, mode: str) -> tuple[int | None, str, list[dict[str, Any]]
     report_dir = Path(work, f"guard-{mode}")
     code, out = run(DISTDOCTOR + ["guard", "--hang-timeout", str(HANG_TIMEOUT_S), "--on-hang", "exit",
                                   "--report-dir", str(report_dir), "--"] + TORCHRUN + [str(JOBS / "train.py"), mode],
-                    150)
+                    GUARD_DEADLINE_S)
     findings: list[dict[str, Any]] = []
     for path in sorted(glob.glob(str(report_dir / "distdoctor-guard-*.json"))):
         try:
@@ -217,7 +230,9 @@ def case_stacks(work: str) -> Outcome:
 
 
 def case_explain(work: str) -> Outcome:
-    code, out = run(TORCHRUN + [str(JOBS / "train.py"), "raise"], 120)
+    # torchrun --tee 3: every worker line carries its rank on every release (torch 2.1's workers
+    # print tracebacks without the "[rankN]:" prefix that later releases add).
+    code, out = run(TORCHRUN + ["--tee", "3", str(JOBS / "train.py"), "raise"], 120)
     if code in (0, None):
         return Outcome(False, f"the raising job did not fail as expected (exit {code}): {tail(out)}")
     log = Path(work, "job.log")
