@@ -56,8 +56,7 @@ class Outcome:
 def clean_env(**switches: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in LAUNCH_VARS and not k.startswith(("DISTDOCTOR_", "TORCH_NCCL_")) and k != "USE_LIBUV"}
-    env["PYTHONUNBUFFERED"] = "1"
-    env.pop("PYTHONPATH", None)  # the environment's own distdoctor, not a checkout's on the path
+    env["PYTHONUNBUFFERED"] = "1"  # (PYTHONPATH is kept: matrix.py clears it, a test sets it to its checkout)
     env.update(switches)
     return env
 

@@ -71,3 +71,21 @@ def test_the_floor(version, refused):
 
 def test_this_environments_torch_is_supported():
     assert refusal() is None
+
+
+def test_the_range_is_said_the_same_everywhere():
+    """pyproject's lower bound, the refusal, the matrix's oldest release, README and the docs agree."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("compat_matrix", REPO / "compat" / "matrix.py")
+    matrix = importlib.util.module_from_spec(spec)
+    sys.modules["compat_matrix"] = matrix  # its dataclasses look their module up
+    spec.loader.exec_module(matrix)
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert re.search(r'"torch>=([0-9.]+)"', pyproject).group(1) == OLDEST_TEXT
+    assert release(matrix.RELEASES[0])[:2] == release(OLDEST_TEXT)
+    readme = (REPO / "README.md").read_text()
+    assert f"torch {OLDEST_TEXT} or newer" in readme
+    assert all(r in readme for r in matrix.RELEASES)
+    assert f"torch {OLDEST_TEXT} and newer" in (REPO / "docs" / "compatibility.md").read_text()
