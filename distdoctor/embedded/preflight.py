@@ -25,6 +25,7 @@ preflight's exchange, in order (every step has a deadline within ``timeout``):
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import io
 import json
@@ -292,6 +293,7 @@ class _Exchange:
         torch = self.torch
         mine = torch.tensor(values, dtype=torch.int64, device=self.device)
         out = [torch.zeros_like(mine) for _ in range(self.world)]
+        _hold(mine, out)
         _wait(self.dist.all_gather(out, mine, group=self.group, async_op=True), self.deadline, what, self.world)
         return [t.cpu().tolist() for t in out]
 
@@ -302,6 +304,7 @@ class _Exchange:
         if data:
             padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         out = [torch.zeros_like(padded) for _ in range(self.world)]
+        _hold(padded, out)
         _wait(self.dist.all_gather(out, padded, group=self.group, async_op=True), self.deadline,
               "details all_gather", self.world)
         return {r: bytes(t[:size].cpu().tolist()) for r, (t, size) in enumerate(zip(out, sizes)) if size}
@@ -311,14 +314,30 @@ class _Exchange:
         torch, dist = self.torch, self.dist
         src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
         size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        _hold(size)
         _wait(dist.broadcast(size, src=src, group=self.group, async_op=True), self.deadline,
               "reference broadcast", self.world)
         buffer = torch.zeros(int(size.item()), dtype=torch.uint8, device=self.device)
         if data:
             buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        _hold(buffer)
         _wait(dist.broadcast(buffer, src=src, group=self.group, async_op=True), self.deadline,
               "reference broadcast", self.world)
         return bytes(buffer.cpu().tolist())
+
+
+# The tensors of preflight's last collectives, kept referenced after preflight returns. On torch
+# 2.1 (measured: 2.1.2, gloo) a gloo worker thread that drops a finished Work holding the last
+# reference to a tensor created in Python must take the GIL to free it, while
+# destroy_process_group joins that thread holding the GIL: the job deadlocks at its end (4 runs in
+# 12 of a plain all_gather + destroy_process_group without distdoctor, on a loaded 2-core machine).
+# Held here, preflight's tensors are never the last reference; a few collectives' worth (gloo has
+# 2 worker threads) covers every Work still in flight.
+_HELD: collections.deque = collections.deque(maxlen=8)
+
+
+def _hold(*tensors: Any) -> None:
+    _HELD.append(tensors)
 
 
 def _encode_payload(findings: list[Finding], delta: Mapping[str, Any]) -> bytes:
