@@ -35,9 +35,10 @@ DOCS = REPO / "docs" / "compatibility.md"
 # The releases the project claims, oldest first: the oldest it supports, two in the middle, the
 # release constraints.txt pins (the suite's), and the newest this project's machines install.
 RELEASES = ("2.1.2", "2.4.1", "2.8.0", "2.13.0", "2.14.1")
-CASES = ("check", "preflight", "guard-ok", "guard-late", "guard-raise", "stacks", "explain")
+CASES = ("check", "preflight", "guard-ok", "guard-late", "guard-raise", "guard-kill", "pytest", "stacks", "explain")
 HEADINGS = {"check": "`check`", "preflight": "`preflight`", "guard-ok": "guard: healthy job",
             "guard-late": "guard: DDP straggler", "guard-raise": "guard: a rank raises",
+            "guard-kill": "guard: a rank is killed", "pytest": "pytest marker",
             "stacks": "`stacks` hung job", "explain": "`explain` crash log"}
 BEGIN, END = "<!-- matrix:begin (written by compat/matrix.py --write-docs) -->", "<!-- matrix:end -->"
 PROBE_NUMPY = "import numpy, torch; torch.from_numpy(numpy.zeros(1)); print(numpy.__version__)"
@@ -97,7 +98,7 @@ def prepare(release: str, home: Path, interpreter: str) -> tuple[Path | None, st
     if have is None or have[0].split("+")[0] != release:
         if env_dir.exists():
             shutil.rmtree(env_dir)
-        say(f"[{release}] creating {env_dir} and installing torch=={release} (the CUDA build from PyPI: minutes)")
+        say(f"[{release}] creating {env_dir} and installing torch=={release} (from PyPI, a CUDA build: GBs, minutes)")
         code, out = sh([interpreter, "-m", "venv", str(env_dir)], 300)
         if code == 0:
             code, out = sh([str(python), "-m", "pip", "install", "-q", f"torch=={release}"], 3600)
@@ -105,7 +106,7 @@ def prepare(release: str, home: Path, interpreter: str) -> tuple[Path | None, st
             result.error = f"torch=={release} could not be installed: {out[-600:]}"
             return None, "", result
     say(f"[{release}] installing this checkout of distdoctor")
-    code, out = sh([str(python), "-m", "pip", "install", "-q", "-e", str(REPO)], 1200)
+    code, out = sh([str(python), "-m", "pip", "install", "-q", "-e", f"{REPO}[test]"], 1200)
     if code != 0:
         result.error = f"distdoctor could not be installed: {out[-600:]}"
         return None, "", result

@@ -16,6 +16,9 @@ The cases, and what passes:
 - guard-ok:   a healthy DDP job under ``distdoctor guard``: exit 0, no diagnosis.
 - guard-late: rank 1 sleeps while rank 0 waits in DDP's all-reduce: straggler_rank, rank 1.
 - guard-raise: rank 1 raises: worker_exception, rank 1.
+- guard-kill: rank 1 is killed (SIGKILL) while rank 0 waits: named by rank (any cause that names
+              rank 1's end: oom_killed_rank, rank_missing or worker_exception).
+- pytest:     ``pytest --distdoctor`` on a test body marked ``distributed(world_size=2)``: passes.
 - stacks:     the straggler job started without distdoctor: ``distdoctor stacks`` names rank 1.
 - explain:    the raising job's torchrun output (``--tee 3``): ``distdoctor explain`` names rank 1's
               exception.
@@ -27,6 +30,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -94,6 +98,13 @@ def end_group(proc: subprocess.Popen) -> None:
 def tail(text: str, lines: int = 6) -> str:
     kept = [line for line in text.strip().splitlines() if line.strip()][-lines:]
     return " | ".join(kept)[-900:]
+
+
+def said(text: str) -> str:
+    """What distdoctor itself printed (its lines name it or a finding ID), else the output's tail."""
+    own = [line.strip() for line in text.splitlines()
+           if "distdoctor" in line or re.match(r"\s*[a-z]+\.[ECWI]\d{3} ", line)]
+    return " | ".join(own[-4:])[-600:] if own else f"nothing ({tail(text, 3)})"
 
 
 def traceback_in(text: str) -> bool:
@@ -183,13 +194,14 @@ def case_guard_ok(work: str) -> Outcome:
     return Outcome(True)
 
 
-def guard_names(work: str, mode: str, cause: str) -> Outcome:
+def guard_names(work: str, mode: str, *causes: str) -> Outcome:
     code, out, findings, _ = guarded(work, mode)
     if code is None:
-        return Outcome(False, f"still running at the deadline: {tail(out)}")
-    if not names(findings, cause, 1):
+        return Outcome(False, f"still running after {GUARD_DEADLINE_S} s; distdoctor said: {said(out)}")
+    if not any(names(findings, cause, 1) for cause in causes):
+        cause = " or ".join(causes)
         got = ", ".join(sorted({f"{f.get('id')} [{f.get('cause')}] ranks {f.get('ranks')}" for f in findings})) or "no report"
-        return Outcome(False, f"{cause} of rank 1 not named (exit {code}; {got}): {tail(out, 4)}")
+        return Outcome(False, f"{cause} of rank 1 not named (exit {code}; reports: {got}); distdoctor said: {said(out)}")
     return Outcome(True)
 
 
@@ -199,6 +211,18 @@ def case_guard_late(work: str) -> Outcome:
 
 def case_guard_raise(work: str) -> Outcome:
     return guard_names(work, "raise", "worker_exception")
+
+
+def case_guard_kill(work: str) -> Outcome:
+    return guard_names(work, "kill", "oom_killed_rank", "rank_missing", "worker_exception")
+
+
+def case_pytest(work: str) -> Outcome:
+    code, out = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--distdoctor",
+                     str(JOBS / "test_marker.py")], 240, cwd=work)
+    if code != 0 or "1 passed" not in out:
+        return Outcome(False, f"exit {code}: {tail(out)}")
+    return Outcome(True)
 
 
 def case_stacks(work: str) -> Outcome:
@@ -252,6 +276,8 @@ CASES: dict[str, Callable[[str], Outcome]] = {
     "guard-ok": case_guard_ok,
     "guard-late": case_guard_late,
     "guard-raise": case_guard_raise,
+    "guard-kill": case_guard_kill,
+    "pytest": case_pytest,
     "stacks": case_stacks,
     "explain": case_explain,
 }

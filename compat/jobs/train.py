@@ -1,12 +1,13 @@
 """A DDP job on gloo with one fault chosen by argv, for the compatibility matrix; it knows nothing of distdoctor.
 
 python train.py MODE [READY_DIR]: MODE healthy (6 steps, then exit 0), straggler (rank 1 sleeps
-before step 3 while rank 0 waits in DDP's gradient all-reduce) or raise (rank 1 raises before
-step 3). With READY_DIR each rank writes rank<R> there when it reaches step 3: the ranks are at
+before step 3 while rank 0 waits in DDP's gradient all-reduce), raise (rank 1 raises before
+step 3) or kill (rank 1 is killed by SIGKILL before step 3, as the OOM killer does). With READY_DIR each rank writes rank<R> there when it reaches step 3: the ranks are at
 their fault (`distdoctor stacks` looks then). Only what torch 2.1 already has is used.
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -30,6 +31,8 @@ for step in range(6):
         time.sleep(300)  # LINE:sleep
     if step == 3 and rank == 1 and mode == "raise":
         raise ValueError(f"bad batch at step {step}")  # LINE:raise
+    if step == 3 and rank == 1 and mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)  # LINE:kill
     optimizer.zero_grad()
     model(torch.randn(8, 16)).sum().backward()  # LINE:backward
     optimizer.step()
