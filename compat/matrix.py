@@ -35,10 +35,11 @@ DOCS = REPO / "docs" / "compatibility.md"
 # The releases the project claims, oldest first: the oldest it supports, two in the middle, the
 # release constraints.txt pins (the suite's), and the newest this project's machines install.
 RELEASES = ("2.1.2", "2.4.1", "2.8.0", "2.13.0", "2.14.1")
-CASES = ("check", "preflight", "guard-ok", "guard-late", "guard-raise", "guard-kill", "pytest", "stacks", "explain")
+CASES = ("check", "preflight", "guard-ok", "guard-late", "guard-raise", "guard-kill", "bench", "pytest", "stacks",
+         "explain")
 HEADINGS = {"check": "`check`", "preflight": "`preflight`", "guard-ok": "guard: healthy job",
             "guard-late": "guard: DDP straggler", "guard-raise": "guard: a rank raises",
-            "guard-kill": "guard: a rank is killed", "pytest": "pytest marker",
+            "guard-kill": "guard: a rank is killed", "bench": "`bench`", "pytest": "pytest marker",
             "stacks": "`stacks` hung job", "explain": "`explain` crash log"}
 BEGIN, END = "<!-- matrix:begin (written by compat/matrix.py --write-docs) -->", "<!-- matrix:end -->"
 PROBE_NUMPY = "import numpy, torch; torch.from_numpy(numpy.zeros(1)); print(numpy.__version__)"

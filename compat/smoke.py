@@ -18,6 +18,8 @@ The cases, and what passes:
 - guard-raise: rank 1 raises: worker_exception, rank 1.
 - guard-kill: rank 1 is killed (SIGKILL) while rank 0 waits: named by rank (any cause that names
               rank 1's end: oom_killed_rank, rank_missing or worker_exception).
+- bench:      ``distdoctor bench`` on 2 ranks, every collective at two sizes: each measured and
+              correct, or left out as one the backend cannot run (bench.I006), exit 0.
 - pytest:     ``pytest --distdoctor`` on a test body marked ``distributed(world_size=2)``: passes.
 - stacks:     the straggler job started without distdoctor: ``distdoctor stacks`` names rank 1.
 - explain:    the raising job's torchrun output (``--tee 3``): ``distdoctor explain`` names rank 1's
@@ -217,6 +219,22 @@ def case_guard_kill(work: str) -> Outcome:
     return guard_names(work, "kill", "oom_killed_rank", "rank_missing", "worker_exception")
 
 
+def case_bench(work: str) -> Outcome:
+    code, out = run(DISTDOCTOR + ["bench", "--nproc", "2", "--sizes", "1K,64K", "--iters", "3", "--warmup", "1",
+                                  "--format", "json", "--timeout", "90"], 150)
+    report = json_object(out)
+    if code != 0 or report is None or traceback_in(out):
+        return Outcome(False, f"exit {code}: {said(out)}")
+    bench = (report.get("data") or {}).get("bench") or {}
+    measured = {row.get("op") for row in bench.get("sweep") or [] if row.get("correct")}
+    left_out = set(bench.get("unsupported") or {})
+    missing = [op for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+               if op not in measured | left_out]
+    if missing or "all_reduce" not in measured:
+        return Outcome(False, f"not measured: {', '.join(missing) or 'all_reduce'}")
+    return Outcome(True)
+
+
 def case_pytest(work: str) -> Outcome:
     code, out = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--distdoctor",
                      str(JOBS / "test_marker.py")], 240, cwd=work)
@@ -277,6 +295,7 @@ CASES: dict[str, Callable[[str], Outcome]] = {
     "guard-late": case_guard_late,
     "guard-raise": case_guard_raise,
     "guard-kill": case_guard_kill,
+    "bench": case_bench,
     "pytest": case_pytest,
     "stacks": case_stacks,
     "explain": case_explain,
