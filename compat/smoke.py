@@ -8,8 +8,9 @@ crash of the smoke set. Each case has a deadline; a case that passes its deadlin
 whole process group, by PID) and fails with what it printed.
 
 The cases, and what passes:
-- check:      ``distdoctor check`` (local stage + a 2-rank self-test world) exits 0, no error,
-              with TORCH_NCCL_* switches set (gloo ignores them: nothing may be said).
+- check:      ``distdoctor check`` (local stage + a 2-rank self-test world), then under torchrun
+              (2 ranks): exit 0, no error, both ranks reported, with TORCH_NCCL_* switches set
+              (gloo ignores them: nothing may be said).
 - preflight:  init_process_group + preflight(model) on 2 ranks: silent on the same model,
               PreflightError naming shape_mismatch on every rank when rank 1's model differs
               (that job with USE_LIBUV=0: the other store backend).
@@ -140,17 +141,19 @@ def json_object(text: str) -> dict[str, Any] | None:
 # -- the cases ---------------------------------------------------------------------------------
 def case_check(work: str) -> Outcome:
     # torch's switches set as users set them: on gloo they change nothing, so nothing may be said.
-    code, out = run(DISTDOCTOR + ["check", "--format", "json", "--timeout", "60"], 120,
-                    TORCH_NCCL_ASYNC_ERROR_HANDLING="1", TORCH_NCCL_BLOCKING_WAIT="1")
-    report = json_object(out)
-    if code != 0 or report is None or traceback_in(out):
-        return Outcome(False, f"exit {code}: {tail(out)}")
-    bad = [f"{f.get('id')} {f.get('title')}" for f in findings_of(report) if f.get("severity") in ("error", "critical")]
-    if bad or report.get("status") not in ("ok", "warning"):
-        return Outcome(False, f"status {report.get('status')}: {'; '.join(bad)[:600]}")
-    size = (report.get("world") or {}).get("ranks_reported") or []
-    if len(size) != 2:
-        return Outcome(False, f"the self-test world reported ranks {size}, not 0 and 1")
+    switches = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_BLOCKING_WAIT": "1"}
+    for how, command in (("self-test", DISTDOCTOR + ["check", "--format", "json", "--timeout", "60"]),
+                         ("under torchrun", TORCHRUN + ["-m", "distdoctor", "check", "--format", "json", "--timeout", "60"])):
+        code, out = run(command, 150, **switches)
+        report = json_object(out)
+        if code != 0 or report is None or traceback_in(out):
+            return Outcome(False, f"{how}: exit {code}: {said(out)}")
+        bad = [f"{f.get('id')} {f.get('title')}" for f in findings_of(report) if f.get("severity") in ("error", "critical")]
+        if bad or report.get("status") not in ("ok", "warning"):
+            return Outcome(False, f"{how}: status {report.get('status')}: {'; '.join(bad)[:600]}")
+        reported = (report.get("world") or {}).get("ranks_reported") or []
+        if reported != [0, 1]:
+            return Outcome(False, f"{how}: the world reported ranks {reported}, not 0 and 1")
     return Outcome(True)
 
 
