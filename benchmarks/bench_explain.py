@@ -2,11 +2,14 @@
 
     python benchmarks/bench_explain.py            # 100 MB
     python benchmarks/bench_explain.py --mb 20 --keep /tmp/big.log
+    python benchmarks/bench_explain.py --mb 1000 --kind progress   # 1 GB of tqdm progress bars
 
 Generates a log of --mb megabytes (training chatter from 8 ranks, NCCL INFO lines, warnings, and
 a real failure pattern near the end: a rank SIGKILLed and its peers' connection resets), then
-runs explain_files on it in a child process and prints lines/second, MB/second and the child's
-peak resident memory above its baseline after import. The figures are printed, not asserted:
+runs explain_files on it in a child process and prints lines per second and per CPU-second, MB/second
+and the child's peak resident memory above its baseline after import. --kind progress writes tqdm
+progress bars instead (carriage returns between updates, a newline every 200 of them: a 1 MB line
+is normal there), with the same failure at the end. The figures are printed, not asserted:
 the test suite only smoke-tests this script on a small size.
 """
 
@@ -43,6 +46,27 @@ Root Cause (first observed failure):
 """
 
 
+PROGRESS = "\rtrain: {p:3d}%|{bar:<20}| {i}/100000 [01:{s:02d}<04:00, 51.2it/s, loss=0.{i}]"
+
+
+def generate_progress(path: Path, megabytes: float) -> int:
+    """tqdm's output as a file sees it: updates separated by \\r, a \\n now and then."""
+    target = int(megabytes * 2**20)
+    written = lines = 0
+    with open(path, "w", encoding="utf-8") as fh:
+        i = 0
+        while written < target:
+            parts = [PROGRESS.format(p=i % 101, bar="█" * (i % 21), i=i, s=i % 60) for i in range(i, i + 200)]
+            i += 200
+            text = "".join(parts) + "\n"
+            fh.write(text)
+            written += len(text.encode())
+            lines += 1
+        fh.write(TAIL)
+        lines += TAIL.count("\n")
+    return lines
+
+
 def generate(path: Path, megabytes: float) -> int:
     target = int(megabytes * 2**20)
     written = lines = 0
@@ -67,12 +91,13 @@ def child(path: str) -> None:
     from distdoctor.explain import explain_files
 
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     report = explain_files([path])
     seconds = time.perf_counter() - started
+    cpu_seconds = time.process_time() - cpu
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     top = report.findings[0]
-    print(json.dumps({"seconds": seconds, "baseline_kb": baseline, "peak_kb": peak, "top": [top.id, top.cause],
+    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "baseline_kb": baseline, "peak_kb": peak, "top": [top.id, top.cause],
                       "lines": report.checks[0]["lines"]}))
 
 
@@ -80,6 +105,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=100.0, help="size of the generated log in MB (default 100)")
     parser.add_argument("--keep", type=Path, help="write the log here and keep it")
+    parser.add_argument("--kind", choices=("chatter", "progress"), default="chatter",
+                        help="training chatter from 8 ranks (default) or tqdm progress bars")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -88,7 +115,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="dd-bench-explain-") as tmp:
         path = args.keep or Path(tmp) / "big.log"
         t0 = time.perf_counter()
-        lines = generate(path, args.mb)
+        lines = (generate_progress if args.kind == "progress" else generate)(path, args.mb)
         size = path.stat().st_size
         print(f"generated {size / 2**20:.1f} MB, {lines:,} lines in {time.perf_counter() - t0:.1f}s: {path}")
         proc = subprocess.run([sys.executable, __file__, "--child", str(path)], capture_output=True, text=True,
@@ -98,7 +125,9 @@ def main() -> int:
             return 1
         result = json.loads(proc.stdout)
         seconds = result["seconds"]
-        print(f"explain: {seconds:.2f}s, {result['lines'] / seconds:,.0f} lines/s, {size / 2**20 / seconds:.1f} MB/s")
+        cpu = result["cpu_seconds"]
+        print(f"explain: {seconds:.2f}s wall, {cpu:.2f}s CPU; {result['lines'] / seconds:,.0f} lines/s, "
+              f"{result['lines'] / cpu:,.0f} lines per CPU-second, {size / 2**20 / cpu:.1f} MB per CPU-second")
         print(f"peak RSS: {result['peak_kb'] / 1024:.1f} MB (after import: {result['baseline_kb'] / 1024:.1f} MB, "
               f"growth {(result['peak_kb'] - result['baseline_kb']) / 1024:.1f} MB for a {size / 2**20:.0f} MB log)")
         print(f"top finding: {result['top'][0]} [{result['top'][1]}]")

@@ -527,6 +527,7 @@ def guard(
 
 
 STACKS_PANEL = "What to look at"
+WATCH_PANEL = "Watching"
 
 
 @app.command()
@@ -535,38 +536,142 @@ def stacks(
     native: Annotated[bool, typer.Option("--native", help="Also read C/C++ frames (py-spy --native; pauses each thread for the milliseconds of the dump, sends no signal).", rich_help_panel=STACKS_PANEL)] = False,
     slurm_job: Annotated[Optional[str], typer.Option("--slurm-job", metavar="JOBID", help="Look at every node of this SLURM job (srun --overlap) and merge one report.", rich_help_panel=STACKS_PANEL)] = None,
     slurm_node: Annotated[Optional[str], typer.Option("--slurm-node", hidden=True, help="One node's part of --slurm-job: only that job's ranks.")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds py-spy may take per rank (ranks are read in parallel).", rich_help_panel=STACKS_PANEL)] = 10.0,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds the reads may take in all: each rank is read several times, in parallel, until the reads decide (with --watch: one read of one rank).", rich_help_panel=STACKS_PANEL)] = 10.0,
+    span: Annotated[float, typer.Option("--span", metavar="SECONDS", help="How long a rank's reads must cover (at least 3 of them) before it counts as still: a stall or a hang is named only from what stayed still that long.", rich_help_panel=STACKS_PANEL)] = 1.0,
+    watch: Annotated[bool, typer.Option("--watch", help="A live view: one row per rank (state, CPU %, line), the verdict as it forms and clears; Ctrl-C ends it with the report.", rich_help_panel=WATCH_PANEL)] = False,
+    interval: Annotated[float, typer.Option("--interval", metavar="SECONDS", help="With --watch: seconds between two refreshes (and two reads of a rank).", rich_help_panel=WATCH_PANEL)] = 2.0,
     fmt: Annotated[Optional[str], _option("format", "--format", "-f", panel=OUTPUT_PANEL, metavar="FORMAT")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.", rich_help_panel=OUTPUT_PANEL)] = None,
     fail_level: Annotated[Optional[str], _option("fail_level", "--fail-level", panel=POLICY_PANEL, metavar="LEVEL")] = None,
     silence: Annotated[Optional[list[str]], _option("silence", "--silence", panel=POLICY_PANEL, metavar="ID")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every detail line and every rank read.", rich_help_panel=OUTPUT_PANEL)] = False,
 ) -> None:
-    """Read every rank's stack of a running (hung) job with py-spy, group them, and name the odd rank.
+    """Read every rank's stack of a running job with py-spy, several times, and tell a busy job from a hung one.
 
     Read-only: no signal is sent and nothing is written into the job, which keeps running.
     Finds the job's ranks from their environment (RANK, TORCHELASTIC_*, SLURM_PROCID ...) and
-    launchers; names the rank that is late (and its line), the ranks that ended, or the
-    collective every rank waits in. Exit codes: 0 nothing at or above --fail-level; 1 findings
-    at or above it; 2 usage error. See docs/stacks.md.
+    launchers, reads each rank at least 3 times over --span, and names the rank that is late (and
+    its line), the ranks that ended, or the collective every rank stays in; a job whose every rank
+    moved is "running". --watch shows the job live. Exit codes: 0 nothing at or above
+    --fail-level; 1 findings at or above it; 2 usage error. See docs/stacks.md.
     """
     try:
         config = load_config({"format": fmt, "fail_level": fail_level, "silence": silence}, cli_flags=CLI_FLAGS)
     except ConfigError as exc:
         fail_usage(str(exc))
-    if not 0.5 <= timeout <= 600:
-        fail_usage(f"--timeout: {timeout:g}s is out of range (0.5 to 600 seconds per rank)")
-    if slurm_job and (pids or slurm_node):
-        fail_usage("--slurm-job looks at every node of the job: give no PIDs with it")
+    _check_stacks_options(timeout, span, interval, watch=watch, slurm_job=slurm_job, pids=pids, slurm_node=slurm_node)
     from distdoctor.stacks import look, look_slurm_job  # each command loads only its own logic: start-up stays light
 
-    if slurm_job:
-        report = look_slurm_job(slurm_job, native=native, timeout_s=timeout, silence=config.silence)
-    else:
-        job_filter = {"SLURM_JOB_ID": slurm_node} if slurm_node else None
-        report = look(pids or (), native=native, timeout_s=timeout, silence=config.silence, job_filter=job_filter)
+    job_filter = {"SLURM_JOB_ID": slurm_node} if slurm_node else None
+    if watch:
+        raise typer.Exit(_watch_stacks(pids or (), native=native, interval=interval, timeout=timeout, span=span,
+                                       job_filter=job_filter, config=config, output=output, verbose=verbose))
+    PROGRESS.start(command_started(), timeout)
+    PROGRESS.set_stage("reading every rank's stack")
+    with LiveStatus(live_wanted(config.format, False)):
+        if slurm_job:
+            report = look_slurm_job(slurm_job, native=native, timeout_s=timeout, span_s=span, silence=config.silence)
+        else:
+            report = look(pids or (), native=native, timeout_s=timeout, span_s=span, silence=config.silence,
+                          job_filter=job_filter)
     render_report(report, config.format, output, verbose=verbose, quiet=False)
     raise typer.Exit(report.exit_code(config.fail_level))
+
+
+def _check_stacks_options(timeout: float, span: float, interval: float, *, watch: bool, slurm_job: Optional[str],
+                          pids: Optional[list[int]], slurm_node: Optional[str]) -> None:
+    if not 0.5 <= timeout <= 600:
+        fail_usage(f"--timeout: {timeout:g}s is out of range (0.5 to 600 seconds)")
+    if not 0.2 <= span <= 3600 or (not watch and span >= timeout):
+        fail_usage(f"--span: {span:g}s is out of range (0.2 s up to 3600 s, and less than --timeout {timeout:g}s, "
+                   "which bounds the reads)")
+    if not 0.2 <= interval <= 3600:
+        fail_usage(f"--interval: {interval:g}s is out of range: a rank is read at most every 0.2 s (a read is a "
+                   "py-spy dump) and at least once an hour")
+    if slurm_job and (pids or slurm_node):
+        fail_usage("--slurm-job looks at every node of the job: give no PIDs with it")
+    if watch and slurm_job:
+        fail_usage("--watch looks at this node's ranks: run it on each node (or drop --watch: --slurm-job reads every node once)")
+
+
+def _watch_stacks(pids: Any, *, native: bool, interval: float, timeout: float, span: float, job_filter: Any,
+                  config: Any, output: Optional[Path], verbose: bool) -> int:
+    """The --watch loop: a refresh every interval until Ctrl-C, SIGTERM or SIGHUP, then the report."""
+    import signal
+    import threading
+
+    from distdoctor.core.interrupt import set_interrupt_handler
+    from distdoctor.stacks.watch import Watch
+
+    started = command_started()
+    watcher = Watch(pids, native=native, interval_s=interval, timeout_s=timeout, span_s=span, job_filter=job_filter)
+    stop, done, code = threading.Event(), threading.Event(), [0]
+
+    def on_signal(signum: int) -> None:  # the signal watcher's thread: the main thread writes the report
+        stop.set()
+        done.wait(4.0)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code[0])
+
+    set_interrupt_handler(on_signal)
+    signal.signal(signal.SIGHUP, lambda *_: stop.set())  # the terminal closed: end as on Ctrl-C
+    view = sys.stdout if config.format == "rich" and output is None else sys.stderr
+    try:
+        _watch_loop(watcher, view, interval, stop)
+    finally:
+        watcher.close()
+    report = watcher.report(started, silence=config.silence)
+    code[0] = report.exit_code(config.fail_level)
+    try:
+        render_report(report, config.format, output, verbose=verbose, quiet=False)
+    except OSError:
+        pass  # the terminal or pipe is gone: nobody is left to read the report
+    done.set()
+    return code[0]
+
+
+def _watch_loop(watcher: Any, view: Any, interval: float, stop: Any) -> None:
+    from distdoctor.stacks import watch_view
+
+    live, before = None, None
+    try:
+        if view.isatty():
+            from rich.console import Console
+            from rich.live import Live
+
+            live = Live(console=Console(file=view), auto_refresh=False, redirect_stdout=False, redirect_stderr=False)
+            live.start()
+        while not stop.is_set():
+            screen = watcher.poll(stop)
+            if live is not None:
+                live.update(watch_view.table(screen, interval_s=interval), refresh=True)
+            else:
+                for line in watch_view.changes(before, screen):
+                    view.write(line + "\n")
+                view.flush()
+            before = screen
+    except OSError:
+        # The terminal closed or the reader of the pipe left: stop writing there for good.
+        stop.set()
+        _silence(view)
+    finally:
+        if live is not None:
+            try:
+                live.stop()
+            except OSError:
+                _silence(view)
+
+
+def _silence(stream: Any) -> None:
+    """Point a stream that can no longer be written (EPIPE, EIO) at /dev/null."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 LINT_FORMATS = ("rich", "json", "markdown", "sarif")

@@ -33,3 +33,10 @@ DTYPE = finding_kind(
 HANG = finding_kind(
     "job.E009", cause="collective_timeout_hang", title="Every rank waits in the same collective and none completes it",
     hint="Every rank arrived, so suspect the transport: the interface (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME), a firewall between hosts, NCCL's P2P or IB path; run `distdoctor check` and `distdoctor bench` on these hosts")
+# Progress over several looks (diagnosis.progress): what the looks prove about a job that is not failing.
+RUNNING = finding_kind(
+    "job.I001", cause="unknown", title="Running: every rank moved between reads",
+    hint="Nothing to do: every rank's stack, sequence numbers or CPU time moved between reads; a job that is slow but moving is not hung")
+OPEN = finding_kind(
+    "job.I002", cause="unknown", title="The reads do not tell a busy job from a hung one",
+    hint="Read for longer (distdoctor stacks --span 10, or --watch); each rank's line says what it did between reads, and what the last read alone would have claimed")

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -42,6 +43,15 @@ def _float(value: Any) -> float | None:
         return float(value) if value is not None and not isinstance(value, bool) else None
     except (TypeError, ValueError):
         return None
+
+
+def _seconds(value: Any) -> float | None:
+    number = _float(value)
+    return number if number is not None and math.isfinite(number) and number >= 0 else None
+
+
+def _state_letter(value: Any) -> str:
+    return value if isinstance(value, str) and len(value) == 1 and value.isalpha() else ""
 
 
 def _items(value: Any) -> list[Any]:
@@ -193,6 +203,10 @@ class RankSnapshot:
     collectives: int | None = None            # how many collectives it issued (default group), when known
     source: str = ""                          # guard / stacks / flight_recorder / log
     notes: tuple[str, ...] = ()               # what this source could not tell, in words
+    # Progress between looks (diagnosis.progress), when the source can read them:
+    cpu_s: float | None = None                # CPU seconds its main thread has used so far
+    proc_state: str = ""                      # its main thread's kernel state: R, S, D, T, Z ...
+    may_spin: bool = False                    # it sits where the CPU may spin without progress
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -216,7 +230,8 @@ class RankSnapshot:
                 "stack": [f.to_dict() for f in self.stack], "where": self.where.to_dict() if self.where else None,
                 "in_collective": self.in_collective, "error": self.error.to_dict() if self.error else None,
                 "time": self.time, "collectives": self.collectives, "source": self.source,
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "cpu_s": self.cpu_s, "proc_state": self.proc_state,
+                "may_spin": self.may_spin}
 
     @classmethod
     def from_dict(cls, raw: Any) -> "RankSnapshot | None":
@@ -233,4 +248,6 @@ class RankSnapshot:
             error=RaisedError.from_dict(raw.get("error")), time=_float(raw.get("time")),
             collectives=_int(raw.get("collectives")), source=_text(raw.get("source"), 40),
             notes=tuple(_text(n, 500) for n in _items(raw.get("notes"))),
+            cpu_s=_seconds(raw.get("cpu_s")), proc_state=_state_letter(raw.get("proc_state")),
+            may_spin=raw.get("may_spin") is True,
         )

@@ -6,16 +6,21 @@
 # The signature catalog (catalog.toml) is data; scan.py matches it against the logs in bounded
 # memory; reason.py turns the matches into findings with a cause, a confidence and the evidence.
 # Beside the scan, ranks.py collects what each rank's own lines say (its exception, its exit in
-# torchrun's summary, NCCL's watchdog progress); structured.py reads error files, flight-recorder
-# dumps and snapshots; snapshots.py makes one RankSnapshot per rank and job.py merges the one
-# diagnosis (distdoctor.diagnosis.diagnose) with the catalog's findings: the first failure is the
-# cause, the rest its consequences. Importing this package registers the catalog's finding IDs
+# torchrun's summary, NCCL's watchdog progress, where its output was last seen working);
+# structured.py reads error files, flight-recorder dumps and snapshots; activity.py sets each rank's
+# output against its peers' first complaints (who kept going, who went quiet); snapshots.py makes
+# one RankSnapshot per rank and job.py merges the one diagnosis (distdoctor.diagnosis.diagnose) with
+# the catalog's findings: the first failure is the cause, the rest its consequences, and a
+# recognised exception's meaning is the cause while its frame stays in the title. Importing this package registers the catalog's finding IDs
 # (area ``log``). Nothing here prints.
 
 from __future__ import annotations
 
 import time
+import traceback
 from typing import BinaryIO, Iterable, Sequence
+
+from distdoctor.core.kinds import CHECK_CRASHED
 
 from distdoctor.explain.catalog import Catalog, CatalogError, load_catalog
 from distdoctor.explain.own_reports import read_reports
@@ -59,20 +64,29 @@ def explain_files(
                 raise
             # One bad file among a directory's many is named, not fatal.
             skipped.append(str(exc))
-            checks.append({"name": f"read {source.name}", "stage": "log", "status": "skip", "reason": str(exc)})
+            checks.append({"name": f"read {source.name}", "stage": "log", "status": "skip", "duration_s": 0.0,
+                           "reason": str(exc)})
         finally:
             _close(source)
     # A rank is silent only if all its files are empty (--log-dir's stderr.log is empty when all went well).
     spoke = {r for r, t in evidence.collector.ranks.items() if t.lines}
     acc.empty_ranks -= spoke
+    # --log-dir's stderr.log is empty when its rank printed only to stdout.log: not a silent rank.
+    acc.empty_files = [f for f in acc.empty_files if acc.empty_file_ranks.get(f) not in spoke]
+    acc.progress_seen = bool(evidence.collector.progress)
     acc.quiet_ranks -= {r for r, t in evidence.collector.ranks.items() if t.errors or t.error_file}
-    findings = findings_from(acc, catalog)
-    snaps = build_snapshots(evidence, catalog, empty=acc.empty_ranks)
-    anonymous = anonymous_error(evidence.collector, snaps, catalog)
-    findings = job_findings(snaps, findings, acc, catalog, error_lines(evidence.collector), anonymous)
-    disagreement = rank_config_finding(evidence.collector, catalog)
-    if disagreement is not None:
-        findings.insert(0, disagreement)  # the job was not one world: what failed afterwards follows from it
+    findings = findings_from(acc, catalog, evidence.collector.progress)
+    snaps: list = []
+    try:
+        snaps = build_snapshots(evidence, catalog, empty=acc.empty_ranks)
+        anonymous = anonymous_error(evidence.collector, snaps, catalog)
+        findings = job_findings(snaps, findings, acc, catalog, error_lines(evidence.collector), anonymous,
+                                evidence.activity)
+        disagreement = rank_config_finding(evidence.collector, catalog)
+        if disagreement is not None:
+            findings.insert(0, disagreement)  # the job was not one world: what failed afterwards follows from it
+    except Exception as exc:  # noqa: BLE001 - the line-by-line reading stands; a report, never a traceback
+        findings.append(_reading_broke(exc))
     if skipped:
         findings.append(skipped_finding(skipped, catalog))
     order = {id(f): i for i, f in enumerate(findings)}
@@ -112,6 +126,14 @@ def _read_one(source: LogSource, index: int, acc: Accumulator, scanner: Scanner,
     return _read_check(source, matched, time.monotonic() - t0)
 
 
+def _reading_broke(exc: Exception):
+    """The reading across ranks raised (a bug): said, with the traceback's end for the report."""
+    tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:])
+    return CHECK_CRASHED(
+        "explain's reading across ranks raised an exception; the findings above come from the lines alone",
+        detail=f"{type(exc).__name__}: {exc}\n{tail}"[:2000], check="explain")
+
+
 def _close(source: LogSource) -> None:
     """A directory may hold thousands of files: never keep one open past its reading."""
     if source.owns_stream and source.stream is not None:
@@ -129,6 +151,7 @@ def _record_empty(acc: Accumulator, source: LogSource) -> None:
     """An empty log is evidence: its rank printed nothing (hung or killed before its first line)."""
     acc.empty_files.append(source.name)
     if source.rank_hint is not None:
+        acc.empty_file_ranks[source.name] = source.rank_hint
         acc.empty_ranks.add(source.rank_hint)
         acc.ranks_seen.add(source.rank_hint)
 
@@ -148,6 +171,11 @@ def _read_check(source: LogSource, matched: int, duration: float, kind: str = "l
         check["rank_hint"] = source.rank_hint
     if source.replaced_bytes:
         check["reason"] = "some bytes were not UTF-8 and were replaced"
+    if source.not_utf8:
+        check["reason"] = ("not UTF-8 text (latin-1, cp1252, GBK ...?): its bytes that are not UTF-8 were replaced; "
+                           "the English messages torch and NCCL print read exactly")
+    if source.encoding != "utf-8":
+        check["reason"] = f"read as {source.encoding.upper()} text"
     if source.empty:
         check["reason"] = "empty: the process printed nothing"
     if kind != "log":

@@ -29,6 +29,8 @@ class CatalogError(ValueError):
 
 
 def _signal_name(value: str) -> str:
+    if value.startswith("Signals."):
+        return value[len("Signals."):]
     try:
         return _signal.Signals(abs(int(value))).name
     except (ValueError, TypeError):
@@ -47,12 +49,34 @@ def _more_joined(value: str) -> str:
     return "yes" if len(numbers) == 2 and numbers[1] > numbers[0] else ""
 
 
-# Named transforms a `derive` entry may apply: "src1,src2:transform".
+def _long_wait(value: str) -> str:
+    """'1800000ms' / '900s' -> 'yes' when the wait was 10 minutes or more (a process group's timeout,
+    not a rendezvous connect's 60 s)."""
+    match = re.fullmatch(r"(\d{1,12})(ms|s)", value.strip())
+    if match is None:
+        return ""
+    seconds = int(match.group(1)) / (1000 if match.group(2) == "ms" else 1)
+    return "yes" if seconds >= 600 else ""
+
+
+def _barrier_mid_training(fields: dict[str, str]) -> str:
+    """A one-element all-reduce (NumelIn=1) or a BARRIER op, past the first collectives after init: what
+    barrier() and a metric's reduction issue mid-training (right after init, it is the init's own)."""
+    seq = fields.get("seq", "")
+    if not (seq.isdigit() and len(seq) < 13 and int(seq) > 2):
+        return ""
+    return "yes" if fields.get("numel_in") == "1" or fields.get("op", "").upper() == "BARRIER" else ""
+
+
+# Named transforms a `derive` entry may apply: "src1,src2:transform" (barrier_mid_training reads the
+# fields it needs itself).
 DERIVATIONS: dict[str, Callable[[str], str]] = {
     "signal": _signal_name,
     "shape": _shape,
     "more_joined": _more_joined,
     "seq_tag": lambda value: f" #{value}",
+    "long_wait": _long_wait,
+    "barrier_mid_training": _barrier_mid_training,
     # A hang in the first collectives after init (where blocked P2P shows) rather than mid-training.
     "first_collectives": lambda value: "yes" if value.isdigit() and len(value) < 4 and int(value) <= 2 else "",
 }
@@ -88,6 +112,9 @@ class Derivation:
     transform: Callable[[str], str] | None = None
 
     def apply(self, fields: dict[str, str]) -> None:
+        if self.transform is _barrier_mid_training:
+            fields.update({self.target: "yes"} if _barrier_mid_training(fields) else {})
+            return
         if self.target == "ranks":
             # Ranks named by the message: all of them, not the first.
             named = [fields[s] for s in self.sources if fields.get(s)]
@@ -136,6 +163,9 @@ class Signature:
     also: tuple[re.Pattern[str], ...] = ()
     # Candidate boosts that apply when the message itself shows a field: (field, cause, delta, note).
     boost_if: tuple[tuple[str, str, float, str], ...] = ()
+    # A warning a healthy job prints while it retries (an IPv6 lookup, a refused connect before the
+    # store is up): no failure when the same input shows the job making progress after it.
+    transient: bool = False
 
     @property
     def cause(self) -> str:
@@ -271,6 +301,7 @@ def _parse_signature(entry: Mapping[str, Any], kind_of: Callable[[str, str], Fin
         tell=entry.get("tell", ""),
         also=tuple(_compile(where, p) for p in entry.get("also", ())),
         boost_if=tuple((b["field"], b["cause"], float(b["delta"]), b.get("note", "")) for b in entry.get("boost_if", ())),
+        transient=bool(entry.get("transient", False)),
     )
     _check_templates(where, sig)
     if sig.candidates and not sig.tell_apart:

@@ -22,10 +22,12 @@ from distdoctor.diagnosis import kinds as job_kinds
 from distdoctor.diagnosis.diagnose import diagnose
 from distdoctor.diagnosis.frames import is_user_file
 from distdoctor.diagnosis.snapshot import EXITED, RaisedError, RankSnapshot
+from distdoctor.explain.activity import CLOCK_MARGIN_S
 from distdoctor.explain.candidates import Ranked, apply_cues, describe
 from distdoctor.explain.catalog import Catalog
-from distdoctor.explain.ranks import RankCollector
+from distdoctor.explain.ranks import CUT_TYPE, RankCollector
 from distdoctor.explain.scan import Accumulator
+from distdoctor.explain.snapshots import FINISHED_WORDS, KEPT_GOING, QUIET_FIRST
 
 CHECK_NAME = "explain"
 SPECIFIC = 0.8
@@ -88,11 +90,13 @@ CONFIDENCE = {"job.E001": 0.9, "job.E006": 0.9, "job.E007": 0.9, "job.E008": 0.9
 RAISED_IN_LIBRARY = 0.75   # an own exception raised inside torch or another library: the message decides
 NO_TRACEBACK = 0.7         # an exception known only by its message (an error file, torchrun's summary)
 ANONYMOUS_WITH_FRAME = 0.75  # an exception with its traceback, but no rank: which process is not known
+CUT_OFF = 0.45             # a traceback the log ends inside: the rank raised, what is not known
 
 
 def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc: Accumulator,
                  catalog: Catalog, error_lines: dict[int, set[tuple[str, int]]] | None = None,
-                 anonymous: tuple[RaisedError, tuple[str, int]] | None = None) -> list[Finding]:
+                 anonymous: tuple[RaisedError, tuple[str, int]] | None = None,
+                 activity: dict[int, str] | None = None) -> list[Finding]:
     """The log findings with the job's verdict merged in, most likely cause first.
 
     error_lines: per rank, the (file, line) of the exceptions its logs show (to tell the catalog's
@@ -121,10 +125,50 @@ def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc
     folded = [f for f in log_findings if f is not specific and _folds(f, primary)]
     kept = [f for f in log_findings if f is not specific and f not in folded]
     if specific is not None:
-        top = _add_job(specific, primary, folded)
+        top = _add_job(specific, primary, folded, first)
     else:
-        top = _verdict(primary, first, snaps, folded, acc, catalog)
-    return [top] + [_recorder(f) for f in extra] + kept
+        top = _verdict(primary, first, snaps, folded, acc, catalog, activity or {})
+    return [_past_its_loop(top, snaps, catalog)] + [_recorder(f) for f in extra] + kept
+
+
+MISMATCHES = ("collective_mismatch", "shape_mismatch", "dtype_mismatch")
+PAST_LOOP_CONFIDENCE = 0.7
+
+
+def _in_backward(snap: RankSnapshot) -> bool:
+    """Its failing collective ran inside backward (DDP's gradient all-reduce)."""
+    return any(f.function in ("backward", "_engine_run_backward", "run_backward") or "/torch/autograd/" in f.file
+               for f in snap.stack)
+
+
+def _past_its_loop(top: Finding, snaps: Sequence[RankSnapshot], catalog: Catalog) -> Finding:
+    """A mismatch where one rank's collective is DDP's gradient all-reduce inside backward and another
+    rank's is not: that rank had left the training loop (an all_reduce of a metric, a barrier, the
+    next epoch's set-up) while its peer still trained — uneven inputs, not two code paths."""
+    if top.cause not in MISMATCHES:
+        return top
+    raised = [s for s in snaps if s.error is not None and s.stack]
+    training = [s.rank for s in raised if _in_backward(s)]
+    outside = [s for s in raised if not _in_backward(s)]
+    if not training or not outside:
+        return top
+    kind = next(k for k in catalog.kinds.values() if k.cause == "uneven_inputs")
+    left = outside[0]
+    where = f" at {left.where.label}" if left.where else ""
+    ranked = [Ranked(kind, PAST_LOOP_CONFIDENCE, f"rank {format_ranks([s.rank for s in outside])} ran a collective "
+                     f"outside backward{where} while rank {format_ranks(training)} still all-reduced gradients in "
+                     "backward: it had run out of batches first", "len(dataloader) (or the iterable's length) per rank", []),
+              Ranked(_kind_for(top.cause, catalog, job_kinds.MISMATCH), 0.45,
+                     f"the ranks' code issues different collectives here ({top.title})",
+                     "TORCH_DISTRIBUTED_DEBUG=DETAIL's fingerprints and the two lines named", [])]
+    detail = [top.detail, *describe(ranked)]
+    return kind(f"Rank {format_ranks([s.rank for s in outside])} left the training loop while rank "
+                f"{format_ranks(training)} still ran backward: {top.title}"[:400],
+                detail="\n".join(detail), remediation=f"{kind.hint}. To confirm: compare len(dataloader) across ranks "
+                "(an IterableDataset must yield the same number of batches on every rank, or use DDP's join()).",
+                ranks=[s.rank for s in outside], hosts=top.hosts,
+                data={**top.data, "candidates": [r.to_dict() for r in ranked], "signature": "left_training_loop",
+                      "in_backward": training}, check=CHECK_NAME, confidence=PAST_LOOP_CONFIDENCE)
 
 
 def _anonymous_verdict(error: RaisedError) -> Finding:
@@ -195,10 +239,17 @@ def _folded_lines(folded: list[Finding], cause: str = "") -> tuple[list[str], li
 
 
 def _verdict(primary: Finding, first: RankSnapshot | None, snaps: Sequence[RankSnapshot], folded: list[Finding],
-             acc: Accumulator, catalog: Catalog) -> Finding:
-    kind, confidence, ranked = _kind_and_confidence(primary, first, snaps, acc, catalog)
+             acc: Accumulator, catalog: Catalog, activity: dict[int, str]) -> Finding:
+    kind, confidence, ranked = _kind_and_confidence(primary, first, snaps, acc, catalog, activity)
     lines, folded_data = _folded_lines(folded, kind.cause)
     detail = [primary.detail]
+    rival = _close_call(first, snaps)
+    if rival is not None:
+        # Two ranks raised their own errors within what two hosts' clocks may differ by: which was
+        # first, these timestamps cannot tell.
+        confidence = min(confidence, CLOSE_CALL)
+        detail.append(f"Rank {rival.rank} also raised {rival.error.type} within {CLOCK_MARGIN_S:.0f} s of it by "
+                      "another clock: which failed first, clocks that may differ cannot tell; read both.")
     notes = [f"  rank {s.rank}: {note}" for s in snaps for note in s.notes]
     if notes:
         detail += ["What each rank's own lines say of its end:", *notes[:16]]
@@ -228,16 +279,35 @@ def _verdict(primary: Finding, first: RankSnapshot | None, snaps: Sequence[RankS
     if ranked:
         data["candidates"] = [r.to_dict() for r in ranked]
         detail += describe(ranked)
-    remediation = next((f.remediation for f in folded if f.cause == kind.cause and f.remediation), primary.remediation)
-    title = primary.title
+    own = kind.id == primary.id
+    remediation = next((f.remediation for f in folded if f.cause == kind.cause and f.remediation),
+                       primary.remediation if own else kind.hint)
+    title = primary.title if own else _retitled(primary, kind, activity)
     if first is not None and first.error is not None and first.error.frame is not None and primary.id == "job.E001":
         title = f"{title} at {first.error.frame.label}"[:400]
     return kind(title, detail="\n".join(detail), remediation=remediation, ranks=primary.ranks, hosts=primary.hosts,
                 data=data, check=CHECK_NAME, confidence=confidence)
 
 
+def _retitled(primary: Finding, kind: FindingKind, activity: dict[int, str]) -> str:
+    """A silent rank's title when the evidence ranked another reading of its silence first."""
+    if primary.id == job_kinds.MISSING.id and kind.cause == "worker_exception":
+        return primary.title.replace(" before its peers", "") + ": its own error is not in these logs"
+    if primary.id != job_kinds.MISSING.id or " while " not in primary.title:
+        return primary.title
+    who = format_ranks(primary.ranks)
+    said = {activity.get(rank, "") for rank in primary.ranks}
+    how = {"uneven_inputs": "stopped after its last line said it finished" if FINISHED_WORDS in said
+           else "left the job", "oom_killed_rank": "ended without a word (a signal?)",
+           "straggler_rank": "was still busy elsewhere"}.get(kind.cause)
+    if how is None:
+        return primary.title
+    return f"Rank{'s' if len(primary.ranks) > 1 else ''} {who} {how} while " + primary.title.split(" while ", 1)[1]
+
+
 def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Sequence[RankSnapshot],
-                         acc: Accumulator, catalog: Catalog) -> tuple[FindingKind, float, list[Ranked]]:
+                         acc: Accumulator, catalog: Catalog,
+                         activity: dict[int, str]) -> tuple[FindingKind, float, list[Ranked]]:
     own = _job_kind(primary.id)
     if primary.id == job_kinds.EXCEPTION.id:
         if first is None and primary.data.get("anonymous_error"):
@@ -247,15 +317,52 @@ def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Se
     if primary.id not in OPEN:
         return own, CONFIDENCE.get(primary.id, 0.6), []
     options = OPEN[primary.id]
+    if primary.id == job_kinds.MISSING.id and first is not None and first.error is None \
+            and first.exit_code is not None and first.exit_code > 0:
+        options = _exit_without_error(snaps)
     if primary.id == job_kinds.UNEVEN.id and not (first and first.status == EXITED and first.exit_code == 0):
         options = [(c, conf - 0.15 if c == "uneven_inputs" else conf, why, tell) for c, conf, why, tell in options]
     ranked = [Ranked(_kind_for(cause, catalog, own), conf, why, tell, []) for cause, conf, why, tell in options]
+    said = {activity.get(rank, "") for rank in primary.ranks}
     if primary.id == job_kinds.MISSING.id:
-        _weigh_how_peers_failed(ranked, snaps)
+        _weigh_how_peers_failed(ranked, snaps, said_finished=FINISHED_WORDS in said)
+    _weigh_activity(ranked, said)
     # The kill the verdict is about is no further evidence for it.
     ranked = apply_cues(ranked, acc, catalog, ignore=("sigkill_line",) if primary.id == job_kinds.KILLED.id else ())
     top = ranked[0]
     return top.kind, top.confidence, ranked
+
+
+CLOSE_CALL = 0.6
+
+
+def _close_call(first: RankSnapshot | None, snaps: Sequence[RankSnapshot]) -> RankSnapshot | None:
+    """Another rank's own error timed within the clock margin of the first's, on another host (or a host
+    the logs do not name)."""
+    if first is None or first.error is None or first.error.time is None or first.error.consequence:
+        return None
+    for snap in snaps:
+        other = snap.error
+        if snap.rank == first.rank or other is None or other.consequence or other.time is None:
+            continue
+        same_host = bool(first.host) and first.host == snap.host
+        if not same_host and abs(other.time - first.error.time) < CLOCK_MARGIN_S and other.time >= first.error.time:
+            return snap
+    return None
+
+
+def _exit_without_error(snaps: Sequence[RankSnapshot]) -> list[tuple[str, float, str, str]]:
+    """A rank that exited non-zero and whose error the logs do not hold (torchrun's summary alone)."""
+    left_cleanly = any(s.status == EXITED and s.exit_code == 0 for s in snaps)
+    return [
+        ("worker_exception", 0.5, "a non-zero exit code (1) is what Python returns when an exception ends the process; "
+         "the exception is in that rank's own output, which these logs do not hold",
+         "that rank's own output (torchrun --tee 3 or --log-dir, or @record for an error file)"),
+        ("uneven_inputs", 0.45 if left_cleanly else 0.2, "another rank had already exited 0: if this rank failed "
+         "because its peer was gone, that peer ran out of batches first",
+         "the failing rank's own error names a closed connection or a timeout"),
+        ("rank_missing", 0.2, "the rank failed because a peer vanished", "the failing rank's own error"),
+    ]
 
 
 PEER_GONE = ("closed by peer", "reset by peer", "remote process exited", "Broken pipe", "ncclRemoteError",
@@ -267,16 +374,17 @@ def _peer_gone(snaps: Sequence[RankSnapshot]) -> bool:
                for word in PEER_GONE)
 
 
-def _weigh_how_peers_failed(ranked: list[Ranked], snaps: Sequence[RankSnapshot]) -> None:
+def _weigh_how_peers_failed(ranked: list[Ranked], snaps: Sequence[RankSnapshot], said_finished: bool = False) -> None:
     """The waiting ranks' own errors say whether the silent rank's process was gone or alive but late:
-    a closed connection means its process ended (a signal, most often SIGKILL: nothing printed); a
-    timeout means nobody answered in time (late, or hung)."""
+    a closed connection means its process ended (a signal, most often SIGKILL, when it printed nothing
+    more; a clean exit when its last line says it finished); a timeout means nobody answered in time
+    (late, or hung)."""
     seen = [s.error.message for s in snaps if s.error is not None and s.error.consequence]
     gone = any(word in message for message in seen for word in PEER_GONE)
     late = any("imeout" in message or "timed out" in message for message in seen) or any(
         g.pending is not None and g.pending.state == "timed out" for snap in snaps for g in snap.groups)
     for r in ranked:
-        if gone and r.cause == "oom_killed_rank":
+        if gone and r.cause == "oom_killed_rank" and not said_finished:
             r.confidence += 0.27
             r.reasons.append("the waiting ranks lost the connection: the silent rank's process ended without a word")
         if gone and r.cause == "straggler_rank":
@@ -286,9 +394,31 @@ def _weigh_how_peers_failed(ranked: list[Ranked], snaps: Sequence[RankSnapshot])
             r.reasons.append("the waiting ranks timed out: the silent rank did not answer in time (late or hung)")
 
 
+# How what a rank's output did around its peers' complaints moves the alternatives (snapshots.py).
+ACTIVITY_WEIGHTS = {
+    KEPT_GOING: ({"straggler_rank": 0.1, "rank_missing": -0.15},
+                 "its output went on after its peers reported the timeout: it was alive and busy elsewhere"),
+    QUIET_FIRST: ({"straggler_rank": -0.15},
+                  "its output stopped before its peers reported anything: it was not busy printing"),
+    FINISHED_WORDS: ({"uneven_inputs": 0.4},
+                     "its last line says it finished (words support, they do not decide: it fell silent)"),
+}
+
+
+def _weigh_activity(ranked: list[Ranked], seen: set[str]) -> None:
+    for word in seen & set(ACTIVITY_WEIGHTS):
+        deltas, reason = ACTIVITY_WEIGHTS[word]
+        for r in ranked:
+            if r.cause in deltas:
+                r.confidence += deltas[r.cause]
+                r.reasons.append(reason)
+
+
 def _exception_confidence(first: RankSnapshot | None) -> float:
     """0.9 when the user's own code raised it (the traceback's innermost frame is theirs), 0.75 when a
     library raised it on their behalf (CUDA out of memory inside torch), 0.7 when no traceback says."""
+    if first is not None and first.error is not None and first.error.type == CUT_TYPE:
+        return CUT_OFF  # it raised, but what: the log ends before the exception's line
     if first is None or first.error is None or first.error.frame is None:
         return NO_TRACEBACK
     innermost = first.stack[-1] if first.stack else first.error.frame
@@ -314,8 +444,11 @@ def _kind_for(cause: str, catalog: Catalog, own: FindingKind) -> FindingKind:
     return next(k for k in catalog.kinds.values() if k.cause == cause)
 
 
-def _add_job(specific: Finding, primary: Finding, folded: list[Finding]) -> Finding:
-    """The catalog's specific cause, with the rank, its line and the consequences the job shows."""
+def _add_job(specific: Finding, primary: Finding, folded: list[Finding], first: RankSnapshot | None) -> Finding:
+    """The catalog's specific cause, with the rank, its line and the consequences the job shows.
+
+    The meaning is the catalog's (a CPU tensor on NCCL, a variable not set); the frame stays in the
+    title: which rank raised what, at which line of the user's code."""
     lines, folded_data = _folded_lines(folded)
     detail = [specific.detail, "Across the job: " + primary.detail.replace("\n", "\n  ")]
     if lines:
@@ -323,8 +456,13 @@ def _add_job(specific: Finding, primary: Finding, folded: list[Finding]) -> Find
     data = {**specific.data, "job_finding": primary.id, "first_rank": primary.data.get("first_rank")}
     if folded_data:
         data["consequences"] = list(specific.data.get("consequences") or []) + folded_data
+    title = specific.title
+    if primary.id == job_kinds.EXCEPTION.id and first is not None and first.error is not None:
+        frame = first.error.frame or first.where
+        title = (f"{title} — rank {first.rank} raised {first.error.type}"
+                 + (f" at {frame.label}" if frame else ""))[:400]
     # Its own ranks stay: the message may name another rank than the one that printed it (monitoredBarrier).
-    return specific.with_(detail="\n".join(detail), data=data, ranks=specific.ranks or primary.ranks)
+    return specific.with_(title=title, detail="\n".join(detail), data=data, ranks=specific.ranks or primary.ranks)
 
 
 def _recorder(finding: Finding) -> Finding:

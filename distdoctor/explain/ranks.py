@@ -28,6 +28,9 @@ MAX_MESSAGE = 300
 MAX_WATCHDOG_LINES = 4096    # watchdog lines read per token and block (a rank prints a handful)
 
 TRACEBACK = "Traceback (most recent call last)"
+# What a traceback the log ends inside raised is not known; it stands in for the exception line.
+CUT_TYPE = "TracebackCutOff"
+CUT_MESSAGE = "the log ends inside this traceback, before the exception's line"
 SUMMARY_TOKEN = "exitcode  : "         # torchrun >= 1.11's failure summary, one per failed rank
 OLD_SUMMARY_TOKEN = "exitcode: "        # torchrun 1.9-1.10 (and the agent's own log line)
 
@@ -35,6 +38,9 @@ _PREFIX = re.compile(
     r"(?:\[(?:default|rank)(?P<tr>\d{1,7})\]:"            # torchrun --tee / torch's [rankN]:
     r"|\[\d{1,7},(?P<mpi>\d{1,7})\]<(?:stdout|stderr|stddiag)>:"  # mpirun --tag-output
     r"|(?P<srun> {0,6}\d{1,7}): )")                       # srun -l
+# What pasting or collecting a log puts before a rank's prefix: a viewer's line number ("[80746] "),
+# Ray's worker tag ("(RayTrainWorker pid=19799, ip=10.0.0.6) "), docker compose's "name  | ".
+_FOREIGN_PREFIX = re.compile(r"\[\d{1,9}\] |\((?:\w{1,40} )?pid=\d{1,10}(?:, ip=[\w.:-]{1,60})?\) |[\w.-]{1,60} {0,8}\| ")
 _WORLD_SIZE = re.compile(r"(?<![A-Za-z_])(?i:world[_ ]size)\s*[=:]?\s*(\d{1,7})(?!\d)")
 _SPAWNED = re.compile(r"-- Process (\d{1,7}) terminated with the following error:\s*$")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]{1,500})", line (?P<line>\d{1,9})(?:, in (?P<fn>.{1,200}))?')
@@ -56,10 +62,18 @@ _WATCHDOG_STATUS = re.compile(
     r"(?P<seq2>\d{1,12}), last enqueued NCCL work: (?P<enq2>-?\d{1,12}), last completed NCCL work: (?P<done2>-?\d{1,12}))")
 _WATCHDOG_OP = re.compile(r"(?:\[Rank (?P<rank>\d{1,7})\] )?Watchdog caught collective operation timeout: "
                           r"WorkNCCL\(SeqNum=(?P<seq>\d{1,12}), OpType=(?P<op>\w{1,40})")
-_LOG_TIME = re.compile(r"[EWIF](?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d{1,9})?)|"
+# glog's month-day: torch writes "E0321" or "E321" (no zero before a one-digit month).
+_LOG_TIME = re.compile(r"[EWIF](?P<md>\d{3,4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d{1,9})?)|"
                        r"(?P<iso>\d{4}-\d\d-\d\d[ T_]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?)")
 # A last line that says the loop ended (what a rank that left early prints).
 _FINISHED = re.compile(r"\b(?:done|finished|completed?|training (?:is )?(?:over|ended)|exiting)\b", re.I)
+# Lines that show a job at work: a tqdm bar, a step/iteration/epoch/loss count, a rate.
+_PROGRESS = re.compile(r"\d%\||\d(?:it|s)/(?:s|it)\b|\b(?:step|iter(?:ation)?|epoch|batch|loss)\b\W{0,3}\d|"
+                       r"\bloss\b|[Ss]canning|[Cc]aching|[Ll]oading|[Ss]aving|[Ee]valuat", re.I)
+# Lines that are a failure, the launcher or torch talking, not the rank's work.
+_NOT_ACTIVITY = re.compile(r"[Ee]rror|Exception|Traceback|^\s+File \"|[Tt]ime[d ]? ?out|[Ww]atchdog|"
+                           r"SIG[A-Z]{2,4}|terminate|frame #|torch[./]distributed[./]elastic|[Ff]ailed|[Kk]illed|"
+                           r"NCCL (?:WARN|INFO)|ProcessGroup|c10d|exitcode|ChildFailed")
 # Exception types that belong to the launcher, not to a rank's own code.
 _LAUNCHER_TYPES = ("ChildFailedError",)
 
@@ -101,6 +115,14 @@ class RankText:
     exit: Exit | None = None
     lines: int = 0                    # prefixed lines sampled (a rank that printed at all)
     last_line: str = ""
+    # Where its output was last seen doing something other than failing: (input index, line), and
+    # the latest timestamp its lines carry. What "kept going" is judged by (activity.py).
+    last_seen: tuple[int, int] | None = None
+    last_seen_text: str = ""
+    last_time: str | None = None
+    # Where it first complained (NCCL's watchdog, a timeout line): (input index, line), timestamp.
+    complained: tuple[int, int] | None = None
+    complained_time: str | None = None
     noticed: int = 0                  # error-looking lines in its own per-rank files
     files: set[str] = field(default_factory=set)
     error_file: RaisedText | None = None  # from a TORCHELASTIC error file (error.json)
@@ -125,6 +147,11 @@ class _Pending:
     order: tuple[int, int]
     time: str | None = None    # the timestamp of the rank's last line before the traceback
     scanned: int = 0
+    # A prefix that varies from line to line (a viewer's line numbers): lines are matched by the rank
+    # their prefixes name and the separator width, not by the exact text.
+    varying: bool = False
+    by_prefix: int | None = None
+    separator: int = 0
 
 
 class RankCollector:
@@ -136,6 +163,11 @@ class RankCollector:
         self.unattributed: list[RaisedText] = []
         self._world_seen: list[int] = []
         self._pending: list[_Pending] = []
+        # Per input: the last line without a rank prefix that shows a job making progress (a progress
+        # bar, a step/loss line): (line, timestamp, text). Whose it is, activity.py decides.
+        self.anonymous: dict[int, tuple[int, str | None, str]] = {}
+        # Per input: the last line (any rank's or none's) that shows the job making progress.
+        self.progress: dict[int, int] = {}
 
     def rank(self, number: int) -> RankText | None:
         if number not in self.ranks and len(self.ranks) >= MAX_RANKS:
@@ -147,23 +179,33 @@ class RankCollector:
     def start_source(self) -> None:
         self._pending = []
 
+    def end_source(self) -> None:
+        """A traceback the input ends inside (a log cut mid-traceback): its rank raised, what is not known."""
+        for pending in self._pending:
+            # Only a rank's: a cut traceback no rank owns is as likely the launcher's own (torchrun's
+            # entry point, cut where a paste ends) as the job's.
+            if pending.frames and pending.rank is not None:
+                self._raised(pending, f"{CUT_TYPE}: {CUT_MESSAGE}", pending.line + pending.scanned)
+        self._pending = []
+
     def block(self, block: str, first_line: int, name: str, index: int, rank_hint: int | None) -> None:
         if self._pending:
             self._pending = [p for p in self._pending if not self._continue(p, block, 0, first_line)]
-        self._sample_prefixes(block, rank_hint, name)
+        self._sample_prefixes(block, first_line, index, rank_hint, name)
         if TRACEBACK in block:
             self._tracebacks(block, first_line, name, index, rank_hint)
         if SUMMARY_TOKEN in block or OLD_SUMMARY_TOKEN in block:
             self._summaries(block)
         if "atchdog" in block or "Timeout at NCCL work" in block:
-            self._watchdog(block, rank_hint)
+            self._watchdog(block, first_line, index, rank_hint)
         if "orld_size" in block or "orld size" in block or "ORLD_SIZE" in block:
             self._world_sizes(block, rank_hint)
 
     # -- which ranks print --------------------------------------------------------------------
 
-    def _sample_prefixes(self, block: str, rank_hint: int | None, name: str) -> None:
-        """Ranks seen in a bounded sample of the block's lines (its first and last few KB)."""
+    def _sample_prefixes(self, block: str, first_line: int, index: int, rank_hint: int | None, name: str) -> None:
+        """Ranks seen in a bounded sample of the block's lines (its first and last few KB), and where
+        each was last seen working."""
         if rank_hint is not None:
             text = self.rank(rank_hint)
             if text is not None:
@@ -172,15 +214,40 @@ class RankCollector:
                 tail = block.rstrip("\n").rsplit("\n", 1)[-1]
                 if tail.strip():
                     text.last_line = clean_quote(tail[-MAX_MESSAGE:])
-        sample = block if len(block) <= 2 * PREFIX_SAMPLE else block[:PREFIX_SAMPLE] + "\n" + block[-PREFIX_SAMPLE:]
-        for raw in sample.split("\n"):
+        if len(block) <= 2 * PREFIX_SAMPLE:
+            self._sample_lines(block.split("\n"), first_line, index, rank_hint)
+            return
+        head = block[:PREFIX_SAMPLE].split("\n")[:-1]   # the last piece is cut mid-line
+        self._sample_lines(head, first_line, index, rank_hint)
+        tail = block[-PREFIX_SAMPLE:].split("\n")[1:]   # the first piece is cut mid-line
+        last = first_line + block.count("\n") - (0 if block.endswith("\n") else -1)
+        self._sample_lines(tail, last - len(tail) + 1, index, rank_hint)
+
+    def _sample_lines(self, lines: list[str], line_no: int, index: int, rank_hint: int | None) -> None:
+        for offset, raw in enumerate(lines):
             rank, rest = split_prefix(raw)
+            owner = rank if rank is not None else rank_hint
+            if not rest.strip():
+                continue
+            progressing = is_progress(rest)
+            if progressing:
+                self.progress[index] = max(self.progress.get(index, 0), line_no + offset)
+            if owner is None:
+                if progressing:
+                    self.anonymous[index] = (line_no + offset, _line_time(rest), rest[-MAX_MESSAGE:])
+                continue
+            text = self.rank(owner)
+            if text is None:
+                continue
             if rank is not None:
-                text = self.rank(rank)
-                if text is not None:
-                    text.lines += 1
-                    if rest.strip():
-                        text.last_line = clean_quote(rest[-MAX_MESSAGE:])
+                text.lines += 1
+                text.last_line = rest[-MAX_MESSAGE:]
+            if not _NOT_ACTIVITY.search(rest):
+                text.last_seen = (index, line_no + offset)
+                text.last_seen_text = rest[-MAX_MESSAGE:]
+                stamp = _line_time(rest)
+                if stamp and (text.last_time is None or stamp > text.last_time):
+                    text.last_time = stamp
 
     # -- tracebacks -----------------------------------------------------------------------------
 
@@ -201,6 +268,9 @@ class RankCollector:
             line_no = first_line + block.count("\n", 0, start)
             pending = _Pending(prefix, rank if rank is not None else rank_hint, [], name, line_no, (index, line_no),
                                time=_time_before(block, start, prefix))
+            named, end_of = prefix_span(prefix)
+            if _FOREIGN_PREFIX.match(prefix) and prefix[end_of:].strip() == "":
+                pending.varying, pending.by_prefix, pending.separator = True, named, len(prefix) - end_of
             end = block.find("\n", pos)
             if end == -1:
                 self._pending.append(pending)
@@ -219,9 +289,16 @@ class RankCollector:
             pending.scanned += 1
             if pending.scanned > MAX_TRACEBACK_LINES:
                 return True
-            if not raw.startswith(pending.prefix):
+            if pending.varying:
+                named, end_of = prefix_span(raw)
+                if named != pending.by_prefix or end_of == 0:
+                    continue  # another rank's line, or output without the viewer's prefix
+                rest = raw[end_of:]
+                rest = rest[pending.separator:] if rest[:pending.separator].isspace() else rest
+            elif not raw.startswith(pending.prefix):
                 continue  # another rank's line interleaved
-            rest = raw[len(pending.prefix):]
+            else:
+                rest = raw[len(pending.prefix):]
             if not rest.strip():
                 continue
             if rest[0] in " \t":
@@ -296,25 +373,28 @@ class RankCollector:
 
     # -- NCCL's watchdog ---------------------------------------------------------------------------
 
-    def _watchdog(self, block: str, rank_hint: int | None) -> None:
+    def _watchdog(self, block: str, first_line: int, index: int, rank_hint: int | None) -> None:
         for token in WATCHDOG_TOKENS:
             pos = block.find(token)
-            seen = 0
+            seen, counted, line_no = 0, 0, first_line
             while pos != -1 and seen < MAX_WATCHDOG_LINES:
                 seen += 1
                 start = block.rfind("\n", 0, pos) + 1
+                line_no += block.count("\n", counted, start)
+                counted = start
                 end = block.find("\n", pos)
                 line = block[start:end if end != -1 else len(block)][:2000]
-                self._watchdog_line(line, rank_hint)
+                self._watchdog_line(line, rank_hint, (index, line_no))
                 pos = block.find(token, end) if end != -1 else -1
 
-    def _watchdog_line(self, line: str, rank_hint: int | None) -> None:
+    def _watchdog_line(self, line: str, rank_hint: int | None, where: tuple[int, int]) -> None:
         prefix_rank, _ = split_prefix(line)
         status = _WATCHDOG_STATUS.search(line)
         if status is not None:
             text = self.rank(int(status["rank"]))
             if text is None:
                 return
+            _complained(text, where, line)
             seq, enq, done = (status["seq"], status["enq"], status["done"]) if status["seq"] else \
                 (status["seq2"], status["enq2"], status["done2"])
             text.watchdog.setdefault(status["pg"], (int(seq), _nonneg(enq), _nonneg(done)))
@@ -325,6 +405,7 @@ class RankCollector:
         rank = int(op["rank"]) if op["rank"] else prefix_rank if prefix_rank is not None else rank_hint
         text = self.rank(rank) if rank is not None else None
         if text is not None:
+            _complained(text, where, line)
             text.watchdog_ops.setdefault(int(op["seq"]), op["op"][:40])
             text.watchdog_line = text.watchdog_line or clean_quote(line[:MAX_MESSAGE])
 
@@ -365,14 +446,45 @@ class RankCollector:
             text=clean_quote(tb["tb"].strip()) if tb else "")
 
 
+def _complained(text: RankText, where: tuple[int, int], line: str) -> None:
+    if text.complained is None or where < text.complained:
+        text.complained = where
+        text.complained_time = _line_time(split_prefix(line)[1])
+
+
+def is_progress(text: str) -> bool:
+    """A line that shows a job at work (a progress bar, a step or loss line), not a failure."""
+    return bool(_PROGRESS.search(text)) and not _NOT_ACTIVITY.search(text)
+
+
+def prefix_span(line: str) -> tuple[int | None, int]:
+    """(rank, where the prefixes end) without stripping what follows them: a frame keeps its indent."""
+    rank, end = None, 0
+    for _ in range(4):
+        match = _PREFIX.match(line, end)
+        if match is not None:
+            rank = int((match["tr"] or match["mpi"] or match["srun"]).strip())
+            end = match.end()
+            continue
+        foreign = _FOREIGN_PREFIX.match(line, end) if rank is None else None
+        if foreign is None:
+            break
+        end = foreign.end()
+    return rank, end
+
+
 def split_prefix(line: str) -> tuple[int | None, str]:
     """(rank, the rest) of a line with a launcher's rank prefix; the innermost prefix names the rank."""
     rank = None
     rest = line
-    for _ in range(3):
+    for _ in range(4):
         match = _PREFIX.match(rest)
         if match is None:
-            break
+            foreign = _FOREIGN_PREFIX.match(rest) if rank is None else None
+            if foreign is None:
+                break
+            rest = rest[foreign.end():]  # a viewer's line number, Ray's worker tag, a container's name
+            continue
         value = match["tr"] or match["mpi"] or match["srun"]
         rank = int(value.strip())
         rest = rest[match.end():].lstrip(" ") if match["tr"] or match["mpi"] else rest[match.end():]
@@ -440,4 +552,4 @@ def _line_time(text: str) -> str | None:
         return None
     if match["iso"]:
         return match["iso"].replace("T", " ").replace("_", " ").replace(",", ".")
-    return f"{match['md']} {match['hms']}"
+    return f"{match['md'].zfill(4)} {match['hms']}"

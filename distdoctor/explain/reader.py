@@ -6,11 +6,13 @@
 #
 # What is refused, with a message for the user (LogInputError, which the CLI turns into exit 2):
 # a missing path, a directory, a FIFO or device (reading one could block forever: pipe it into
-# `-` instead), an unreadable file, binary data (NUL bytes or mostly control characters) and text
-# that is not UTF-8 in its first block (a latin-1 or UTF-16 file: converting it is the user's
-# call, guessing would quote garbled evidence). After the first block, stray undecodable bytes (a
-# progress bar cut mid-character) are replaced and counted. An empty log is not refused: a rank
-# that printed nothing is evidence (it hung or was killed before its first line).
+# `-` instead), an unreadable file and binary data (NUL bytes or mostly control characters).
+# Text in another encoding is read, not refused: UTF-16 and UTF-32 (PowerShell's `>` writes
+# UTF-16 with a byte-order mark; without one, the NUL bytes between ASCII letters tell it) are
+# decoded; 8-bit text that is not UTF-8 (latin-1, cp1252, GBK ...) is read with the bytes that are
+# not UTF-8 replaced, so the messages torch, NCCL and the launchers print in English read exactly
+# and the check says what was replaced. An empty log is not refused: a rank that printed nothing
+# is evidence (it hung or was killed before its first line).
 
 from __future__ import annotations
 
@@ -57,6 +59,8 @@ class LogSource:
     skip_reason: str = ""             # not read at all (a directory's files beyond the bound)
     json_read: bool = field(default=False, repr=False)
     json_objects: list | None = field(default=None, repr=False)
+    encoding: str = "utf-8"           # what the text was read as (utf-16 and utf-32 are transcoded)
+    not_utf8: bool = False            # 8-bit text in another encoding: its non-UTF-8 bytes were replaced
 
 
 def rank_from_name(path: Path) -> int | None:
@@ -168,6 +172,48 @@ def _looks_binary(sample: bytes) -> bool:
     return control > max(8, len(sample) // 100)
 
 
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def wide_encoding(sample: bytes) -> str | None:
+    """UTF-16/32 by its byte-order mark, or UTF-16 without one by the NULs between ASCII letters."""
+    for bom, encoding in _BOMS:
+        if sample.startswith(bom):
+            return None if encoding == "utf-8-sig" else encoding
+    sample = sample[:4096]
+    if len(sample) < 8:
+        return None
+    even, odd = sample[0::2].count(0), sample[1::2].count(0)
+    half = len(sample) // 2
+    if odd > half * 0.4 and even < half * 0.05:
+        return "utf-16-le"
+    if even > half * 0.4 and odd < half * 0.05:
+        return "utf-16-be"
+    return None
+
+
+class _Transcoded:
+    """A UTF-16/32 byte stream read as UTF-8 bytes, one bounded chunk at a time."""
+
+    def __init__(self, raw: BinaryIO, encoding: str, head: bytes) -> None:
+        self._raw = raw
+        self._decoder = codecs.getincrementaldecoder(encoding)("replace")
+        self._pending = self._decoder.decode(head).encode("utf-8")
+        self._done = False
+
+    def read(self, size: int) -> bytes:
+        while len(self._pending) < size and not self._done:
+            chunk = self._raw.read(size)
+            self._done = not chunk
+            self._pending += self._decoder.decode(chunk, final=self._done).encode("utf-8")
+        out, self._pending = self._pending[:size], self._pending[size:]
+        return out
+
+    def close(self) -> None:
+        self._raw.close()
+
+
 def _check_first_block(source: LogSource, data: bytes) -> None:
     sample = data[:65536]
     if _looks_binary(sample):
@@ -175,12 +221,9 @@ def _check_first_block(source: LogSource, data: bytes) -> None:
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     try:
         decoder.decode(sample, final=len(data) <= len(sample))
-    except UnicodeDecodeError as exc:
-        bad = sample[exc.start:exc.start + 1].hex()
-        raise LogInputError(
-            f"{source.name}: is not UTF-8 text (byte 0x{bad} at offset {exc.start}); "
-            f"if it is latin-1, convert it first: iconv -f latin1 -t utf-8 {source.name} > log.utf8"
-        ) from None
+    except UnicodeDecodeError:
+        # 8-bit text in another encoding: its ASCII (every message torch prints) reads exactly.
+        source.not_utf8 = source.replaced_bytes = True
 
 
 def iter_blocks(source: LogSource, block_size: int = BLOCK_SIZE) -> Iterator[tuple[str, int]]:
@@ -207,6 +250,13 @@ def iter_blocks(source: LogSource, block_size: int = BLOCK_SIZE) -> Iterator[tup
                 chunk, source.prefix = source.prefix + chunk, b""
             if first:
                 first = False
+                wide = wide_encoding(chunk)
+                if wide is not None:
+                    source.encoding = wide
+                    stream = _Transcoded(stream, wide, chunk)  # type: ignore[assignment]
+                    chunk = stream.read(block_size)
+                elif chunk.startswith(codecs.BOM_UTF8):
+                    chunk = chunk[len(codecs.BOM_UTF8):]
                 if not chunk.strip() and len(chunk) < block_size:
                     source.empty = True  # evidence, not an error: the caller records it
                     return

@@ -1,6 +1,8 @@
 """Weigh the matches of a scan into findings: causes first, consequences folded into them."""
 
 # The rules, in order:
+# 0. A warning a healthy job prints while it retries (an IPv6 lookup that fails, a connect refused
+#    before the store is up) is dropped when the same input shows the job making progress after it.
 # 1. A signature that `explains` another (catalog data) absorbs it: a host name that does not
 #    resolve explains the store connect timeout that follows; a rank killed by SIGKILL explains the
 #    "Connection reset by peer" its peers see.
@@ -150,10 +152,13 @@ def watchdog_mismatch(roots: list[Root]) -> Root | None:
     return None
 
 
-def findings_from(acc: Accumulator, catalog: Catalog) -> list[Finding]:
-    """Every finding of a scan, most likely cause first."""
+def findings_from(acc: Accumulator, catalog: Catalog, progress: dict[int, int] | None = None) -> list[Finding]:
+    """Every finding of a scan, most likely cause first.
+
+    progress: per input, the last line that shows the job making progress; a transient warning
+    (a retry) that every input went on past is no failure (rule 0)."""
     reported = [f for file, report in acc.own_reports for f in findings_of_report(report, file)]
-    groups = list(acc.groups.values())
+    groups = [g for g in acc.groups.values() if not _outgrown(g, progress or {})]
     if not groups:
         if acc.empty_files:
             return reported + [_empty_logs_finding(acc, catalog)]
@@ -173,6 +178,11 @@ def findings_from(acc: Accumulator, catalog: Catalog) -> list[Finding]:
             continue
         findings.append(_finding(root, acc, catalog))
     return findings
+
+
+def _outgrown(group: Group, progress: dict[int, int]) -> bool:
+    """A transient warning whose every occurrence the job went on past, in the same input."""
+    return group.signature.transient and all(progress.get(src, -1) > line for src, line in group.last_at.items())
 
 
 def _silent(acc: Accumulator) -> set[int]:
@@ -386,8 +396,17 @@ def _unknown_finding(acc: Accumulator, catalog: Catalog) -> Finding:
     kind = catalog.kinds["log.W030"]
     lines = sorted(acc.relevant, key=lambda item: (item[1], item[2]))
     evidence = [{"file": f, "line": n, "text": clean_quote(t)} for _, _, n, f, t in lines]
-    if evidence:
+    if evidence and acc.progress_seen:
+        detail = ["No known failure signature matched, and the output shows the job at work (progress bars, steps, "
+                  "losses): as far as these logs tell, nothing failed. The lines that look most relevant:"] \
+            + _quote(evidence, len(evidence))
+    elif evidence:
         detail = ["No known failure signature matched. The lines that look most relevant:"] + _quote(evidence, len(evidence))
+    elif acc.progress_seen:
+        detail = ["No line looks like an error (no 'error', 'failed', 'timeout', 'killed' ...), and the output shows "
+                  "the job at work (progress bars, steps, losses): as far as these logs tell, nothing failed. If the "
+                  "job hung, its last lines are where each rank stopped; for a live job, distdoctor stacks shows where "
+                  "each rank waits."]
     else:
         detail = ["No known failure signature matched, and no line looks like an error (no 'error', 'failed', "
                   "'timeout', 'killed' ...). The job may have been stopped from outside, or the log is not its output."]

@@ -32,7 +32,7 @@ MAX_RANK_DIGITS = 7  # ranks are < 10 million; a longer number is not a rank
 _RANK_NUMBER = re.compile(r"(?<!\d)\d{1,7}(?!\d)")
 # NCCL's own lines start with host:pid:tid [cuda device].
 _NCCL_PREFIX = re.compile(r"^(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[(?P<cuda_device>\d+)\] ")
-_GLOG_TIME = re.compile(r"(?:^|\]:?\[?)[EWIF](\d{4}) (\d\d:\d\d:\d\d(?:\.\d+)?)")
+_GLOG_TIME = re.compile(r"(?:^|\]:?\[?)[EWIF](\d{3,4}) (\d\d:\d\d:\d\d(?:\.\d+)?)")
 _ISO_TIME = re.compile(r"\d{4}-(\d\d)-(\d\d)[ T_](\d\d:\d\d:\d\d)(?:[.,](\d+))?")
 
 # Words that make a line look relevant when no signature matches, with their weight. They are
@@ -63,6 +63,10 @@ def _cut_line(text: str, span: tuple[int, int] | None = None) -> str:
     if span is None or span[1] <= MAX_LINE_CHARS - 20:
         return text[:MAX_LINE_CHARS] + " …"
     head = text[:120]
+    if span[1] - span[0] > MAX_LINE_CHARS - 140:
+        # A long match (two fingerprints of DETAIL's message): its end is what tells it apart.
+        start = max(120, span[1] - (MAX_LINE_CHARS - 140))
+        return head + " … " + text[start:span[1]] + (" …" if span[1] < len(text) else "")
     start = max(120, span[0] - 60)
     return head + " … " + text[start:start + MAX_LINE_CHARS - 120] + (" …" if start + MAX_LINE_CHARS - 120 < len(text) else "")
 
@@ -71,7 +75,7 @@ def time_key(text: str, fallback: str | None = None) -> str | None:
     """A sortable 'MMDD HH:MM:SS.ffffff' from a glog or ISO timestamp in the line, if any."""
     m = _GLOG_TIME.search(text[:80])
     if m:
-        return f"{m.group(1)} {m.group(2)}"
+        return f"{m.group(1).zfill(4)} {m.group(2)}"
     m = _ISO_TIME.search(text[:80])
     if m:
         frac = f".{m.group(4)}" if m.group(4) else ""
@@ -111,6 +115,7 @@ class Group:
     evidence: list[dict[str, Any]] = field(default_factory=list)
     first_time: str | None = None
     flagged_first_failure: bool = False
+    last_at: dict[int, int] = field(default_factory=dict)  # input index -> its last line with this match
 
     @property
     def order(self) -> tuple:
@@ -124,6 +129,7 @@ class Group:
         if obs.host:
             self.hosts.add(obs.host)
         self.files[obs.file] = self.files.get(obs.file, 0) + 1
+        self.last_at[obs.source_index] = max(self.last_at.get(obs.source_index, 0), obs.line)
         for k, v in obs.fields.items():
             self.fields.setdefault(k, v)
         if obs.time and (self.first_time is None or obs.time < self.first_time):
@@ -160,6 +166,9 @@ class Accumulator:
     # Per-rank logs that are empty: the rank printed nothing at all (hung or killed early).
     empty_ranks: set[int] = field(default_factory=set)
     empty_files: list[str] = field(default_factory=list)
+    empty_file_ranks: dict[str, int] = field(default_factory=dict)  # an empty per-rank file -> its rank
+    # The output showed the job at work (progress bars, steps, losses): set before findings are made.
+    progress_seen: bool = False
     # Cue name -> (occurrences, first evidence line).
     cues: dict[str, list] = field(default_factory=dict)
     # distdoctor's own JSON reports found among the inputs: (file, parsed report).
@@ -239,6 +248,8 @@ class Scanner:
             if self.ranks is not None:
                 self.ranks.block(block, first_line, source.name, source_index, source.rank_hint)
             self._drop_seen_cues()
+        if self.ranks is not None:
+            self.ranks.end_source()
         if source.rank_hint is not None:
             self.acc.ranks_seen.add(source.rank_hint)
             # A rank's stdout.log says nothing of errors, its stderr.log does: quiet is per rank, over its files.
@@ -276,14 +287,15 @@ class Scanner:
         line_no, pos = first_line, 0
         self._noticed += len(relevance)
         find = block.find
-        for start in sorted(hits.keys() | relevance.keys()):
+        for start in sorted(hits.keys() | _worth_reading(relevance)):
             line_no += block.count("\n", pos, start)
             pos = start
             end = find("\n", start)
             text = block[start:end if end != -1 else len(block)].rstrip("\r")
             if start in hits:
-                self._match_line(text, line_no, hits[start], source, source_index, context)
-            if start in relevance:
+                self._match_line(text, line_no, hits[start], source, source_index, context,
+                                 follow=lambda end=end: _next_line(block, end))
+            if start in relevance and relevance[start]:
                 raised = _EXCEPTION_LINE.match(text)
                 score = relevance[start] + (2 if raised else 0)
                 if raised and self.ranks is not None:
@@ -293,7 +305,7 @@ class Scanner:
                 self.acc.add_relevant(score, source_index, line_no, source.name, _cut_line(text))
 
     def _match_line(self, line: str, line_no: int, items: Iterable, source: LogSource, source_index: int,
-                    context: dict) -> None:
+                    context: dict, follow=None) -> None:
         seen: set[int] = set()
         line_rank: int | None = None
         line_host: str | None = None
@@ -310,13 +322,18 @@ class Scanner:
             seen.add(id(item))
             text = strip_controls(_window(line, offset))
             match = item.regex.search(text)
+            if match is None and follow is not None and isinstance(item, Signature):
+                text, match = _wrapped(text, follow(), item.regex)
             if match is None:
                 continue
             if isinstance(item, Context):
                 self._set_context(item, match, context)
                 continue
             if isinstance(item, Cue):
-                self.acc.add_cue(item, {"file": source.name, "line": line_no, "text": quote_line(text, match.span())})
+                if item.name in self.acc.cues:
+                    self.acc.cues[item.name][0] += 1  # counted; its first line is the one quoted
+                else:
+                    self.acc.add_cue(item, {"file": source.name, "line": line_no, "text": quote_line(text, match.span())})
                 continue
             sig: Signature = item
             self._noticed += 1
@@ -361,9 +378,15 @@ class Scanner:
 
 
 GATE_WORDS = ("error", "exception", "failed", "timed out", "timeout", "killed", "fatal", "abort",
-              "exit", "memory", "nccl", "cuda", "connect")
-# Gate words that are not relevance words: their lines are collected for the gated tokens only.
-GATE_ONLY = {"exit": 0, "memory": 0, "nccl": 0, "cuda": 0, "connect": 0}
+              "exit", "memory", "nccl", "cuda", "connect", "signal", "socket", "device", "peer", "missing",
+              "libuv", "p2p", "gpu", "traceback", "tensor", "expected")
+# Gate words that are not relevance words: their lines are collected for the gated tokens only (one
+# lower-case pass per word instead of one pass per token it gates; words that healthy chatter rarely has).
+GATE_ONLY = {"exit": 0, "memory": 0, "nccl": 0, "cuda": 0, "connect": 0, "signal": 0, "socket": 0, "device": 0,
+             "peer": 0, "missing": 0, "libuv": 0, "p2p": 0, "gpu": 0, "tensor": 0, "expected": 0}
+# Relevance words whose every line is not needed (they gate no token): only the last few lines of a
+# block can be kept, so they are searched backwards from its end.
+TAIL_ONLY = ("warn",)
 
 
 def _find_tokens(block: str, tokens: list, hits: dict[int, list]) -> None:
@@ -379,10 +402,13 @@ def _find_tokens(block: str, tokens: list, hits: dict[int, list]) -> None:
             i = find(token, end) if end != -1 else -1
 
 
-def _find_relevance(block: str, lower: str, words: list, relevance: dict[int, int],
+def _find_relevance(block: str, lower: str, words: list[tuple[str, int]], relevance: dict[int, int],
                     word_lines: dict[str, list[int]]) -> None:
     find, lfind = block.find, lower.find
     for word, weight in words:
+        if word in TAIL_ONLY:
+            _find_last(block, lower, word, weight, relevance)
+            continue
         lines = word_lines.setdefault(word, [])
         i = lfind(word)
         while i != -1:
@@ -394,16 +420,72 @@ def _find_relevance(block: str, lower: str, words: list, relevance: dict[int, in
             i = lfind(word, end) if end != -1 else -1
 
 
+def _find_last(block: str, lower: str, word: str, weight: int, relevance: dict[int, int]) -> None:
+    """The last RELEVANT_LINES lines holding a word, found from the block's end."""
+    end, found = len(lower), 0
+    while found < RELEVANT_LINES:
+        i = lower.rfind(word, 0, end)
+        if i == -1:
+            return
+        start = block.rfind("\n", 0, i) + 1
+        relevance[start] = relevance.get(start, 0) + weight
+        found += 1
+        end = start
+
+
+# Past this many lines holding a gate word in one block (NCCL INFO chatter), searching its tokens in the
+# whole block is cheaper than trying each on every such line.
+GATED_LINES_PER_BLOCK = 256
+
+
 def _find_gated(block: str, gated: dict[str, list], word_lines: dict[str, list[int]], hits: dict[int, list]) -> None:
     find = block.find
     for word, tokens in gated.items():
-        for start in word_lines.get(word, ()):
+        starts = word_lines.get(word, ())
+        if len(starts) > GATED_LINES_PER_BLOCK:
+            _find_tokens(block, tokens, hits)
+            continue
+        for start in starts:
             end = find("\n", start)
             line = block[start:end if end != -1 else len(block)]
             for token, items, _ in tokens:
                 j = line.find(token)
                 if j != -1:
                     hits.setdefault(start, []).extend((item, j) for item in items)
+
+
+def _worth_reading(relevance: dict[int, int]) -> set[int]:
+    """The relevant lines to read: every one with an error word (it may be an exception), and of those
+    with a lesser word ("warn") only the last few, which are all the kept ones can gain from a block."""
+    strong = {start for start, score in relevance.items() if score >= 2}
+    weak = [start for start, score in relevance.items() if 0 < score < 2]
+    return strong | set(sorted(weak)[-RELEVANT_LINES:]) if len(weak) > RELEVANT_LINES else strong | set(weak)
+
+
+# A line a terminal or a paste wrapped is long: shorter ones are not joined with the next.
+MIN_WRAPPED_CHARS = 60
+
+
+def _next_line(block: str, end: int) -> str:
+    """The line after the one ending at `end` (a terminal's wrap continues a message there)."""
+    if end == -1 or end + 1 >= len(block):
+        return ""
+    stop = block.find("\n", end + 1)
+    return block[end + 1:stop if stop != -1 else len(block)][:WINDOW_AFTER].rstrip("\r")
+
+
+def _wrapped(text: str, following: str, regex: re.Pattern[str]) -> tuple[str, re.Match[str] | None]:
+    """The message read across a wrapped line: this line and the next one joined (a terminal splits
+    anywhere, a paste at a space); the next line's own rank prefix, if any, dropped."""
+    _, rest = split_prefix(following)
+    rest = strip_controls(rest)
+    if not rest.strip() or len(text.rstrip()) < MIN_WRAPPED_CHARS:
+        return text, None  # a short line ended where its writer ended it
+    for joined in (text + rest, text.rstrip() + " " + rest.lstrip()):
+        match = regex.search(joined)
+        if match is not None:
+            return joined, match
+    return text, None
 
 
 def _without_seen_cues(tokens: list, seen: dict) -> list:

@@ -22,8 +22,12 @@ from typing import Iterable
 from distdoctor.diagnosis.frames import user_frame
 from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNREACHABLE, Frame,
                                            GroupProgress, PendingOp, RaisedError, RankSnapshot)
+from distdoctor.core.report import format_ranks
+from distdoctor.explain.activity import (Complaint, anonymous_progress, complaints, implied_ranks, kept_going,
+                                         went_quiet_first)
 from distdoctor.explain.catalog import Catalog
 from distdoctor.explain.ranks import RaisedText, RankCollector, RankText, finished_line
+from distdoctor.explain.sanitize import clean_quote
 
 SOURCE = "log"
 _C10D = re.compile(r"[/\\]torch[/\\]distributed[/\\](?:distributed_c10d|c10d_logger)\.py$")
@@ -34,6 +38,7 @@ _CONSEQUENCE_WORDS = ("got signal: 15", "got signal: 1", "got signal: 2", "close
                       "remote process exited", "communicator was aborted", "failed to recv, got 0 bytes")
 _OP_IN_MESSAGE = re.compile(r"OpType=(?P<op>\w{1,40})|for (?P<io>recv|send) operation")
 _YEAR = re.compile(r"^\d{4}-")
+KEPT_GOING, QUIET_FIRST, FINISHED_WORDS = "kept_going", "quiet_first", "finished_words"
 
 
 @dataclass
@@ -43,6 +48,9 @@ class JobEvidence:
     collector: RankCollector = field(default_factory=RankCollector)
     groups: dict[int, tuple[GroupProgress, ...]] = field(default_factory=dict)   # from recorder dumps
     reported: list[RankSnapshot] = field(default_factory=list)                   # from distdoctor's reports
+    # What each rank's output did around its peers' complaints (KEPT_GOING, QUIET_FIRST, FINISHED_WORDS):
+    # the verdict's alternatives are weighed by it (job.py).
+    activity: dict[int, str] = field(default_factory=dict)
 
 
 def is_consequence(raised: RaisedText, catalog: Catalog) -> bool:
@@ -85,17 +93,45 @@ def _own_error(text: RankText) -> RaisedText | None:
     return text.bare[-1] if text.bare else None
 
 
+@dataclass
+class _Reading:
+    """What every rank's snapshot is read against: the job's clock year, torchrun's summary, the
+    ranks' first complaints and the progress lines no rank prefix claims."""
+
+    year: int
+    agent_ranks: range | None           # one agent's ranks, when its failure summary was read
+    complained: list[Complaint]
+    silent: set[int]                    # ranks the logs show nothing of but their existence
+    anonymous: str | None               # a progress line after the complaints, no rank prefix
+
+    def time(self, stamp: str | None) -> float | None:
+        return _time(stamp, self.year)
+
+
 def build_snapshots(evidence: JobEvidence, catalog: Catalog, empty: set[int]) -> list[RankSnapshot]:
-    """One snapshot per rank that any input named."""
+    """One snapshot per rank that any input named, or that the job must have had (rank 0, small gaps)."""
     collector = evidence.collector
     _attribute(collector)
     year = _summary_year(collector) or datetime.now().year
-    one_agent = len({t.exit.host for t in collector.ranks.values() if t.exit}) == 1
-    ranks = set(collector.ranks) | set(evidence.groups) | empty
+    seen = set(collector.ranks) | set(evidence.groups) | empty
+    implied = implied_ranks(seen)
+    reading = _Reading(year, _agent_ranks(collector), [], set(), None)
+    reading.complained = complaints(collector, _consequence_errors(collector, catalog, reading), reading.time)
+    reading.silent = {r for r in seen | implied if _shows_nothing(collector.ranks.get(r), evidence, r)}
+    reading.anonymous = anonymous_progress(collector, reading.complained)
+    if not (reading.anonymous and len(reading.silent) == 1):
+        # A rank known only to exist adds nothing but "it did not answer", which the complaints'
+        # own reading ranks better; it is named when unclaimed progress lines can only be its.
+        implied = set()
+    # The agent whose summary was read started every rank of its range: one it does not list exited 0.
+    implied |= set(reading.agent_ranks or ()) - seen
     snaps = {s.rank: s for s in merge_reported(evidence.reported)}
-    for rank in sorted(ranks):
+    for rank in sorted(seen | implied):
         text = collector.ranks.get(rank) or RankText(rank)
-        read = _snapshot(text, evidence, catalog, year, one_agent and collector.summary_seen, rank in empty)
+        read = _snapshot(text, evidence, catalog, reading, rank in empty)
+        activity = _activity_of(read)
+        if activity:
+            evidence.activity[rank] = activity
         reported = snaps.get(rank)
         if reported is None:
             snaps[rank] = read
@@ -105,6 +141,46 @@ def build_snapshots(evidence: JobEvidence, catalog: Catalog, empty: set[int]) ->
             snaps[rank] = replace(read, groups=read.groups or reported.groups, host=read.host or reported.host,
                                   stack=reported.stack)
     return _in_log_order([snaps[r] for r in sorted(snaps)], collector)
+
+
+def _activity_of(snap: RankSnapshot) -> str:
+    """The reading of a rank's output that _status wrote into its notes, as a word job.py weighs."""
+    for note, word in (("its output goes on after", KEPT_GOING), ("its last line says it finished", FINISHED_WORDS),
+                       ("its output stopped before any peer", QUIET_FIRST)):
+        if any(n.startswith(note) for n in snap.notes):
+            return word
+    return ""
+
+
+def _agent_ranks(collector: RankCollector) -> range | None:
+    """The ranks of the one torchrun agent whose failure summary was read: from its first rank (a listed
+    rank minus its local rank) to the highest rank it listed. A rank in that range it does not list
+    exited 0 before the failure. None when no summary, or summaries of several agents, were read."""
+    exits = [t for t in collector.ranks.values() if t.exit is not None]
+    if not collector.summary_seen or len({t.exit.host for t in exits}) != 1:
+        return None
+    bases = {t.rank - t.exit.local_rank for t in exits if t.exit.local_rank is not None}
+    if len(bases) != 1:
+        return None
+    return range(bases.pop(), max(t.rank for t in exits) + 1)
+
+
+def _consequence_errors(collector: RankCollector, catalog: Catalog,
+                        reading: _Reading) -> dict[int, tuple[tuple[int, int], float | None]]:
+    found = {}
+    for rank, text in collector.ranks.items():
+        raised = _own_error(text)
+        if raised is not None and is_consequence(raised, catalog):
+            found[rank] = (raised.order, reading.time(raised.time))
+    return found
+
+
+def _shows_nothing(text: RankText | None, evidence: JobEvidence, rank: int) -> bool:
+    """No line, error, exit or dump of this rank was read: only its existence is known."""
+    if rank in evidence.groups:
+        return False
+    return text is None or not (text.lines or text.errors or text.bare or text.exit or text.error_file
+                                or text.watchdog or text.watchdog_ops or text.complained)
 
 
 def _in_log_order(snaps: list[RankSnapshot], collector: RankCollector) -> list[RankSnapshot]:
@@ -136,20 +212,20 @@ def _attribute(collector: RankCollector) -> None:
         root[0].errors.append(collector.unattributed[-1])
 
 
-def _snapshot(text: RankText, evidence: JobEvidence, catalog: Catalog, year: int, summary_complete: bool,
+def _snapshot(text: RankText, evidence: JobEvidence, catalog: Catalog, reading: _Reading,
               empty: bool) -> RankSnapshot:
     raised = _own_error(text)
     exit_ = text.exit
     notes: list[str] = []
     error = where = collective = None
     if raised is not None:
-        error, where, consequence = _error(raised, catalog, year)
+        error, where, consequence = _error(raised, catalog, reading.year)
         collective = collective_of(raised) if consequence else None
         if consequence and collective is None:
             collective = "a collective"  # a peer's failure surfaces inside communication
         if error.time is None and exit_ is not None and exit_.time is not None and exit_.code not in (None, 0, -15):
             error = RaisedError(error.type, error.message, error.frame, exit_.time, error.consequence)
-    status, code = _status(text, raised is not None, summary_complete, empty, notes)
+    status, code = _status(text, raised is not None, reading, empty, notes)
     groups = evidence.groups.get(text.rank, ()) or watchdog_groups(text)
     if groups and not evidence.groups.get(text.rank) and error is None:
         # NCCL's watchdog fired while the rank waited: at that moment it was alive, in that collective.
@@ -178,39 +254,69 @@ def watchdog_groups(text: RankText) -> tuple[GroupProgress, ...]:
     return tuple(groups)
 
 
-def _status(text: RankText, has_error: bool, summary_complete: bool, empty: bool,
+def _status(text: RankText, has_error: bool, reading: _Reading, empty: bool,
             notes: list[str]) -> tuple[str, int | None]:
     exit_ = text.exit
     if exit_ is not None and exit_.code is not None:
-        if exit_.code == -15 and not has_error:
-            if finished_line(text.last_line):
-                # Its loop was over (it was tearing down) when the launcher's SIGTERM came.
-                notes.append(f"its last line says it finished ({text.last_line[:120]}) before the launcher's SIGTERM")
-                return FINISHED, None
-            notes.append("ended by the launcher's SIGTERM after a peer failed: it was still running then")
-            return RUNNING, None
-        if exit_.code < 0:
-            return (RAISED if has_error else KILLED), exit_.code
-        return (RAISED if has_error else EXITED), exit_.code
+        return _ended(text, has_error, notes)
     if has_error:
         return RAISED, None
     if empty:
         notes.append("its log is empty")
         return UNREACHABLE, None  # gone without a trace, as far as what was given can tell
-    if summary_complete and text.lines:
+    if reading.agent_ranks is not None and text.rank in reading.agent_ranks:
         notes.append("torchrun's failure summary does not list it: it exited 0")
         return EXITED, 0
-    if finished_line(text.last_line):
-        notes.append(f"its last line says it finished: {text.last_line[:120]}")
-        return FINISHED, None
-    notes.append("its log ends without an error" + (f" (last line: {text.last_line[:120]})" if text.last_line else ""))
+    busy = kept_going(text, reading.complained, reading.time)
+    if busy is None and text.rank in reading.silent and len(reading.silent) == 1:
+        busy = reading.anonymous
+        if busy:
+            notes.append("lines without a rank prefix go on after the others' timeouts, and this is the only rank "
+                         "the logs show nothing else of")
+    if busy:
+        peers = sorted({c.rank for c in reading.complained if c.rank != text.rank})
+        notes.append(f"its output goes on after rank{'s' if len(peers) > 1 else ''} {format_ranks(peers)} reported a "
+                     f"timeout or a lost peer: {busy}")
+        return RUNNING, None
+    last = clean_quote(text.last_line)
+    if finished_line(last):
+        # Words support, never decide: the rank fell silent; its last line suggests it had finished.
+        notes.append(f"its last line says it finished: {last[:120]}")
+    elif went_quiet_first(text, reading.complained):
+        notes.append("its output stopped before any peer reported a timeout" + (f" (last line: {last[:120]})"
+                                                                              if last else ""))
+    elif text.rank in reading.silent:
+        notes.append("no line of it was read (a rank the job must have had)")
+    else:
+        notes.append("its log ends without an error" + (f" (last line: {last[:120]})" if last else ""))
     return UNREACHABLE, None  # it fell silent: what it was doing, nothing given says
 
 
+def _ended(text: RankText, has_error: bool, notes: list[str]) -> tuple[str, int | None]:
+    """A rank whose exit torchrun's summary gives."""
+    code = text.exit.code
+    if code == -15 and not has_error:
+        last = clean_quote(text.last_line)
+        if finished_line(last):
+            # Its loop was over (it was tearing down) when the launcher's SIGTERM came.
+            notes.append(f"its last line says it finished ({last[:120]}) before the launcher's SIGTERM")
+            return FINISHED, None
+        notes.append("ended by the launcher's SIGTERM after a peer failed: it was still running then")
+        return RUNNING, None
+    if code < 0:
+        return (RAISED if has_error else KILLED), code
+    return (RAISED if has_error else EXITED), code
+
+
 def _summary_year(collector: RankCollector) -> int | None:
+    """The year glog's MMDD stamps are in: torchrun's summary's, else a dated line's of the same logs."""
     for text in collector.ranks.values():
         if text.exit and text.exit.time:
             return datetime.fromtimestamp(text.exit.time).year
+    for text in collector.ranks.values():
+        for stamp in (text.last_time, text.complained_time, *(e.time for e in text.errors)):
+            if stamp and _YEAR.match(stamp):
+                return int(stamp[:4])
     return None
 
 

@@ -1,16 +1,27 @@
-"""Which torch.distributed operation a rank's main-thread stack is inside, named as the user called it."""
+"""What a rank's main-thread stack is waiting in, told from what the stack is, not from where it happens to be."""
 
 # torch's collectives are Python functions of torch/distributed/distributed_c10d.py
-# (all_reduce, barrier, broadcast, all_gather_object -> all_gather ...): the outermost such frame
-# is what the user called. DDP's gradient all-reduce has no Python frame of its own: it runs
-# inside `loss.backward()` (torch/autograd/graph.py `_engine_run_backward`), and the main thread
-# waits in c10d::Reducer::finalize_backward. With --native that frame is seen and the name is
-# certain; without it, a main thread *idle* inside backward (py-spy: not on a CPU) is waiting, and
-# the name says what the wait is when the model is DDP. A busy backward is computing, not waiting.
+# (all_reduce, barrier, recv, all_gather_object -> all_gather ...): the outermost such frame is
+# what the user called, and FSDP's frames around it say which of FSDP's collectives it is. Other
+# waits have no Python frame of their own and are told by their C/C++ frames (--native) or not at
+# all:
+# - DDP's gradient all-reduce runs inside `loss.backward()`, where the main thread waits in
+#   c10d::Reducer::finalize_backward (on a GPU the main thread waits in autograd's ReadyQueue::pop
+#   and the reducer's wait is on autograd's device thread, which py-spy --native lists too: recorded
+#   on an H100, tests/gpu/recorded/). Without --native, a main thread idle inside backward is DDP's
+#   all-reduce only when the model is DDP (a DistributedDataParallel among its frames' variables,
+#   which py-spy --locals reads) and the process uses no GPU (on a GPU the main thread also sleeps
+#   in backward while the device computes). A busy backward is computing.
+# - Work.wait() of an async collective (c10d::Work::wait, WorkNCCL::wait), the c10d store's waits
+#   (c10d::TCPStore): native frames only.
+# - A CUDA synchronisation (cudaStreamSynchronize under loss.item(), .cpu(), an event) is a wait for
+#   a collective only when one is pending on that stream, which py-spy cannot see: the reading says
+#   it cannot tell, and that the CPU may spin there (its CPU time is then no evidence of progress).
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Sequence
 
 from distdoctor.stacks.pyspy import RawFrame, Thread
@@ -18,20 +29,35 @@ from distdoctor.stacks.pyspy import RawFrame, Thread
 _C10D = re.compile(r"(^|[/\\])torch[/\\]distributed[/\\]distributed_c10d\.py$")
 _BACKWARD = re.compile(r"(^|[/\\])torch[/\\]autograd[/\\](graph|__init__)\.py$")
 _DDP = re.compile(r"(^|[/\\])torch[/\\]nn[/\\]parallel[/\\]distributed\.py$")
-_NATIVE_WAIT = ("c10d::Reducer::", "ProcessGroupGloo", "ProcessGroupNCCL", "gloo::", "c10d::ProcessGroup")
-# The CPU waiting for the GPU: where a rank of an NCCL job blocks while a collective on the GPU
-# does not complete (NCCL's collectives are asynchronous to the CPU; the wait surfaces at the
-# next synchronization: loss.item(), .cpu(), an event or stream synchronize).
-_CUDA_SYNC = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cuStreamSynchronize",
-              "cuEventSynchronize", "cuCtxSynchronize", "cudaMemcpy", "cuMemcpy")
-CUDA_WAIT = "a CUDA synchronization (the GPU's queue, where NCCL's collectives run)"
+_FSDP = re.compile(r"(^|[/\\])torch[/\\]distributed[/\\](fsdp|_composable[/\\]fsdp)[/\\]")
 # distributed_c10d functions that are not a collective the user waits in.
 _NOT_OPS = frozenset({"wrapper", "_get_default_group", "get_rank", "get_world_size", "is_initialized", "_rank_not_in_group",
             "_check_single_tensor", "_check_tensor_list", "_warn_not_in_group", "_get_group_size",
             "_canonicalize_group_rank", "_coalescing_manager", "_store_based_barrier", "_new_process_group_helper"})
 _DDP_INIT = {"_verify_param_shape_across_processes", "_sync_module_states", "_sync_params_and_buffers", "__init__"}
+# Native frames of a wait on an async collective's Work, by backend.
+_WORK_WAIT = (("WorkNCCL::wait", "NCCL"), ("WorkNCCL::synchronize", "NCCL"), ("ProcessGroupNCCL", "NCCL"),
+              ("ProcessGroupGloo", "Gloo"), ("gloo::", "Gloo"), ("c10d::Work::wait", ""), ("c10d::ProcessGroup", ""))
+_STORE = ("c10d::TCPStore::", "c10d::PrefixStore::", "c10d::detail::TCPClient", "c10d::Store::", "c10d::FileStore::",
+          "c10d::HashStore::")
+# The CPU waiting for the GPU: CUDA's runtime and driver synchronisations, and the copies that imply one.
+_CUDA_SYNC = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cuStreamSynchronize",
+              "cuEventSynchronize", "cuCtxSynchronize", "cudaMemcpy", "cuMemcpy", "hipStreamSynchronize",
+              "hipDeviceSynchronize", "hipMemcpy")
+# Models whose backward or forward holds collectives, as py-spy --locals shows them ('<Type at 0x..>').
+DDP_TYPES = ("DistributedDataParallel",)
 
 BACKWARD_DDP = "backward (DDP's gradient all-reduce)"
+STORE_WAIT = "a c10d store wait (TCPStore)"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the stack shows the thread doing, as far as it can be told."""
+
+    op: str | None = None          # the wait, named as the user would know it; None: in none, or cannot tell
+    note: str = ""                 # how it was told, or what could not be told
+    may_spin: bool = False         # the CPU may spin here without progress (its CPU time is no evidence)
 
 
 def _outermost(frames: Sequence[RawFrame], pattern: re.Pattern, exclude: frozenset[str] = frozenset()) -> RawFrame | None:
@@ -42,32 +68,112 @@ def _outermost(frames: Sequence[RawFrame], pattern: re.Pattern, exclude: frozens
     return None
 
 
-def in_collective(thread: Thread, *, native: bool) -> tuple[str | None, str]:
-    """(the operation the thread waits in or None, a note on how it was told)."""
-    frames = thread.frames
+def _native(frames: Sequence[RawFrame], names: Sequence[str], *, outermost: bool = False) -> str | None:
+    """The innermost (or outermost) native frame whose function names one of names."""
+    ordered = reversed(frames) if outermost else frames
+    return next((f.function for f in ordered if f.native and any(n in f.function for n in names)), None)
+
+
+def fsdp_context(frames: Sequence[RawFrame]) -> str | None:
+    """Which of FSDP's collectives FSDP's own frames (FSDP2's fully_shard or FSDP1) are in."""
+    names = [f.function.rsplit(".", 1)[-1] for f in frames if not f.native and _FSDP.search(f.file)]
+    if not names:
+        return None
+    if any("reduce" in n or "post_backward" in n for n in names):
+        return "FSDP's gradient reduce-scatter, in backward"
+    if any("all_gather" in n or "unshard" in n for n in names):
+        phase = ("before forward" if any("pre_forward" in n for n in names) else
+                 "in backward" if any("pre_backward" in n or "backward" in n for n in names) else "")
+        return "FSDP's parameter all-gather" + (f", {phase}" if phase else "")
+    return None
+
+
+def _c10d_op(frames: Sequence[RawFrame]) -> Reading | None:
     c10d = _outermost(frames, _C10D, _NOT_OPS)
     if c10d is not None:
         if c10d.function == "init_process_group":
-            return "init_process_group (rendezvous)", ""
-        return c10d.function, ""
+            return Reading("init_process_group (rendezvous)")
+        fsdp = fsdp_context(frames)
+        return Reading(f"{c10d.function} ({fsdp})" if fsdp else c10d.function)
     ddp = _outermost(frames, _DDP)
     if ddp is not None and ddp.function in _DDP_INIT:
-        return "DistributedDataParallel() (parameter check and broadcast)", ""
+        return Reading("DistributedDataParallel() (parameter check and broadcast)")
+    return None
+
+
+def _native_wait(thread: Thread, others: Sequence[Thread]) -> Reading | None:
+    """A wait told by C/C++ frames alone: DDP's reducer, a Work, the store, a CUDA synchronisation."""
+    frames = thread.frames
+    reducer = _native(frames, ("c10d::Reducer::",))
+    if reducer is not None:
+        return Reading(BACKWARD_DDP, f"native frames show {reducer}: DDP's reducer waits for the gradient all-reduce")
+    if thread.idle and _outermost(frames, _BACKWARD) is not None:
+        # A CUDA backward: the main thread waits for autograd's device thread, which runs DDP's
+        # reducer (a thread with no Python name: py-spy lists it for its native frames).
+        helper = next((_native(t.frames, ("c10d::Reducer::",)) for t in others
+                       if t is not thread and _native(t.frames, ("c10d::Reducer::",))), None)
+        if helper is not None:
+            return Reading(BACKWARD_DDP, f"its main thread waits for autograd's device thread, whose native frames "
+                                         f"show {helper}: DDP's reducer waits for the gradient all-reduce")
+    work = next(((f.function, backend) for f in frames if f.native for name, backend in _WORK_WAIT if name in f.function), None)
+    if work is not None:
+        fsdp = fsdp_context(frames)
+        what = fsdp or f"Work.wait() of an async {work[1] + ' ' if work[1] else ''}collective"
+        return Reading(what, f"native frames show {work[0]}", may_spin=_native(frames, _CUDA_SYNC) is not None)
+    store = _native(frames, _STORE)
+    if store is not None and thread.idle:
+        return Reading(STORE_WAIT, f"native frames show {store}")
+    sync = _native(frames, _CUDA_SYNC, outermost=True)  # the runtime's call (cudaStreamSynchronize), not the driver's
+    if sync is not None:
+        return Reading(None, f"in a CUDA synchronisation ({sync}): a wait for a collective only if one is pending on "
+                             "that stream, which py-spy cannot see (cannot tell; the guard's flight recorder can)",
+                       may_spin=True)
+    return None
+
+
+def _backward(thread: Thread, *, native: bool, ddp: bool, gpu: bool) -> Reading | None:
+    if _outermost(thread.frames, _BACKWARD) is None:
+        return None
     if native and thread.idle:
-        sync = next((f.function for f in frames if f.native and any(w in f.function for w in _CUDA_SYNC)), None)
-        if sync is not None:
-            return CUDA_WAIT, f"native frames show {sync}: the CPU waits for the GPU"
-    backward = _outermost(frames, _BACKWARD)
-    if backward is None:
-        return None, ""
+        return Reading(None, "idle inside loss.backward() with no collective among any thread's native frames: waiting "
+                             "for autograd's other threads (on a GPU, the device's work) — not a collective (cannot tell "
+                             "more)")
     if native:
-        waits = [f.function for f in frames if f.native and any(w in f.function for w in _NATIVE_WAIT)]
-        if any("c10d::Reducer::" in w for w in waits):
-            return BACKWARD_DDP, "native frames show c10d::Reducer waiting for the gradient all-reduce"
-        if waits:
-            return "backward (a collective)", f"native frames show {waits[0]}"
-        return None, "in backward, computing (no c10d frame in its native stack)"
-    if thread.idle:
-        return BACKWARD_DDP, ("its main thread is idle inside loss.backward(): waiting, which for a DDP model is the "
-                              "gradient all-reduce (--native shows the c10d::Reducer frame that confirms it)")
-    return None, "in backward and on a CPU: computing, not waiting"
+        return Reading(None, "in backward, with no collective among its native frames: computing")
+    if not thread.idle:
+        return Reading(None, "in backward and on a CPU: computing, not waiting")
+    if gpu:
+        return Reading(None, "idle inside loss.backward() of a process that uses a GPU, where the main thread also "
+                             "sleeps while the device computes: whether it waits in DDP's all-reduce cannot tell "
+                             "without --native")
+    if ddp:
+        return Reading(BACKWARD_DDP, "its main thread is idle inside loss.backward() of a DistributedDataParallel model "
+                                     "(seen among its frames' variables): DDP's gradient all-reduce (--native shows "
+                                     "the c10d::Reducer frame that confirms it)")
+    return Reading(None, "idle inside loss.backward(), but no DistributedDataParallel model was seen among its frames' "
+                         "variables: whether it waits in a collective cannot tell without --native")
+
+
+def read_wait(thread: Thread, *, native: bool, ddp: bool = False, gpu: bool = False,
+              others: Sequence[Thread] = ()) -> Reading:
+    """What the thread waits in (see the module's comment). ddp: the rank's model is known to be
+    DDP; gpu: its process uses a GPU; others: the process's other threads (from the same dump)."""
+    found = _c10d_op(thread.frames)
+    if found is not None:
+        return found
+    if native:
+        found = _native_wait(thread, others)
+        if found is not None:
+            return found
+    fsdp = fsdp_context(thread.frames)
+    if fsdp is not None and thread.idle and not native:
+        return Reading(None, f"idle in {fsdp} outside any c10d call (Work.wait() or a stream wait): --native tells "
+                             "which (cannot tell)")
+    return _backward(thread, native=native, ddp=ddp, gpu=gpu) or Reading()
+
+
+def in_collective(thread: Thread, *, native: bool, ddp: bool = False, gpu: bool = False,
+                  others: Sequence[Thread] = ()) -> tuple[str | None, str]:
+    """(the operation the thread waits in or None, a note on how it was told)."""
+    found = read_wait(thread, native=native, ddp=ddp, gpu=gpu, others=others)
+    return found.op, found.note

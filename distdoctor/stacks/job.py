@@ -1,8 +1,10 @@
 """One job as `stacks` saw it (its ranks' snapshots and threads, from one node or merged from all) and its findings."""
 
-# The verdict across ranks is diagnosis.diagnose's, called once per job; what is added here is
-# only what `stacks` itself knows: ranks with no process, the stack groups, ranks on nodes that
-# were not looked at, ranks that ended without a verdict naming them.
+# The verdict across ranks is the shared diagnosis', over each rank's reads in time
+# (diagnosis.progress.judge: a stall or a hang only from what stayed still across reads, "running"
+# when every rank moved); what is added here is only what `stacks` itself knows: ranks with no
+# process, the stack groups, ranks on nodes that were not looked at, ranks that ended without a
+# verdict naming them.
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from distdoctor.core.findings import Finding
 from distdoctor.core.registry import finding_kind
 from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis import kinds as job_kinds
-from distdoctor.diagnosis.diagnose import diagnose
+from distdoctor.diagnosis import progress
 from distdoctor.diagnosis.snapshot import EXITED, KILLED, UNKNOWN, RankSnapshot
 from distdoctor.stacks.grouping import stack_groups
 
@@ -37,13 +39,23 @@ class JobView:
     nodes: list[str] = field(default_factory=list)
     read_s: dict[int, float] = field(default_factory=dict)   # rank -> seconds py-spy took
     native: bool = False           # read with --native (C/C++ frames)
+    # rank -> its reads judged, oldest first (the latest is in snapshots); empty: one read each
+    history: dict[int, list[RankSnapshot]] = field(default_factory=dict)
+    reads: dict[int, int] = field(default_factory=dict)      # rank -> how many times it was read
+
+    def looks(self, rank: int) -> list[RankSnapshot]:
+        """The rank's reads, oldest first (its latest snapshot alone when no history came)."""
+        snap = next((s for s in self.snapshots if s.rank == rank), None)
+        return list(self.history.get(rank) or ([snap] if snap else []))
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.key, "world_size": self.world_size, "whole": self.whole, "launcher": self.launcher,
                 "nodes": list(self.nodes), "snapshots": [s.to_dict() for s in self.snapshots],
                 "threads": {str(r): t for r, t in self.threads.items()},
                 "problems": [f.to_dict() for f in self.problems],
-                "read_s": {str(r): round(t, 4) for r, t in self.read_s.items()}, "native": self.native}
+                "read_s": {str(r): round(t, 4) for r, t in self.read_s.items()}, "native": self.native,
+                "reads": {str(r): n for r, n in self.reads.items()},
+                "history": {str(r): [_compact(s) for s in looks] for r, looks in self.history.items()}}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "JobView":
@@ -60,12 +72,34 @@ class JobView:
             except (KeyError, ValueError, TypeError):
                 continue
         world = raw.get("world_size")
-        read_s = {int(r): float(t) for r, t in (raw.get("read_s") or {}).items()
+        read_s = {int(r): float(t) for r, t in _mapping(raw.get("read_s")).items()
                   if str(r).lstrip("-").isdigit() and isinstance(t, (int, float))}
+        reads = {int(r): n for r, n in _mapping(raw.get("reads")).items()
+                 if str(r).lstrip("-").isdigit() and isinstance(n, int) and not isinstance(n, bool)}
+        history = {}
+        for rank, looks in _mapping(raw.get("history")).items():
+            if str(rank).lstrip("-").isdigit() and isinstance(looks, list):
+                history[int(rank)] = [s for s in (RankSnapshot.from_dict(x) for x in looks[:progress_window()]) if s]
         return cls(str(raw.get("job") or "?"), snaps, threads, problems,
                    world if isinstance(world, int) and not isinstance(world, bool) else None, False,
                    str(raw.get("launcher") or ""), [str(n) for n in raw.get("nodes") or []], read_s,
-                   raw.get("native") is True)
+                   raw.get("native") is True, history, reads)
+
+
+def _mapping(value: Any) -> Mapping[Any, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def progress_window() -> int:
+    """The most reads per rank a report carries (the window a verdict rests on is shorter)."""
+    return 16
+
+
+def _compact(snap: RankSnapshot) -> dict[str, Any]:
+    """A read in the history: everything but the notes the latest snapshot already carries."""
+    out = snap.to_dict()
+    out["notes"] = []
+    return out
 
 
 def merge(views: list[JobView], *, whole: bool) -> JobView:
@@ -81,6 +115,8 @@ def merge(views: list[JobView], *, whole: bool) -> JobView:
                 merged.snapshots.append(snap)
         merged.threads.update(view.threads)
         merged.read_s.update(view.read_s)
+        merged.history.update(view.history)
+        merged.reads.update(view.reads)
         merged.problems += view.problems
         merged.nodes += [n for n in view.nodes if n not in merged.nodes]
         merged.world_size = merged.world_size or view.world_size
@@ -106,18 +142,30 @@ def _labelled(finding: Finding, view: JobView, several: bool) -> Finding:
     return finding.with_(detail=detail, data=data)
 
 
+def verdict(view: JobView) -> progress.Judgement:
+    """The shared diagnosis over every rank's reads (ranks whose stack could not be read left out)."""
+    everyone = sorted([*view.snapshots, *_absent(view)], key=lambda s: s.rank)
+    unread = [s for s in everyone if s.status == UNKNOWN]
+    history = {s.rank: view.looks(s.rank) or [s] for s in everyone if s.status != UNKNOWN}
+    return progress.judge(history, world_size=view.world_size if view.whole and not unread else None)
+
+
 def judge(view: JobView, *, several: bool = False) -> list[Finding]:
-    """The job's findings: diagnose's verdict, the stack groups, and what `stacks` could not see."""
+    """The job's findings: the shared diagnosis' verdict over the reads, the stack groups, and
+    what `stacks` could not see."""
     everyone = sorted([*view.snapshots, *_absent(view)], key=lambda s: s.rank)
     # A rank whose stack could not be read is not evidence either way: the verdict is over the others.
     unread = [s for s in everyone if s.status == UNKNOWN]
     snaps = [s for s in everyone if s.status != UNKNOWN]
-    found = diagnose(snaps, world_size=view.world_size if view.whole and not unread else None)
-    named = {r for f in found for r in f.ranks}
+    judged = verdict(view)
+    found = list(judged.findings)
+    named = {r for f in found if f.id not in (job_kinds.RUNNING.id, job_kinds.OPEN.id) for r in f.ranks}
     ended = [s for s in snaps if s.status in (EXITED, KILLED) and s.rank not in named and s.pid is not None]
     if ended:
+        seen = any(look.stack for s in ended for look in view.looks(s.rank))
+        when = "between reads" if seen else f"before {'its' if len(ended) == 1 else 'their'} stack could be read"
         found.append(ENDED(f"{'Rank' if len(ended) == 1 else 'Ranks'} {format_ranks(s.rank for s in ended)} "
-                           f"ended before {'its' if len(ended) == 1 else 'their'} stack could be read",
+                           f"ended {when}",
                            detail="\n".join(f"rank {s.rank} (PID {s.pid}): {'; '.join(s.notes)}" for s in ended),
                            ranks=[s.rank for s in ended], hosts=[s.host for s in ended if s.host]))
     if snaps and (unread or (not view.whole and view.world_size and len(snaps) < view.world_size)):
@@ -125,7 +173,8 @@ def judge(view: JobView, *, several: bool = False) -> list[Finding]:
         hang = [f for f in found if f.id == job_kinds.HANG.id]
         found = [f for f in found if f.id != job_kinds.HANG.id]
         found.append(_partial(view, snaps, unread, hang[0].title if hang else ""))
-    groups = stack_groups(snaps, native=view.native)
+    # The stacks of a job whose every rank moved are moments of its work, not places to group.
+    groups = stack_groups(snaps, native=view.native) if judged.outcome != progress.RUNNING else None
     if groups is not None:
         found.append(groups)
     found += view.problems

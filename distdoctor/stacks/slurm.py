@@ -31,17 +31,17 @@ SRUN_FAILED = finding_kind(
     hint="Check the job ID (squeue -j JOBID), that distdoctor and py-spy are installed on every node, and that srun --overlap is allowed (Slurm >= 20.11)")
 
 
-def node_command(job_id: str, *, native: bool, timeout_s: float) -> list[str]:
+def node_command(job_id: str, *, native: bool, timeout_s: float, span_s: float = 1.0) -> list[str]:
     # --fail-level critical: a node's report with findings still exits 0, so srun's exit code
     # says only whether every node answered.
     return [sys.executable, "-m", "distdoctor", "stacks", "--slurm-node", job_id, "--format", "json",
             "--fail-level", "critical",
-            "--timeout", f"{timeout_s:g}", *(["--native"] if native else [])]
+            "--timeout", f"{timeout_s:g}", "--span", f"{span_s:g}", *(["--native"] if native else [])]
 
 
-def srun_command(srun: str, job_id: str, *, native: bool, timeout_s: float) -> list[str]:
+def srun_command(srun: str, job_id: str, *, native: bool, timeout_s: float, span_s: float = 1.0) -> list[str]:
     return [srun, "--overlap", "--jobid", job_id, "--ntasks-per-node=1", "--kill-on-bad-exit=0",
-            "--job-name", "distdoctor-stacks", *node_command(job_id, native=native, timeout_s=timeout_s)]
+            "--job-name", "distdoctor-stacks", *node_command(job_id, native=native, timeout_s=timeout_s, span_s=span_s)]
 
 
 def json_objects(text: str) -> list[dict[str, Any]]:
@@ -92,15 +92,15 @@ def merge_reports(reports: list[Mapping[str, Any]], *, whole: bool) -> tuple[lis
     return jobs, findings, nodes
 
 
-def look_slurm_job(job_id: str, *, native: bool = False, timeout_s: float = 10.0, silence: Iterable[str] = (),
-                   srun: str | None = None) -> Report:
+def look_slurm_job(job_id: str, *, native: bool = False, timeout_s: float = 10.0, span_s: float = 1.0,
+                   silence: Iterable[str] = (), srun: str | None = None) -> Report:
     """Every node of SLURM job job_id looked at, one report."""
     started = time.monotonic()
     program = srun or shutil.which("srun")
     if program is None:
         failed = SRUN_FAILED("srun is not on PATH: --slurm-job needs it", detail="run this on a login or compute node of the cluster")
         return assemble([], [failed], started=started, silence=silence)
-    argv = srun_command(program, job_id, native=native, timeout_s=timeout_s)
+    argv = srun_command(program, job_id, native=native, timeout_s=timeout_s, span_s=span_s)
     # Each node reads its ranks in parallel within timeout_s; srun's start-up comes on top.
     limit = timeout_s * 2 + SRUN_START_S
     try:

@@ -13,8 +13,8 @@ from distdoctor.core.findings import Finding
 from distdoctor.diagnosis.frames import display_path, is_user_file, user_frame, with_source
 from distdoctor.diagnosis.snapshot import EXITED, KILLED, RUNNING, UNKNOWN, Frame, RankSnapshot
 from distdoctor.stacks import attach, pyspy
-from distdoctor.stacks.collective import in_collective
-from distdoctor.stacks.proc_state import ProcState, read_state
+from distdoctor.stacks.collective import Reading, read_wait
+from distdoctor.stacks.proc_state import Clock, ProcState, read_clock, read_state
 from distdoctor.stacks.procs import RankProcess
 
 _FR_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
@@ -78,51 +78,96 @@ def _problem_finding(proc: RankProcess, dump: pyspy.Dump, host: str) -> Finding:
                              detail=f"py-spy said: {dump.message}", ranks=ranks, hosts=[host], data=data)
 
 
-def _unread(proc: RankProcess, state: ProcState, dump: pyspy.Dump, host: str, now: float) -> RankView:
+def _unread(read: "Read", host: str) -> RankView:
     """A rank whose stack was not read: gone (its exit, when it can be told) or unreadable."""
+    proc, state, dump = read.proc, read.state, read.dump
     notes = [n for n in (*proc.notes, state.note) if n]
     if state.status in (EXITED, KILLED) or dump.problem == pyspy.GONE:
         status = state.status if state.status in (EXITED, KILLED) else EXITED
         snap = RankSnapshot(rank=proc.rank if proc.rank is not None else -1, host=host, pid=proc.pid, status=status,
-                            exit_code=state.exit_code, time=now, source="stacks",
+                            exit_code=state.exit_code, time=read.time, source="stacks",
                             notes=tuple(notes or ["its process ended before its stack was read"]))
-        return RankView(snap)
+        return RankView(snap, seconds=dump.seconds)
     notes.append(f"its stack could not be read: {dump.message}")
     snap = RankSnapshot(rank=proc.rank if proc.rank is not None else -1, host=host, pid=proc.pid,
-                        status=UNKNOWN, time=now, source="stacks",
-                        notes=tuple(notes))
+                        status=UNKNOWN, time=read.time, source="stacks", notes=tuple(notes))
     return RankView(snap, finding=_problem_finding(proc, dump, host), seconds=dump.seconds)
 
 
-def build(proc: RankProcess, dump: pyspy.Dump, state: ProcState, *, native: bool, host: str | None = None) -> RankView:
+@dataclass(frozen=True)
+class Read:
+    """One read of one rank: its state and clock from /proc, then py-spy's dump."""
+
+    proc: RankProcess
+    dump: pyspy.Dump
+    state: ProcState
+    clock: Clock = Clock()
+    time: float | None = None          # epoch seconds of the /proc read, just before the dump
+    native: bool = False               # read with --native
+    cwd: str | None = None             # its working directory (relative paths in its stack)
+
+    @property
+    def main(self) -> pyspy.Thread | None:
+        return self.dump.main if self.dump.problem is None else None
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What one rank's reads together tell about each of them."""
+
+    ddp: bool = False                  # a DistributedDataParallel model among its frames' variables (any read)
+    gpu: bool = False                  # its process drives a GPU
+    carried: Reading | None = None     # a native read's finding, for a read at the same place since
+
+
+def build(read: Read, facts: Facts = Facts(), *, host: str | None = None) -> RankView:
     """The rank's snapshot from what /proc and py-spy told."""
     host = host or socket.gethostname()
-    now = time.time()
-    main = dump.main
-    if dump.problem is not None or main is None:
-        return _unread(proc, state, dump, host, now)
-    stack = python_frames(main, _cwd(proc.pid))
-    op, how = in_collective(main, native=native)
-    notes = [n for n in (*proc.notes, state.note, how) if n]
+    main = read.main
+    if main is None:
+        return _unread(read, host)
+    proc, state = read.proc, read.state
+    stack = python_frames(main, read.cwd)
+    found = facts.carried or read_wait(main, native=read.native, ddp=facts.ddp, gpu=facts.gpu, others=read.dump.threads)
+    notes = [n for n in (*proc.notes, state.note, found.note) if n]
+    # A GPU process's main thread may spin in a CUDA synchronisation that only native frames show.
+    spin = found.may_spin or (facts.gpu and not read.native and facts.carried is None)
+    if spin and not found.may_spin:
+        notes.append("its process uses a GPU: without --native its CPU time is no evidence of progress (the CPU "
+                     "may spin in a CUDA synchronisation), only its stack moving is (cannot tell otherwise)")
     if any(proc.env.get(v) for v in _FR_VARS):
         notes.append("the flight recorder is on, but its sequence numbers live inside the process: py-spy cannot read them")
     shown = tuple(Frame(display_path(f.file), f.line, f.function) if is_user_file(f.file) else f for f in stack)
     snap = RankSnapshot(rank=proc.rank if proc.rank is not None else -1, host=host, pid=proc.pid,
                         status=state.status if state.status != EXITED else RUNNING, exit_code=state.exit_code,
-                        stack=shown, where=_shown(user_frame(stack)), in_collective=op, time=now, source="stacks",
-                        notes=tuple(notes))
-    return RankView(snap, threads=dump.threads, seconds=dump.seconds)
+                        stack=shown, where=_shown(user_frame(stack)), in_collective=found.op, time=read.time,
+                        source="stacks", notes=tuple(notes), cpu_s=read.clock.cpu_s, proc_state=read.clock.state,
+                        may_spin=spin)
+    return RankView(snap, threads=read.dump.threads, seconds=read.dump.seconds)
 
 
 def read_rank(proc: RankProcess, *, native: bool = False, pyspy_path: str | None = None,
-              timeout_s: float = pyspy.DUMP_TIMEOUT_S, host: str | None = None) -> RankView:
-    """Read one rank: its state, its stacks, its state again (did it end during the dump?)."""
+              timeout_s: float = pyspy.DUMP_TIMEOUT_S, started: int | None = None, local_types: bool = True,
+              beside_native: bool = False) -> Read:
+    """Read one rank: its clock and state, its stacks, its state again (did it end during the
+    dump?). started: its process's start time at an earlier read (a PID reused since differs);
+    beside_native: our own native read of it runs now (a tracing stop is py-spy's, not the job's)."""
+    now, clock = time.time(), read_clock(proc.pid)
+    if started is not None and clock.start is not None and clock.start != started:
+        gone = ProcState(EXITED, None, f"PID {proc.pid} now belongs to another process: this rank ended (its exit "
+                                       "status was not seen)")
+        return Read(proc, pyspy.Dump(problem=pyspy.GONE, message="its PID was reused"), gone, Clock(), now)
     before = read_state(proc.pid)
+    if beside_native and before.status == RUNNING and before.note.startswith("its process is tracing-stop"):
+        before = ProcState(RUNNING)
     if before.status in (EXITED, KILLED):
-        return build(proc, pyspy.Dump(problem=pyspy.GONE, message="ended before the dump"), before, native=native, host=host)
-    dump = pyspy.dump(proc.pid, native=native, timeout_s=timeout_s, pyspy=pyspy_path)
-    after = read_state(proc.pid) if dump.problem is not None else before
-    if dump.problem is not None and after.status in (EXITED, KILLED):
+        return Read(proc, pyspy.Dump(problem=pyspy.GONE, message="ended before the dump"), before, clock, now)
+    cwd = _cwd(proc.pid)
+    dump = pyspy.dump(proc.pid, native=native, timeout_s=timeout_s, pyspy=pyspy_path, local_types=local_types)
+    if dump.problem is None:
+        return Read(proc, dump, before, clock, now, native, cwd)
+    after = read_state(proc.pid)
+    if after.status in (EXITED, KILLED):
         note = ProcState(after.status, after.exit_code, (after.note + "; " if after.note else "") + "it ended during the dump")
-        return build(proc, pyspy.Dump(problem=pyspy.GONE, message=dump.message), note, native=native, host=host)
-    return build(proc, dump, after, native=native, host=host)
+        return Read(proc, pyspy.Dump(problem=pyspy.GONE, message=dump.message, seconds=dump.seconds), note, clock, now)
+    return Read(proc, dump, after, clock, now, native, cwd)

@@ -57,8 +57,13 @@ def section(kind_id: str) -> str:
                      "`Connection closed by peer`, `ncclRemoteError` and a bare `ChildFailedError`.")
     if kind_id == "log.W036":
         lines.append("- **Detected:** when files found in a directory given to `explain` cannot be read (binary data, "
-                     "text that is not UTF-8, a corrupt or truncated flight-recorder dump), or the directory holds more "
-                     "files than explain reads; each is named, and the other files are read.")
+                     "a corrupt or truncated flight-recorder dump), or the directory holds more files than explain "
+                     "reads; each is named, and the other files are read. Text in another encoding is read, not "
+                     "skipped (UTF-16/32 decoded; 8-bit text with its bytes that are not UTF-8 replaced).")
+    if kind_id == "log.W040":
+        lines.append("- **Detected:** torchrun's agent saying it received SIGINT or SIGTERM itself (`Received "
+                     "Signals.SIGINT death signal`, `Received 15 death signal`): the job was stopped from outside "
+                     "(Ctrl-C, a scheduler's preemption or time limit, a kill); what sent it, the logs do not say.")
     if kind_id == "log.E006":
         lines.append("- **Also:** when per-rank logs are empty and nothing else matched: those ranks printed nothing "
                      "(hung, killed early or never started).")

@@ -2,8 +2,10 @@
 
 One set of jobs per module (run side by side): a ValueError in rank 1 at step 3 (with and without
 torch's @record, which writes TORCHELASTIC error files), one batch more on rank 1 (uneven inputs),
-rank 1 sleeping past rank 0's 5 s collective timeout (straggler), and rank 1 killed by SIGKILL.
-Each job's console output (--tee, the [defaultN]:/[rankN]: prefixes) and its --log-dir tree are read.
+the same with a DDP model (rank 0 exits 0, rank 1 dies in backward with "Connection closed by
+peer"), rank 1 sleeping past rank 0's 5 s collective timeout (straggler), rank 1 killed by SIGKILL,
+and the healthy twin of them all (no failure: no alarm). Each job's console output (--tee, the
+[defaultN]:/[rankN]: prefixes) and its --log-dir tree are read; each test judges the first verdict.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from distdoctor.explain import explain_files
 JOB = Path(__file__).resolve().parent / "jobs" / "train_job.py"
 RAISE_LINE = next(i for i, line in enumerate(JOB.read_text().splitlines(), 1) if "raise ValueError" in line)
 SCENARIOS = {"crash": {}, "crash_record": {"RECORD": "1"}, "uneven": {}, "straggler": {}, "sigkill": {},
-             "crash_guarded": {}}
+             "crash_guarded": {}, "ddp_uneven": {}, "healthy": {}}
 JOB_DEADLINE_S = 240  # each job ends in seconds; this bounds a wedged one on a loaded machine
 
 
@@ -33,7 +35,8 @@ def jobs(tmp_path_factory) -> dict[str, Path]:
     for name, extra in SCENARIOS.items():
         out = root / name
         out.mkdir()
-        env = {**os.environ, "SCENARIO": name.split("_")[0], **extra, "OMP_NUM_THREADS": "1"}
+        scenario = name if name in ("ddp_uneven", "healthy") else name.split("_")[0]
+        env = {**os.environ, "SCENARIO": scenario, **extra, "OMP_NUM_THREADS": "1"}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                "--tee", "3", "--log-dir", str(out / "logs"), str(JOB)]
         if name == "crash_guarded":  # the same job under the runtime guard, which writes its report directory
@@ -42,7 +45,8 @@ def jobs(tmp_path_factory) -> dict[str, Path]:
             procs[name] = subprocess.Popen(cmd, env=env, stdout=console, stderr=subprocess.STDOUT, cwd=out)
     try:
         for name, proc in procs.items():
-            assert proc.wait(timeout=JOB_DEADLINE_S) == 1, (root / name / "console.log").read_text()[-3000:]
+            expected = 0 if name == "healthy" else 1
+            assert proc.wait(timeout=JOB_DEADLINE_S) == expected, (root / name / "console.log").read_text()[-3000:]
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -145,3 +149,29 @@ def test_the_guards_report_directory_is_read_as_the_same_job(jobs):
     finding, report = top([reports, jobs["crash_guarded"] / "console.log"])
     assert (finding.cause, finding.ranks) == ("worker_exception", (1,))
     assert len([f for f in report.findings if f.cause == "worker_exception"]) == 1, [(f.id, f.title) for f in report.findings]
+
+
+def test_a_ddp_rank_with_one_batch_more_is_uneven_inputs_not_its_error(jobs):
+    """Rank 0 ran out of batches and exited 0 (torchrun's summary does not list it); rank 1's backward
+    then all-reduced with a peer that was gone: "Connection closed by peer" is the consequence."""
+    console = (jobs["ddp_uneven"] / "console.log").read_text()
+    assert "by peer" in console and "backward" in console, console[-2000:]
+    finding, report = top([jobs["ddp_uneven"] / "console.log"])
+    assert (finding.cause, finding.ranks) == ("uneven_inputs", (0,)), [(f.id, f.title) for f in report.findings]
+    assert "collective_mismatch" in causes(finding)[:3]
+    assert "exited with code 0" in finding.detail and "by peer" in finding.detail
+    # --log-dir has no exit codes: rank 0 fell silent after saying it was done; the words support
+    # uneven inputs, they do not make it certain.
+    finding, report = top([jobs["ddp_uneven"] / "logs"])
+    assert (finding.cause, finding.ranks) == ("uneven_inputs", (0,)), [(f.id, f.title) for f in report.findings]
+    assert finding.confidence < 0.8
+
+
+@pytest.mark.parametrize("layout", ["console", "log_dir"])
+def test_the_healthy_twin_raises_no_alarm(jobs, layout):
+    path = jobs["healthy"] / ("console.log" if layout == "console" else "logs")
+    report = explain_files([str(path)])
+    assert report.exit_code() == 0
+    alarms = [(f.id, f.title) for f in report.findings if f.severity.label in ("error", "critical")]
+    assert not alarms, alarms
+    assert "nothing failed" in report.findings[0].detail

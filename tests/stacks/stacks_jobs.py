@@ -11,14 +11,12 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = Path(__file__).parent / "jobs" / "train.py"
 # Every rank imports torch and forms a gloo group; on a loaded 2-core machine that takes a while.
 READY_S = 180.0
-# How long a test keeps asking stacks until the ranks reach the state they are heading for.
-SETTLE_S = 60.0
 
 
 def line_of(text: str) -> int:
@@ -109,16 +107,10 @@ def report_of(result: subprocess.CompletedProcess) -> dict:
     return json.loads(result.stdout)
 
 
-def stacks_until(args: list[str], done: Callable[[dict], bool], env: dict[str, str] | None = None) -> tuple[dict, int]:
-    """Run `distdoctor stacks --format json ARGS` until done(report) (the ranks still on their way to
-    the hang point get there), at most SETTLE_S; returns the last report and exit code."""
-    deadline = time.monotonic() + SETTLE_S
-    while True:
-        result = distdoctor("stacks", "--format", "json", *args, env=env)
-        report = report_of(result)
-        if done(report) or time.monotonic() > deadline:
-            return report, result.returncode
-        time.sleep(0.5)
+def stacks_once(args: list[str], env: dict[str, str] | None = None) -> tuple[dict, int]:
+    """`distdoctor stacks --format json ARGS`, once: the report and exit code of its first verdict."""
+    result = distdoctor("stacks", "--format", "json", *args, env=env)
+    return report_of(result), result.returncode
 
 
 def finding(report: dict, finding_id: str) -> dict | None:

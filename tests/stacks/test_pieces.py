@@ -10,7 +10,7 @@ import pytest
 
 from distdoctor.diagnosis.snapshot import RankSnapshot
 from distdoctor.stacks import pyspy
-from distdoctor.stacks.collective import BACKWARD_DDP, in_collective
+from distdoctor.stacks.collective import BACKWARD_DDP, in_collective, read_wait
 from distdoctor.stacks.job import JobView, judge, renumber
 from distdoctor.stacks.proc_state import decode_wait_status
 from distdoctor.stacks.slurm import json_objects, merge_reports
@@ -41,9 +41,13 @@ def test_the_outermost_c10d_function_is_the_operation_the_user_called():
     assert in_collective(init, native=False)[0] == "init_process_group (rendezvous)"
 
 
-def test_backward_is_a_wait_only_when_idle_or_when_native_frames_show_the_reducer():
-    assert in_collective(thread(BACKWARD, USER, idle=True), native=False)[0] == BACKWARD_DDP
-    assert in_collective(thread(BACKWARD, USER, idle=False), native=False)[0] is None
+def test_backward_is_a_wait_only_for_a_ddp_model_idle_in_it_or_when_native_frames_show_the_reducer():
+    assert in_collective(thread(BACKWARD, USER, idle=True), native=False, ddp=True)[0] == BACKWARD_DDP
+    op, note = in_collective(thread(BACKWARD, USER, idle=True), native=False, ddp=False)
+    assert op is None and "cannot tell" in note and "DistributedDataParallel" in note
+    op, note = in_collective(thread(BACKWARD, USER, idle=True), native=False, ddp=True, gpu=True)
+    assert op is None and "uses a GPU" in note  # the main thread sleeps in backward while the GPU computes
+    assert in_collective(thread(BACKWARD, USER, idle=False), native=False, ddp=True)[0] is None
     reducer = frame("c10d::Reducer::finalize_backward", "libtorch_cpu.so", native=True)
     assert in_collective(thread(reducer, BACKWARD, USER, idle=False), native=True)[0] == BACKWARD_DDP
     compute = frame("at::native::addmm", "libtorch_cpu.so", native=True)
@@ -78,10 +82,14 @@ def test_processes_without_a_rank_are_numbered_after_the_ranks_and_say_so():
 
 
 def _node(host, ranks, *, world=4, stacks=None):
-    snaps = [RankSnapshot(rank=r, host=host, pid=100 + r, status="running", source="stacks",
-                          stack=(stacks or {}).get(r, ()), in_collective=None if r == 1 else "all_reduce")
-             for r in ranks]
-    view = JobView("node-a:29500", snaps, {}, [], world, False, "torchrun", [host])
+    """A node's JSON report: each rank read three times over a second, rank 1 outside any collective."""
+    def snap(r, t):
+        return RankSnapshot(rank=r, host=host, pid=100 + r, status="running", source="stacks", time=t,
+                            stack=(stacks or {}).get(r, ()), in_collective=None if r == 1 else "all_reduce",
+                            cpu_s=1.0, proc_state="S")
+    snaps = [snap(r, 1.0) for r in ranks]
+    view = JobView("node-a:29500", snaps, {}, [], world, False, "torchrun", [host],
+                   history={r: [snap(r, t) for t in (0.0, 0.5, 1.0)] for r in ranks})
     return {"findings": [{"id": "stacks.W003", "severity": "warning", "cause": "unknown", "title": "partial"}],
             "data": {"stacks": {"jobs": [view.to_dict()], "nodes": [host]}}}
 
@@ -112,12 +120,13 @@ def test_a_rank_with_no_process_anywhere_has_ended():
     assert "no process of this rank on this node" in missing.detail
 
 
-def test_with_native_frames_a_cpu_waiting_for_the_gpu_is_a_wait():
-    # GPU frames are simulated (no GPU here): the names are CUDA's runtime and driver API.
+def test_a_cuda_synchronisation_alone_cannot_tell_and_may_spin():
+    # Frame names of CUDA's runtime API (no GPU here; recorded GPU dumps: tests/stacks/test_waits.py).
     sync = frame("cudaStreamSynchronize", "libcudart.so.12", native=True)
     item = frame("main", "/job/train.py", 50)
-    assert in_collective(thread(sync, item, idle=True), native=True)[0].startswith("a CUDA synchronization")
-    assert in_collective(thread(sync, item, idle=True), native=False)[0] is None
+    found = read_wait(thread(sync, item, idle=True), native=True)
+    assert found.op is None and found.may_spin and "cannot tell" in found.note
+    assert read_wait(thread(sync, item, idle=True), native=False).op is None
 
 
 def test_when_no_rank_is_in_a_collective_the_groups_say_how_to_see_gpu_waits():

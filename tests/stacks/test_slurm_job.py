@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.launchers.slurm_cluster import running_cluster
-from tests.stacks.stacks_jobs import child_env, distdoctor, finding, hung_job, ids, line_of, report_of, stacks_until
+from tests.stacks.stacks_jobs import child_env, distdoctor, finding, hung_job, ids, line_of, report_of, stacks_once
 
 JOB_NAME = "distdoctor-stacks-test"
 
@@ -36,8 +36,7 @@ def test_every_node_of_the_job_is_read_and_one_report_names_the_late_rank(cluste
     try:
         with hung_job(tmp_path, "sleep", 2, argv_prefix=srun, env=env) as job:
             job_id = _job_id(cluster)
-            report, code = stacks_until(["--slurm-job", job_id],
-                                        lambda r: bool(finding(r, "job.E002")), env=env)
+            report, code = stacks_once(["--slurm-job", job_id], env=env)
             late = finding(report, "job.E002")
             assert late is not None, (ids(report), report["findings"])
             assert late["ranks"] == [1] and f"train.py:{line_of('time.sleep(3600)')}" in late["title"]
