@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import inspect
 import os
 import secrets
 import sys
-import tempfile
 from typing import Any, Iterator, Mapping, Sequence
 
 # A value no other process writes: compare_set(key, ABSENT, ABSENT) answers ABSENT only when
@@ -108,6 +106,8 @@ class _Held:
 def stderr_held() -> Iterator[_Held]:
     """What C++ writes to file descriptor 2 meanwhile is held, then written back line by line
     where ``held.keep(line)`` says so (Python's own sys.stderr is flushed first)."""
+    import tempfile  # only here: this module is on every rank's path
+
     held = _Held()
     try:
         sys.stderr.flush()
@@ -151,6 +151,8 @@ def rendezvous_store_options(scheme: str, query: Mapping[str, str], env: Mapping
     if hasattr(rendezvous, "_get_use_libuv_from_query_dict"):
         default = "0" if sys.platform == "win32" else "1"
         return {"use_libuv": query.get("use_libuv", env.get("USE_LIBUV", default)) == "1"}
+    import inspect  # only here: this module is on every rank's path, and inspect costs ~10 ms to import
+
     try:
         takes = "use_libuv" in inspect.signature(rendezvous._create_c10d_store).parameters
     except (AttributeError, TypeError, ValueError):
