@@ -45,7 +45,7 @@ from distdoctor.core.interrupt import (
     signal_name,
 )
 from distdoctor.core.progress import LiveStatus
-from distdoctor.world.kinds import RANK_DIED
+from distdoctor.world.kinds import RANK_DIED, STORE_HOST_FAILED
 from distdoctor.world.rank_run import run_rank
 from distdoctor.world.rank_state import NON_ROOT_GRACE_S, working_reserve
 from distdoctor.machine.launchers import SELF_TEST_VAR
@@ -199,29 +199,12 @@ def run_selftest(
     prints the partial report); the supervisor then exits with 128 + the signal's number.
     """
     started = time.monotonic() if started is None else started
-    import torch.distributed as dist  # torch loads when a self-test starts, not with the CLI
     import torch.multiprocessing as mp  # torch loads when a self-test starts, not with the CLI
 
-    unusable = world_unavailable(dist)
-    if unusable is not None:
-        report = partial_report(config, started, size=nproc or 2, argv=argv, stage="rendezvous",
-                                reason=unusable[0], extra=unusable[1], incomplete=False)
-        render(report)
-        return report.exit_code(config.fail_level)
-
-    gpus = visible_gpu_count()
-    size = nproc or default_nproc(gpus)
-    left = started + config.timeout - time.monotonic()
-    if left < MIN_SELFTEST_S and rank_body is None:  # (the bench has its own deadline handling)
-        # Starting the ranks now would only end in a cut-off: report what this process can
-        # tell in the time left, and name the stages that were not run.
-        report = out_of_time_report(config, started, size=size, argv=argv)
-        render(report)
-        return report.exit_code(config.fail_level)
-    if config.backend is None and 0 < gpus < size:
-        # More ranks than GPUs (one GPU, default N=2): one GPU per rank is impossible, so the
-        # world runs gloo, as such a job would have to; nccl is tested when N <= GPUs.
-        config = dataclasses.replace(config, backend="gloo")
+    instead, size, config = _before_start(config, started, nproc=nproc, argv=argv, bench=rank_body is not None)
+    if instead is not None:
+        render(instead)
+        return instead.exit_code(config.fail_level)
     # The store's socket listens before the ranks are forked, its server starts after: a process
     # forked while the store's server thread runs can inherit a lock that thread held, and its own
     # TCPStore client then never completes the handshake (seen as 1 rank in 16 "never checked in"
@@ -246,15 +229,10 @@ def run_selftest(
         start_method=method,
     )
     processes = list(context.processes)
-    # The server serves on a copy of the socket (and closes it when the store is deleted).
-    try:
-        store = serve_on_listener(LOOPBACK, port, listener.fileno(), wait_for_workers=False,
-                                  timeout=timedelta(seconds=max(config.timeout, 1.0)))
-    except BaseException:
-        end_processes(processes)
-        raise
-    finally:
-        listener.close()
+    store, instead = _host_store(listener, config, processes, started, size=size, argv=argv)
+    if instead is not None:
+        render(instead)
+        return instead.exit_code(config.fail_level)
     set_interrupt_handler(lambda signum: interrupt_world(processes, signum))
     hard_deadline = started + config.timeout + NON_ROOT_GRACE_S + EXPIRE_GRACE_S + SUPERVISOR_SLACK_S
     try:
@@ -275,6 +253,57 @@ def run_selftest(
     report = abnormal_report(codes, killed, config, started, size)
     render(report)
     return report.exit_code(config.fail_level)
+
+
+def _before_start(config: Config, started: float, *, nproc: int | None, argv: list[str] | None,
+                  bench: bool) -> tuple[Any, int, Config]:
+    """(a report to give instead of starting the world, or None; the world's size; the config the
+    world runs with). Instead: a torch that cannot form a world, or too little time left."""
+    import torch.distributed as dist  # torch loads when a self-test starts, not with the CLI
+
+    unusable = world_unavailable(dist)
+    if unusable is not None:
+        return partial_report(config, started, size=nproc or 2, argv=argv, stage="rendezvous",
+                              reason=unusable[0], extra=unusable[1], incomplete=False), nproc or 2, config
+    gpus = visible_gpu_count()
+    size = nproc or default_nproc(gpus)
+    left = started + config.timeout - time.monotonic()
+    if left < MIN_SELFTEST_S and not bench:  # (the bench has its own deadline handling)
+        # Starting the ranks now would only end in a cut-off: report what this process can
+        # tell in the time left, and name the stages that were not run.
+        return out_of_time_report(config, started, size=size, argv=argv), size, config
+    if config.backend is None and 0 < gpus < size:
+        # More ranks than GPUs (one GPU, default N=2): one GPU per rank is impossible, so the
+        # world runs gloo, as such a job would have to; nccl is tested when N <= GPUs.
+        config = dataclasses.replace(config, backend="gloo")
+    return None, size, config
+
+
+def _host_store(listener: socket.socket, config: Config, processes: list[Any], started: float, *, size: int,
+                argv: list[str] | None) -> tuple[Any, Any]:
+    """(the world's store, served on a copy of ``listener``, which is closed here; or None and the
+    report to give instead when neither store backend of this torch serves there, the ranks ended)."""
+    port = listener.getsockname()[1]
+    try:
+        return serve_on_listener(LOOPBACK, port, listener.fileno(), wait_for_workers=False,
+                                 timeout=timedelta(seconds=max(config.timeout, 1.0))), None
+    except Exception as exc:
+        # SIGKILL, not end_processes' SIGTERM: a rank forked a moment ago still has this process's
+        # signal handler and wake-up descriptor, and would hand the SIGTERM to this process.
+        for process in processes:
+            if process.is_alive():
+                try:
+                    os.kill(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            process.join(timeout=2.0)
+        return None, partial_report(
+            config, started, size=size, argv=argv, stage="rendezvous",
+            reason="skipped: the self-test could not host its store", incomplete=False, extra=[STORE_HOST_FAILED(
+                f"The self-test could not host its store on {LOOPBACK}:{port}",
+                detail=f"torch's TCPStore refused: {type(exc).__name__}: {str(exc).strip()[:300]}", check="selftest")])
+    finally:
+        listener.close()
 
 
 def out_of_time_report(config: Config, started: float, *, size: int, argv: list[str] | None,

@@ -61,3 +61,23 @@ def test_a_torch_without_distributed_gets_the_local_report_not_a_world(tmp_path)
     assert [f["id"] for f in report["findings"]] == ["backend.C001"]
     skipped = [c for c in report["checks"] if c["stage"] in ("rendezvous", "collective")]
     assert skipped and all(c["status"] == "skip" for c in skipped)
+
+
+def test_a_store_no_backend_can_serve_is_a_report_not_a_traceback(tmp_path):
+    """Both of torch's store backends refuse the self-test's socket: one finding, the ranks ended."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import torch.distributed as d\nreal = d.TCPStore\n"
+        "def refusing(*args, **kwargs):\n"
+        "    if kwargs.get('master_listen_fd') is not None:\n"
+        "        raise RuntimeError('The server socket has failed to listen on any local network address.')\n"
+        "    return real(*args, **kwargs)\n"
+        "d.TCPStore = refusing\n")
+    env = base_env(PYTHONPATH=os.pathsep.join([str(site), str(REPO)]), NO_COLOR="1")
+    done = subprocess.run([sys.executable, "-m", "distdoctor", "check", "--format", "json", "--timeout", "30"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    report = json.loads(done.stdout)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert [(f["id"], f["check"]) for f in report["findings"]] == [("rdzv.C018", "selftest")]
+    assert "failed to listen" in report["findings"][0]["detail"]
