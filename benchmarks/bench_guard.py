@@ -18,7 +18,7 @@ Figures:
   buffer default is 2,000 entries, the size `distdoctor guard --` sets). What the guard adds for
   them is its watchdog thread's poll: measured on its own (per poll, 4 polls a second), since it
   runs during both halves of the blocks.
-- hang to cause: `distdoctor guard --hang-timeout 2 -- torchrun ...` on the same DDP loop; rank 1
+- hang to cause: `distdoctor guard --hang-timeout 2 --on-hang exit -- torchrun ...` on the same DDP loop; rank 1
   sleeps before step 3 while rank 0 waits in loss.backward()'s all-reduce; from rank 1 starting
   to sleep to the guard's JSON report on disk (and to the launcher's exit). Target:
   hang_timeout + 2 s.
@@ -100,7 +100,7 @@ def watchdog_poll_s(g) -> float:
     for _ in range(rounds):
         g.flight.status()
         if side is not None:
-            side.present([side.key("request")])
+            side.there(side.key("look", g.watch.next_look, "request"))
     return (time.perf_counter() - start) / rounds
 
 
@@ -163,8 +163,10 @@ def hang_figure(repeats: int) -> Figure:
         with tempfile.TemporaryDirectory() as tmp:
             mark = Path(tmp) / "entered"
             env = clean_env(OMP_NUM_THREADS="1", PYTHONPATH=REPO)
-            run = timed([PYTHON, "-m", "distdoctor", "guard", "--hang-timeout", str(HANG_TIMEOUT_S), "--report-dir", tmp,
-                         "--", *torchrun(__file__, "--child-hang", str(mark))], env=env, bound=120)
+            # --on-hang exit: the sleeping rank is a live straggler, which the default policy (auto)
+            # reports and watches; this figure is the time to the verdict and to the job's end.
+            run = timed([PYTHON, "-m", "distdoctor", "guard", "--hang-timeout", str(HANG_TIMEOUT_S), "--on-hang", "exit",
+                         "--report-dir", tmp, "--", *torchrun(__file__, "--child-hang", str(mark))], env=env, bound=120)
             ended = time.time()
             reports = list(Path(tmp).glob("distdoctor-guard-hang-*.json"))
             if not mark.exists() or not reports:

@@ -494,17 +494,18 @@ def explain(
 @app.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 def guard(
     command: Annotated[list[str], typer.Argument(help="The launcher line, after --: torchrun ... train.py, python train.py, srun ...", show_default=False)],
-    hang_timeout: Annotated[Optional[float], typer.Option("--hang-timeout", help="Seconds a collective (DDP's and FSDP's too) may stay incomplete before the hang diagnosis (default 120; DISTDOCTOR_HANG_TIMEOUT).")] = None,
-    report_dir: Annotated[Optional[Path], typer.Option("--report-dir", help="Write the guard's JSON reports, each rank's snapshot and flight-recorder dump here (DISTDOCTOR_REPORT_DIR).")] = None,
+    hang_timeout: Annotated[Optional[float], typer.Option("--hang-timeout", help="Seconds a collective (DDP's and FSDP's too) may stay incomplete before the stall is diagnosed and reported (default 120; DISTDOCTOR_HANG_TIMEOUT).")] = None,
+    report_dir: Annotated[Optional[Path], typer.Option("--report-dir", help="Write stalls.json (every stall of the run), the guard's JSON reports, each rank's snapshot and flight-recorder dump here (DISTDOCTOR_REPORT_DIR).")] = None,
     verify: Annotated[Optional[str], typer.Option("--verify", help="sample (default: the first 8 collectives of each group, then samples costing at most 1 % of the time), all, or off.")] = None,
-    on_hang: Annotated[Optional[str], typer.Option("--on-hang", help="exit (default: end the job once the hang is named) or report (keep waiting).")] = None,
+    on_hang: Annotated[Optional[str], typer.Option("--on-hang", help="auto (default: end the job only when it cannot finish; a live rank outside the collective is reported and watched until the process group's own timeout), exit (end the job at the first verdict) or report (never end it). DISTDOCTOR_GUARD_ON_HANG.")] = None,
 ) -> None:
     """Run a launcher line with the runtime guard on in every worker, the script unmodified.
 
     distdoctor guard -- torchrun --nproc-per-node 2 train.py. The script's collectives are
-    verified across ranks before they run; a hang (DDP's and FSDP's collectives included), an
-    exception or a rank that leaves early is named (rank, cause, line) on every rank instead of
-    torch's 10-30 minutes. The exit code is the command's. See docs/guard.md.
+    verified across ranks before they run; every stall past the hang timeout (DDP's and FSDP's
+    collectives included) is named (rank, cause, line) and followed until it clears; an exception
+    or a rank that leaves early is named on every rank. The job is ended only when it cannot
+    finish (--on-hang). The exit code is the command's. See docs/guard.md.
     """
 
     from distdoctor.embedded.guard.launch import guard_environment  # the embedded modules import torch; loaded only on this path

@@ -7,7 +7,8 @@
 - ``distdoctor_report``: a session-scoped fixture with the Report (the checks run on first use).
 - ``@pytest.mark.distributed(world_size=2, backend="gloo", timeout=60)``: the test body runs in
   ``world_size`` fresh processes with an initialized process group (distdoctor.testing) and the
-  runtime guard on (every collective verified; a hang named at a third of the timeout);
+  runtime guard on (every collective verified; a stall named, and the test ended, at a third of
+  the timeout: ``on_hang="exit"``, whatever the job's own default);
   ``guard=False`` turns it off, a dict passes distdoctor.guard's arguments.
 - ``pytest --distdoctor-lint`` (or ``distdoctor_lint = true``) runs ``distdoctor lint`` once per
   session over ``distdoctor_lint_paths`` (default: the rootdir), with [tool.distdoctor.lint],
@@ -245,7 +246,8 @@ def _guard_settings(guard: Any, timeout: float) -> dict[str, Any] | None:
     """The runtime guard in the test body: every call verified, a hang named well before the timeout."""
     if guard is False or guard is None:
         return None
-    settings: dict[str, Any] = {"verify": "all", "hang_timeout": min(120.0, max(2.0, timeout / 3))}
+    # on_hang="exit": a stall ends the test at the hang timeout (a job's patience is not CI's).
+    settings: dict[str, Any] = {"verify": "all", "hang_timeout": min(120.0, max(2.0, timeout / 3)), "on_hang": "exit"}
     if isinstance(guard, dict):
         settings.update(guard)
     elif guard is not True:

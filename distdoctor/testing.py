@@ -173,7 +173,9 @@ def run_distributed(
             }
             spec_path = workdir / f"spec-{rank}.json"
             spec_path.write_text(json.dumps(spec))
-            child_env = {**os.environ, **(env or {})}
+            # In a test a stall ends the test at the guard's hang timeout (CI wants the failure now, not
+            # a job's patience): every guard started in these ranks defaults to on_hang="exit".
+            child_env = {"DISTDOCTOR_GUARD_ON_HANG": "exit", **os.environ, **(env or {})}
             child_env.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                               "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
                               "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"})
@@ -324,7 +326,7 @@ def _child(spec_path: str) -> int:
         if spec.get("guard"):
             from distdoctor.embedded.guard import guard  # the embedded modules import torch; loaded only on this path
 
-            guard(**spec["guard"])
+            guard(**{"on_hang": "exit", **spec["guard"]})
         fn(*args, **kwargs)
         write(STATUS_PASSED)
     except BaseException as exc:  # noqa: BLE001 - every outcome must be reported to the parent

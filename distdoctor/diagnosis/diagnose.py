@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 from collections import Counter
 from dataclasses import replace
@@ -32,6 +33,12 @@ DEFAULT_GROUP = "0"
 # of sends or receives that can never match, not a transport fault.
 POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
                             "recv_object_list", "_coalesced"})
+# Collectives whose inputs may differ in size between ranks by design: all_to_all with split sizes
+# (every mixture-of-experts layer), the object collectives (each rank's pickle has its own length;
+# the flight recorder shows the padded all_gather / gather under them, which agree), gather and
+# scatter (only the root holds the list). Their sizes are not compared; operation and dtype are.
+SIZES_MAY_DIFFER = frozenset({"all_to_all", "all_to_all_single", "alltoall", "alltoall_base", "all_gather_object",
+                              "gather_object", "scatter_object_list", "broadcast_object_list", "gather", "scatter"})
 _LAUNCHER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -57,8 +64,15 @@ def _complete(snaps: list[RankSnapshot], world_size: int | None) -> list[RankSna
     return [by_rank[r] for r in sorted(by_rank)]
 
 
+_TORCH_PATH = re.compile(r"(^|[/\\])torch[/\\]")
+
+
 def _outside_torch(snap: RankSnapshot) -> bool:
-    return bool(snap.stack) and is_user_file(snap.stack[-1].file) and not snap.in_collective
+    """Its main thread is in no torch call: the innermost frame is the user's, or no frame is torch's
+    (a data loader's queue.get, a time.sleep in the stdlib)."""
+    if not snap.stack or snap.in_collective:
+        return False
+    return is_user_file(snap.stack[-1].file) or not any(_TORCH_PATH.search(f.file) for f in snap.stack)
 
 
 def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
@@ -66,9 +80,9 @@ def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
 
     Gloo marks a collective completed in the flight recorder late (about 0.5 s on a quiet
     machine; more than 2 s was seen on a loaded one), so a rank that left the collective and
-    sleeps in its data loader can still show it pending. When its main thread is in the user's
-    own code (its innermost frame is the user's, so it is in no torch call) its real position
-    is what the other ranks' completed count says.
+    sleeps in its data loader can still show it pending. When its main thread is in no torch call
+    (the user's own code, or the stdlib under it: a queue, a sleep) its real position is what the
+    other ranks' completed count says.
     """
     done: dict[str, int] = {}
     for snap in snaps:
@@ -313,6 +327,7 @@ def _straggler(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Finding
                         " (its stack has no frame of your code)" if snap.stack else " (where in your code is not known)")
                      + (f" ({progress})" if progress else ""))
     lines.append(_waiters_text(waiting) + (f" (the first waited {waited_s:.1f} s)" if waited_s else ""))
+    lines += _thread_lines(snaps)
     for snap in idle:
         lines += _stack_lines(snap)
     return kinds.STRAGGLER(title, detail="\n".join(lines), ranks=[s.rank for s in idle], hosts=_hosts(idle),
@@ -348,7 +363,7 @@ def _mismatch(snaps: Sequence[RankSnapshot]) -> Finding | None:
             continue
         for field, kind in (("op", kinds.MISMATCH), ("sizes", kinds.SHAPE), ("dtypes", kinds.DTYPE)):
             values = {r: getattr(op, field) for r, op in ops.items()}
-            if len(set(values.values())) < 2:
+            if len(set(values.values())) < 2 or (field == "sizes" and _sizes_may_differ(ops.values())):
                 continue
             odd = _odd(values)
             lines = [f"rank {r}: {ops[r].describe()}" for r in sorted(ops)]
@@ -358,6 +373,10 @@ def _mismatch(snaps: Sequence[RankSnapshot]) -> Finding | None:
                         hosts=_hosts(s for s in snaps if s.rank in odd),
                         data=_data(snaps, group=group, seq=seq, field=field))
     return _diverged(snaps)
+
+
+def _sizes_may_differ(ops: Iterable[PendingOp]) -> bool:
+    return any(op.op in SIZES_MAY_DIFFER for op in ops)
 
 
 def _field_text(field: str, op: PendingOp) -> str:
@@ -395,18 +414,54 @@ def _all_waiting(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Findi
         return None
     group, op = _waiting_op(waiting[0])
     ops = {(_waiting_op(s)[1] or PendingOp("?")).op for s in waiting}
-    if ops <= POINT_TO_POINT and len(waiting) > 1:  # one rank alone in a recv: its peer is unseen
-        return _p2p_deadlock(snaps, waiting, sorted(ops))
+    unmatched = _unmatched_p2p(waiting)
+    if (ops <= POINT_TO_POINT and len(waiting) > 1) or unmatched:  # one rank alone in a recv: its peer is unseen
+        return _p2p_deadlock(snaps, waiting, sorted(ops), unmatched)
     title = f"Every rank waits in {_op_text(group, op)} and it does not complete" + (
         f" ({waited_s:.1f} s)" if waited_s else "")
-    return kinds.HANG(title, detail=_waiters_text(waiting), ranks=[s.rank for s in waiting], hosts=_hosts(waiting),
+    detail = "\n".join([_waiters_text(waiting), *_thread_lines(snaps)])
+    return kinds.HANG(title, detail=detail, ranks=[s.rank for s in waiting], hosts=_hosts(waiting),
                       data=_data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None))
 
 
-def _p2p_deadlock(snaps: Sequence[RankSnapshot], waiting: Sequence[RankSnapshot], ops: list[str]) -> Finding:
-    title = f"Every rank waits in a point-to-point call ({', '.join(ops)}) that no peer matches"
+def _unmatched_p2p(waiting: Sequence[RankSnapshot]) -> list[str]:
+    """Point-to-point waits whose named peer waits in something that cannot match them: a receive
+    from a rank that itself receives, or that waits in a collective (each line says which)."""
+    by_rank = {s.rank: _waiting_op(s)[1] for s in waiting}
+    lines, said = [], set()
+    for rank, op in sorted(by_rank.items()):
+        if op is None or op.op not in POINT_TO_POINT or op.peer is None or op.peer not in by_rank \
+                or (op.peer, rank) in said:
+            continue
+        said.add((rank, op.peer))
+        other = by_rank[op.peer]
+        if other is None:
+            continue
+        if other.op not in POINT_TO_POINT or (other.peer in (None, rank) and other.receives == op.receives):
+            lines.append(f"rank {rank} waits in {op.describe()} while rank {op.peer} waits in {other.describe()}")
+    return lines
+
+
+def _p2p_deadlock(snaps: Sequence[RankSnapshot], waiting: Sequence[RankSnapshot], ops: list[str],
+                  unmatched: list[str] = ()) -> Finding:
+    title = f"Every rank waits in a point-to-point call ({', '.join(ops)}) that no peer matches" \
+        if set(ops) <= POINT_TO_POINT else f"Ranks wait in point-to-point calls their peers do not match ({', '.join(ops)})"
+    cycle = [f"{line}: neither can complete" for line in unmatched]
     return kinds.MISMATCH(
-        title, detail=_waiters_text(waiting), ranks=[s.rank for s in waiting], hosts=_hosts(waiting),
+        title, detail="\n".join([_waiters_text(waiting), *cycle]), ranks=[s.rank for s in waiting],
+        hosts=_hosts(waiting),
         remediation="Order sends and receives so each recv has a peer sending to it at that moment (even ranks "
                     "send first, odd ranks receive first), or post both with dist.batch_isend_irecv",
         data=_data(snaps, ops=ops, waiting=[s.rank for s in waiting]))
+
+
+def _thread_lines(snaps: Sequence[RankSnapshot]) -> list[str]:
+    """Threads that died in ranks still alive (a data loader's prefetch thread behind a stall)."""
+    lines = []
+    for snap in snaps:
+        for error in snap.thread_errors[:4]:
+            thread = f"its thread {error.thread!r}" if error.thread else "one of its threads"
+            lines.append(f"rank {snap.rank}: {thread} died with {error.type}"
+                         + (f" at {error.frame.describe()}" if error.frame else "")
+                         + (f": {error.message}" if error.message else ""))
+    return lines

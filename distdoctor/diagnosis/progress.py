@@ -30,7 +30,7 @@ from distdoctor.core.findings import Finding
 from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis import kinds
 from distdoctor.diagnosis.diagnose import DEFAULT_GROUP, diagnose, group_label
-from distdoctor.diagnosis.snapshot import FINISHED, UNKNOWN, RankSnapshot
+from distdoctor.diagnosis.snapshot import FINISHED, UNKNOWN, GroupProgress, RankSnapshot
 
 # A rank over its looks.
 MOVED, STILL, ONE_LOOK, ENDED, UNREAD = "moved", "still", "one look", "ended", "unread"
@@ -70,6 +70,16 @@ def _stack_key(snap: RankSnapshot) -> tuple:
     return tuple((f.file, f.line, f.function) for f in snap.stack)
 
 
+def group_advanced(before: GroupProgress, after: GroupProgress) -> str | None:
+    """A process group's completed count grew between two looks, in words; None when it did not.
+
+    This is what "the group moved" means for the guard's stall clock too: only the completed count,
+    since on NCCL the host keeps enqueueing behind a collective that does not complete."""
+    if after.last_completed is None or before.last_completed is None or after.last_completed <= before.last_completed:
+        return None
+    return f"it completed collectives #{before.last_completed + 1}-#{after.last_completed} of {group_label(after.group)}"
+
+
 def _counters_moved(before: RankSnapshot, after: RankSnapshot) -> str | None:
     """The sequence numbers or the count of collectives that grew, in words."""
     for group in after.groups:
@@ -77,8 +87,9 @@ def _counters_moved(before: RankSnapshot, after: RankSnapshot) -> str | None:
         if old is None:
             continue
         label = group_label(group.group)
-        if group.last_completed is not None and old.last_completed is not None and group.last_completed > old.last_completed:
-            return f"it completed collectives #{old.last_completed + 1}-#{group.last_completed} of {label}"
+        advanced = group_advanced(old, group)
+        if advanced:
+            return advanced
         if group.last_enqueued is not None and old.last_enqueued is not None and group.last_enqueued > old.last_enqueued:
             return f"it issued collectives #{old.last_enqueued + 1}-#{group.last_enqueued} of {label}"
     if before.collectives is not None and after.collectives is not None and after.collectives > before.collectives:

@@ -99,19 +99,25 @@ class PendingOp:
     dtypes: tuple[str, ...] = ()              # input dtypes
     state: str = ""                           # scheduled / started / completed (the recorder's words)
     age_s: float | None = None                # how long it has been pending, when known
+    peer: int | None = None                   # a point-to-point call's peer (global rank), when known
 
     def signature(self) -> tuple[str, tuple, tuple]:
         return (self.op, self.sizes, self.dtypes)
 
+    @property
+    def receives(self) -> bool:
+        return self.op.startswith(("recv", "irecv"))
+
     def describe(self) -> str:
-        """`all_reduce #7 (Float[3])`"""
+        """`all_reduce #7 (Float[3])`; `recv from rank 1 (float32[4])`"""
         seq = f" #{self.seq}" if self.seq is not None else ""
+        peer = f" {'from' if self.receives else 'to'} rank {self.peer}" if self.peer is not None else ""
         shapes = ", ".join(f"{d}{list(s)}" for d, s in zip(self.dtypes or ("",) * len(self.sizes), self.sizes))
-        return f"{self.op}{seq}" + (f" ({shapes})" if shapes else "")
+        return f"{self.op}{seq}{peer}" + (f" ({shapes})" if shapes else "")
 
     def to_dict(self) -> dict[str, Any]:
         return {"op": self.op, "seq": self.seq, "sizes": [list(s) for s in self.sizes],
-                "dtypes": list(self.dtypes), "state": self.state, "age_s": self.age_s}
+                "dtypes": list(self.dtypes), "state": self.state, "age_s": self.age_s, "peer": self.peer}
 
     @classmethod
     def from_dict(cls, raw: Any) -> "PendingOp | None":
@@ -120,7 +126,7 @@ class PendingOp:
         sizes = tuple(tuple(v for v in (_int(x) for x in _items(s)) if v is not None) for s in _items(raw.get("sizes")))
         return cls(_text(raw.get("op"), 100), _int(raw.get("seq")), sizes,
                    tuple(_text(d, 40) for d in _items(raw.get("dtypes"))), _text(raw.get("state"), 40),
-                   _float(raw.get("age_s")))
+                   _float(raw.get("age_s")), _int(raw.get("peer")))
 
 
 @dataclass(frozen=True)
@@ -166,7 +172,8 @@ class RaisedError:
     message: str = ""
     frame: Frame | None = None
     time: float | None = None                 # epoch seconds, when known
-    consequence: bool = False                 # a peer's failure seen here (connection closed, timeout)
+    consequence: bool = False                 # raised out of torch.distributed: a peer's failure seen here
+    thread: str = ""                          # the thread it ended, when not the main thread
 
     def describe(self) -> str:
         text = f"{self.type}: {self.message}" if self.message else self.type
@@ -175,14 +182,14 @@ class RaisedError:
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, "message": self.message,
                 "frame": self.frame.to_dict() if self.frame else None, "time": self.time,
-                "consequence": self.consequence}
+                "consequence": self.consequence, "thread": self.thread}
 
     @classmethod
     def from_dict(cls, raw: Any) -> "RaisedError | None":
         if not isinstance(raw, Mapping) or not raw.get("type"):
             return None
         return cls(_text(raw.get("type"), 200), _text(raw.get("message")), Frame.from_dict(raw.get("frame")),
-                   _float(raw.get("time")), bool(raw.get("consequence")))
+                   _float(raw.get("time")), bool(raw.get("consequence")), _text(raw.get("thread"), 100))
 
 
 @dataclass(frozen=True)
@@ -203,6 +210,7 @@ class RankSnapshot:
     collectives: int | None = None            # how many collectives it issued (default group), when known
     source: str = ""                          # guard / stacks / flight_recorder / log
     notes: tuple[str, ...] = ()               # what this source could not tell, in words
+    thread_errors: tuple[RaisedError, ...] = ()  # exceptions that ended other threads of this rank (still alive)
     # Progress between looks (diagnosis.progress), when the source can read them:
     cpu_s: float | None = None                # CPU seconds its main thread has used so far
     proc_state: str = ""                      # its main thread's kernel state: R, S, D, T, Z ...
@@ -230,8 +238,8 @@ class RankSnapshot:
                 "stack": [f.to_dict() for f in self.stack], "where": self.where.to_dict() if self.where else None,
                 "in_collective": self.in_collective, "error": self.error.to_dict() if self.error else None,
                 "time": self.time, "collectives": self.collectives, "source": self.source,
-                "notes": list(self.notes), "cpu_s": self.cpu_s, "proc_state": self.proc_state,
-                "may_spin": self.may_spin}
+                "notes": list(self.notes), "thread_errors": [e.to_dict() for e in self.thread_errors],
+                "cpu_s": self.cpu_s, "proc_state": self.proc_state, "may_spin": self.may_spin}
 
     @classmethod
     def from_dict(cls, raw: Any) -> "RankSnapshot | None":
@@ -248,6 +256,7 @@ class RankSnapshot:
             error=RaisedError.from_dict(raw.get("error")), time=_float(raw.get("time")),
             collectives=_int(raw.get("collectives")), source=_text(raw.get("source"), 40),
             notes=tuple(_text(n, 500) for n in _items(raw.get("notes"))),
+            thread_errors=tuple(e for e in (RaisedError.from_dict(x) for x in _items(raw.get("thread_errors"))) if e),
             cpu_s=_seconds(raw.get("cpu_s")), proc_state=_state_letter(raw.get("proc_state")),
             may_spin=raw.get("may_spin") is True,
         )

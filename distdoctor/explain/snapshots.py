@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Iterable
 
 from distdoctor.diagnosis.frames import user_frame
+from distdoctor.diagnosis.origin import from_torch_distributed
 from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNREACHABLE, Frame,
                                            GroupProgress, PendingOp, RaisedError, RankSnapshot)
 from distdoctor.core.report import format_ranks
@@ -33,6 +34,8 @@ SOURCE = "log"
 _C10D = re.compile(r"[/\\]torch[/\\]distributed[/\\](?:distributed_c10d|c10d_logger)\.py$")
 # Exceptions that are the launcher's or the peer's doing whatever the catalog says.
 _CONSEQUENCE_TYPES = ("SignalException", "KeyboardInterrupt", "DistNetworkError", "DistStoreError")
+# A frame of torch's own tree (a traceback's innermost frame there: torch raised it, or passed it on).
+_TORCH_FRAME = re.compile(r"(^|[/\\])torch[/\\]")
 _CONSEQUENCE_WORDS = ("got signal: 15", "got signal: 1", "got signal: 2", "closed by peer", "reset by peer",
                       "Socket Timeout", "timed out", "Timed out", "Broken pipe", "ncclRemoteError",
                       "remote process exited", "communicator was aborted", "failed to recv, got 0 bytes")
@@ -54,9 +57,20 @@ class JobEvidence:
 
 
 def is_consequence(raised: RaisedText, catalog: Catalog) -> bool:
-    """A peer's failure seen here (the catalog calls the message a symptom), or the launcher's signal."""
-    if raised.type.rsplit(".", 1)[-1] in _CONSEQUENCE_TYPES:
+    """A peer's failure seen here, or the launcher's signal: judged by where it was raised first.
+
+    torch.distributed's own errors (DistError, a C++ error raised in gloo, c10d or NCCL) are a
+    consequence; an exception whose traceback ends outside torch (the user's code, `requests`, a
+    file system) and is not a RuntimeError is the rank's own, whatever its words
+    (`TimeoutError('Read timed out.')`). What the traceback does not place (and a bare RuntimeError,
+    which older torch and C++ errors raise from a user's `dist.barrier()` line) is judged by the
+    catalog's symptoms and the words below.
+    """
+    name = raised.type.rsplit(".", 1)[-1]
+    if name in _CONSEQUENCE_TYPES or from_torch_distributed([name], raised.message):
         return True
+    if name != "RuntimeError" and raised.frames and not _TORCH_FRAME.search(raised.frames[-1].file):
+        return False  # torch.distributed raises its own types or RuntimeError (old releases, C++ errors)
     line = f"{raised.type}: {raised.message}"
     if any(word in line for word in _CONSEQUENCE_WORDS):
         return True

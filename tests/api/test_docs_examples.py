@@ -33,8 +33,10 @@ def test_pages_show_the_example_files_verbatim(page):
 
 # torch 2.13's own teardown (gloo + DDP) sometimes aborts a rank after the script's last line:
 # "terminate called without an active exception", exit -6 (seen in 2 of about 10 loaded suite
-# runs this round, after preflight had passed and destroy_process_group had run). That is not the
-# example failing: such a run is retried once; any other failure, or the abort twice, fails.
+# runs, after preflight had passed and destroy_process_group had run). It is not distdoctor's:
+# teardown_abort.py counts it with and without distdoctor in the process (teardown_plain.py is
+# the same training without it; docs/api.md has the figures). That is not the example failing:
+# such a run is retried once; any other failure, or the abort twice, fails.
 TEARDOWN_ABORT = "terminate called without an active exception"
 
 

@@ -205,3 +205,71 @@ def test_every_rank_in_a_recv_is_a_cycle_of_point_to_point_calls_not_a_transport
 def test_a_lone_rank_that_exited_is_not_said_to_have_peers():
     finding = only(diagnose([RankSnapshot(0, status="exited", exit_code=7)]))
     assert finding.title == "Rank 0 exited with code 7"
+
+
+def test_uneven_all_to_all_split_sizes_are_legal_but_uneven_all_reduce_sizes_are_not():
+    # Every mixture-of-experts layer sends each rank a different number of tokens.
+    a2a = diagnose([waiting(0, op="all_to_all", sizes=((3,),)), waiting(1, op="all_to_all", sizes=((5,),))])
+    assert [f.id for f in a2a] == ["job.E009"], [f.title for f in a2a]
+    objects = diagnose([waiting(0, op="all_gather_object", sizes=((12,),)),
+                        waiting(1, op="all_gather_object", sizes=((40,),))])
+    assert "job.E007" not in [f.id for f in objects]
+    twin = diagnose([waiting(0, sizes=((3,),)), waiting(1, sizes=((5,),))])
+    assert "job.E007" in [f.id for f in twin]
+
+
+def p2p(rank: int, op: str, peer: int | None) -> RankSnapshot:
+    pending = PendingOp(op, None, ((4,),), ("float32",), "started", 9.0, peer=peer)
+    return RankSnapshot(rank, status="running", where=BACKWARD, in_collective=op,
+                        groups=(GroupProgress("0", (0, 1), 3, 3, pending),))
+
+
+def test_two_ranks_receiving_from_each_other_are_a_cycle_with_their_peers_named():
+    finding = only(diagnose([p2p(0, "recv", 1), p2p(1, "recv", 0)]))
+    assert finding.id == "job.E006", finding.title
+    assert "rank 0 waits in recv from rank 1 (float32[4]) while rank 1 waits in recv from rank 0" in finding.detail
+    # The same state as `stacks` sees it (the op's name, no peer) gives the same finding.
+    bare = [RankSnapshot(r, status="running", where=BACKWARD, in_collective="recv") for r in (0, 1)]
+    assert only(diagnose(bare)).id == "job.E006"
+    # A receive whose sender waits in a collective cannot match either.
+    mixed = only(diagnose([p2p(0, "recv", 1), waiting(1)]))
+    assert mixed.id == "job.E006" and "rank 1 waits in all_reduce #12" in mixed.detail, mixed.detail
+    # The healthy twin: a send meets its receive, nothing is stuck in a cycle.
+    assert diagnose([p2p(0, "send", 1), idle(1)])[0].id == "job.E002"
+
+
+def test_a_thread_that_died_in_the_late_rank_is_shown_with_the_stall():
+    dead = RaisedError("ConnectionError", "storage gone", Frame("loader.py", 12, "prefetch"), 90.0, thread="prefetch")
+    late = replace(idle(1), thread_errors=(dead,))
+    finding = only(diagnose([waiting(0), late]))
+    assert finding.id == "job.E002"
+    assert "rank 1: its thread 'prefetch' died with ConnectionError at loader.py:12 in prefetch: storage gone" in finding.detail
+    again = RankSnapshot.from_dict(late.to_dict())
+    assert again.thread_errors == (dead,)
+
+
+@pytest.mark.parametrize("names, message, expected", [
+    (["RuntimeError"], "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error", True),
+    (["DistBackendError", "RuntimeError"], "NCCL error in: ProcessGroupNCCL.cpp:1234, unhandled system error", True),
+    (["DistStoreError", "DistError", "RuntimeError"], "wait timeout after 30000ms", True),
+    (["TimeoutError", "OSError"], "Read timed out.", False),                       # the user's own, whatever it says
+    (["ReadTimeout", "Timeout", "RequestException", "OSError"], "Read timed out. (read timeout=5)", False),
+    (["RuntimeError"], "Connection closed by peer", False),                         # words alone prove nothing
+    (["RuntimeError"], "[my_ext/kernel.cpp:10] bad input", False),                  # a C++ error, not torch.distributed's
+])
+def test_an_exception_is_a_peers_consequence_by_its_origin_not_its_words(names, message, expected):
+    from distdoctor.diagnosis.origin import from_torch_distributed
+
+    assert from_torch_distributed(names, message) is expected
+
+
+def test_a_rank_waiting_in_the_stdlib_outside_torch_is_where_the_others_completed_count_says():
+    # Rank 1 left all_reduce #10 (rank 0 completed it and waits in #11) and blocks in queue.get;
+    # gloo has not yet marked #10 completed in rank 1's recorder.
+    queue_wait = (Frame("train.py", 67, "<module>", "batches.get()"), Frame("/usr/lib/python3.11/queue.py", 180, "get"))
+    stale = RankSnapshot(1, status="running", stack=queue_wait, where=queue_wait[0],
+                         groups=(GroupProgress("0", (0, 1), 10, 9, PendingOp("all_reduce", 10, ((4,),), ("Float",))),))
+    ahead = replace(waiting(0, seq=11), groups=(GroupProgress("0", (0, 1), 11, 10,
+                                                              PendingOp("all_reduce", 11, ((4,),), ("Float",))),))
+    finding = only(diagnose([ahead, stale]))
+    assert (finding.id, finding.ranks) == ("job.E002", (1,)), finding.title

@@ -148,3 +148,35 @@ def test_json_contract(tmp_path):
     assert {"id", "severity", "cause", "title", "detail", "remediation", "ranks", "hosts", "check", "confidence",
             "data"} <= set(finding)
     assert data["checks"][0]["name"].startswith("read ") and data["checks"][0]["lines"] > 0
+
+
+# A user's own TimeoutError (what `requests` raises on a slow storage read) is that rank's failure,
+# whatever its words; the gloo error its peer then prints is the consequence (judged by origin).
+USER_TIMEOUT = """\
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/home/u/train.py", line 88, in <module>
+[rank1]:     batch = fetch_shard(step)
+[rank1]:   File "/home/u/train.py", line 41, in fetch_shard
+[rank1]:     return requests.get(url, timeout=5).content
+[rank1]:   File "/usr/lib/python3/dist-packages/requests/api.py", line 73, in get
+[rank1]:     return request("get", url, params=params, **kwargs)
+[rank1]:   File "/usr/lib/python3/dist-packages/requests/adapters.py", line 532, in send
+[rank1]:     raise ReadTimeout(e, request=request)
+[rank1]: requests.exceptions.ReadTimeout: HTTPSConnectionPool(host='store', port=443): Read timed out. (read timeout=5)
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/home/u/train.py", line 92, in <module>
+[rank0]:     loss.backward()
+[rank0]:   File "/opt/venv/lib/python3.11/site-packages/torch/_tensor.py", line 626, in backward
+[rank0]:     torch.autograd.backward(
+[rank0]:   File "/opt/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 823, in _engine_run_backward
+[rank0]:     return Variable._execution_engine.run_backward(
+[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41953
+"""
+
+
+@pytest.mark.parametrize("error_type", ["requests.exceptions.ReadTimeout", "TimeoutError"])
+def test_a_users_own_timeout_is_its_ranks_failure_and_the_peers_gloo_error_its_consequence(error_type):
+    report = explain_text(USER_TIMEOUT.replace("requests.exceptions.ReadTimeout", error_type))
+    top = report.findings[0]
+    assert top.cause == "worker_exception" and top.ranks == (1,), [(f.cause, f.ranks, f.title) for f in report.findings]
+    assert "train.py:41" in top.title + top.detail

@@ -201,3 +201,20 @@ def frozen_rank() -> None:
     if dist.get_rank() == 1:
         os.kill(os.getpid(), signal.SIGSTOP)
     dist.all_reduce(t)  # LINE:frozen
+
+
+def recreated_group() -> None:
+    """The process group destroyed and created again mid-run: the guard starts again on the new one."""
+    first = distdoctor.guard(hang_timeout=30)
+    store = dist.distributed_c10d._get_default_store()
+    dist.all_reduce(torch.ones(2))
+    dist.destroy_process_group()
+    assert first.shut_down and not first.watch.thread.is_alive()
+    dist.init_process_group("gloo", store=dist.PrefixStore("again", store), rank=int(__import__("os").environ["RANK"]),
+                            world_size=int(__import__("os").environ["WORLD_SIZE"]))
+    second = distdoctor.guard(hang_timeout=30)
+    assert second is not first and second.watch.thread.is_alive() and second.watch.side is not None
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    assert t.tolist() == [2.0, 2.0] and second.recorder.calls == 1 and first.recorder.calls == 1
+    assert dist.all_reduce.__distdoctor_original__ is second.originals["all_reduce"]

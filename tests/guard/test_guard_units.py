@@ -1,6 +1,5 @@
 """The guard's parts without a process group: NCCL semantics with fake Works and tensors, the
-verdict from rank snapshots, the hang protocol over an in-memory store, the recorder's stall
-clock, the settings."""
+verdict from rank snapshots, the settings (the watchdog's episodes: test_guard_episodes.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import torch
 from distdoctor.embedded.guard import findings as gf
 from distdoctor.embedded.guard import GuardSettings, settings_from_env
 from distdoctor.embedded.guard.calls import Verifier, run_call
-from distdoctor.embedded.guard.hang import HangWatch, SideChannel, _tcp_store_address
+from distdoctor.embedded.guard.channel import _tcp_store_address
 from distdoctor.embedded.guard.launch import HOOK_DIR, guard_environment
 from distdoctor.embedded.guard.record import CallRecord, Recorder
 from distdoctor.embedded.guard.sample import Sampler
@@ -104,27 +103,6 @@ def snap_state(rank, pending_seq=None, status=RUNNING, where=("train.py", 30, "s
     return {"snapshot": snap.to_dict(), "running": [r.to_dict() for r in running], "dropped": []}
 
 
-def test_a_stuck_nccl_work_is_seen_by_the_watchdog_after_the_hang_timeout():
-    clock, work = FakeClock(), FakeWork()
-    recorder = Recorder(clock=clock)
-    recorder.attach(recorder.begin(cuda_record()), work)
-    concluded = []
-    watch = HangWatch(recorder, None, rank=0, world=2, hang_timeout=5, answer_s=0.1, poll_s=0.01,
-                      state=lambda: snap_state(0, pending_seq=5), group_ranks=lambda g: [0, 1],
-                      conclude=lambda f, here, waited, *a: concluded.append((f, waited)), decide=decide)
-    watch.start()
-    time.sleep(0.1)
-    assert not concluded
-    clock.now += 6
-    deadline = time.monotonic() + 5
-    while not concluded and time.monotonic() < deadline:
-        time.sleep(0.01)
-    watch.stop()
-    [(findings, waited)] = concluded
-    # No side channel: this rank's own view, judged by the one diagnosis.
-    assert waited == pytest.approx(6) and findings[0].id == "job.E009"
-
-
 # -- the verdict from snapshots ---------------------------------------------------------------------
 
 
@@ -154,72 +132,6 @@ def test_verified_mismatches_name_every_differing_field():
     b = CallRecord("broadcast", "0", 2, shapes=((3, 2),), dtypes=("float64",), devices=("cuda",), params={"src": 1}, site="a.py:1")
     ids = [f.id for f in gf.mismatch_findings({0: a, 1: b}, {}, "0", [0, 1], 2)]
     assert ids == ["guard.E001", "guard.E002", "guard.E003", "guard.E004"]
-
-
-# -- the hang protocol over an in-memory store ------------------------------------------------------
-
-
-class MemoryStore:
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-        self.cond = threading.Condition()
-
-    def set(self, key, value):
-        with self.cond:
-            self.data[key] = value.encode() if isinstance(value, str) else value
-            self.cond.notify_all()
-
-    def get(self, key):
-        return self.data[key]
-
-    def check(self, keys):
-        return all(k in self.data for k in keys)
-
-    def compare_set(self, key, expected, desired):
-        with self.cond:
-            if key not in self.data and expected == "":
-                self.data[key] = desired.encode()
-                self.cond.notify_all()
-            return self.data[key]
-
-    def add(self, key, amount):
-        with self.cond:
-            value = int(self.data.get(key, b"0")) + amount
-            self.data[key] = str(value).encode()
-            return value
-
-    def wait(self, keys, timeout):
-        with self.cond:
-            if not self.cond.wait_for(lambda: self.check(keys), timeout.total_seconds()):
-                raise RuntimeError("wait timeout")
-
-
-def test_two_ranks_agree_on_one_verdict_through_the_side_channel():
-    store = MemoryStore()
-    clock = FakeClock()
-    recorders = {0: Recorder(clock=clock), 1: Recorder(clock=clock)}
-    stuck = cuda_record(seq=3)
-    recorders[0].begin(stuck)
-    concluded: dict[int, list] = {}
-    watches = []
-    for rank in (0, 1):
-        def make_state(rank=rank):
-            return snap_state(rank, pending_seq=3 if rank == 0 else None, done=2)
-
-        watches.append(HangWatch(recorders[rank], SideChannel(store, "p"), rank=rank, world=2, hang_timeout=5,
-                                 answer_s=2, poll_s=0.01, state=make_state, group_ranks=lambda g: [0, 1],
-                                 conclude=lambda f, here, w, publish=None, rank=rank: (
-                                     concluded.setdefault(rank, [f, here]), publish and publish()),
-                                 decide=decide).start())
-    clock.now += 6
-    deadline = time.monotonic() + 10
-    while len(concluded) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    for w in watches:
-        w.stop()
-    assert concluded[0][1] is True and concluded[1][1] is False  # rank 0 rendered, rank 1 followed
-    assert [f.id for f in concluded[0][0]] == [f.id for f in concluded[1][0]] == ["job.E002"]
-    assert concluded[1][0][0].ranks == (1,)
 
 
 def test_only_a_tcp_store_gives_a_side_channel():

@@ -105,3 +105,7 @@ def test_a_frozen_rank_is_named_missing():
     assert "is stopped (SIGSTOP" in rank0.message, rank0.message  # its process, read from /proc
     assert f"at tests/guard/{line_of('frozen')}" in rank0.message, rank0.message
     assert result.ranks[1].status in ("killed", "timeout"), result.failure_message()
+
+
+def test_a_process_group_destroyed_and_created_again_is_guarded_again():
+    run("recreated_group")

@@ -9,8 +9,9 @@
 # ``verify_first`` collectives of each group, then samples (at most ``verify_budget`` of the time
 # between calls, at least every ``verify_every``-th; distdoctor.embedded.guard.sample) are compared
 # across the group's ranks before they run (``verify="all"``: every call); a mismatch raises GuardError
-# on every rank of the group. A call running longer than ``hang_timeout`` starts the cross-rank
-# hang diagnosis (distdoctor.embedded.guard.hang). See docs/guard.md.
+# on every rank of the group. A stall longer than ``hang_timeout`` opens an episode of the
+# cross-rank diagnosis (distdoctor.embedded.guard.watch); ``on_hang`` says what it does to the job
+# (distdoctor.embedded.guard.policy: "auto" ends it only when it cannot finish). See docs/guard.md.
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from distdoctor.embedded.guard.process import Guard
 
 VERIFY_MODES = ("sample", "all", "off")
-ON_HANG = ("exit", "report")
+ON_HANG = ("auto", "exit", "report")
 _ACTIVE: "Guard | None" = None
 _GENERATION = [0]
 
@@ -39,7 +40,7 @@ class GuardSettings:
     verify_every: int = 1000
     verify_budget: float = 0.01
     hang_timeout: float = 120.0
-    on_hang: str = "exit"
+    on_hang: str = "auto"
     report_dir: str | None = None
     ring_size: int = 256
     answer_s: float = 1.5
@@ -97,9 +98,12 @@ def guard(*, verify: str | None = None, hang_timeout: float | None = None, on_ha
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("distdoctor.guard() needs an initialized process group: call it after "
                            "init_process_group (or use distdoctor.init_process_group(..., guard=True))")
-    if _ACTIVE is not None:
-        _ACTIVE.settings = settings
+    if _ACTIVE is not None and not _ACTIVE.shut_down:
+        _ACTIVE.apply(settings)
         return _ACTIVE
+    if _ACTIVE is not None:  # its group was destroyed and a new one created: a fresh guard for it
+        _ACTIVE.stop()
+        _ACTIVE = None
     from distdoctor.embedded.guard.process import Guard  # the embedded modules import torch; loaded only on this path
 
     _GENERATION[0] += 1

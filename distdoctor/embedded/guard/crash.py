@@ -47,14 +47,20 @@ class _HeldSigterm:
             signal.raise_signal(signal.SIGTERM)
 
 
+MAX_THREAD_ERRORS = 8
+
+
 class CrashHook:
-    """The guard's sys.excepthook, in front of whatever hook was there."""
+    """The guard's sys.excepthook and threading.excepthook, in front of whatever hooks were there."""
 
     def __init__(self, guard: Any) -> None:
         self.guard = guard
         self.previous: Any = None
+        self.previous_thread: Any = None
+        self.thread_errors: list[Any] = []
 
     def install(self) -> None:
+        self._install_thread_hook()
         if getattr(sys.excepthook, "__distdoctor_guard__", False):
             return
         self.previous = sys.excepthook
@@ -72,9 +78,32 @@ class CrashHook:
         self.hook = hook
         sys.excepthook = hook
 
+    def _install_thread_hook(self) -> None:
+        """An exception that ends a thread other than the main one (a data loader's prefetch thread):
+        kept for this rank's snapshot, shown with the stall it causes; the previous hook still prints it."""
+        if getattr(threading.excepthook, "__distdoctor_guard__", False):
+            return
+        self.previous_thread = threading.excepthook
+
+        def thread_hook(args: Any) -> None:
+            try:
+                if args.exc_type is not SystemExit and args.exc_value is not None:
+                    name = getattr(args.thread, "name", "") or "a thread"
+                    self.thread_errors = (self.thread_errors + [
+                        snapshots.raised_error(args.exc_value, args.exc_traceback, thread=name)])[-MAX_THREAD_ERRORS:]
+            except Exception:  # the thread's traceback must be printed whatever happens here
+                pass
+            (self.previous_thread or threading.__excepthook__)(args)
+
+        thread_hook.__distdoctor_guard__ = True  # type: ignore[attr-defined]
+        self.thread_hook = thread_hook
+        threading.excepthook = thread_hook
+
     def uninstall(self) -> None:
         if getattr(self, "hook", None) is not None and sys.excepthook is self.hook:
             sys.excepthook = self.previous or sys.__excepthook__
+        if getattr(self, "thread_hook", None) is not None and threading.excepthook is self.thread_hook:
+            threading.excepthook = self.previous_thread or threading.__excepthook__
 
     def on_exception(self, exc: BaseException, tb: TracebackType | None) -> None:
         guard = self.guard
@@ -110,7 +139,7 @@ class CrashHook:
         if call is None:
             own = guard.state(RAISED, error=error, stack=snapshots.traceback_frames(tb))
         else:
-            own = guard.state(RAISED, error=error, in_collective=snapshots.call_text(call))
+            own = guard.state(RAISED, error=error, in_collective=snapshots.call_text(call), failed_call=call)
         guard.leave_final(own)
         states: dict[int, Any] = {guard.rank: own}
         side = guard.watch.side if guard.watch is not None else None
@@ -119,13 +148,17 @@ class CrashHook:
             # A peer's own error is published before its process ends; a consequence waits for it.
             wait_s = guard.settings.answer_s if error.consequence else 0.0
             until = time.monotonic() + wait_s
-            while True:
-                states.update(side.read_many("final", [r for r in others if r not in states]))
-                if all(r in states for r in others) or time.monotonic() >= until:
-                    break
-                time.sleep(0.05)
+            try:
+                while True:
+                    states.update(side.read_many("final", [r for r in others if r not in states]))
+                    if all(r in states for r in others) or time.monotonic() >= until:
+                        break
+                    time.sleep(0.05)
+                hellos = side.read_many("hello", [r for r in others if r not in states]) if error.consequence else {}
+            except Exception as exc:  # the store is gone: this rank's own view
+                guard.fault("store channel", exc)
+                hellos = {}
             if error.consequence:
-                hellos = side.read_many("hello", [r for r in others if r not in states])
                 for rank in others:
                     if rank not in states:
                         states[rank] = {"snapshot": absent_snapshot(rank, hellos.get(rank), wait_s, asked=False).to_dict()}

@@ -7,6 +7,8 @@
 #   distdoctor-guard-summary-rank<R>-<PID>.json     findings left at exit (p2p Works never waited on)
 #   snapshots/rank<R>.json                          the rank's RankSnapshot (diagnosis.snapshot, to_dict)
 #   flight_recorder/distdoctor_fr_rank_<R>          torch's flight-recorder dump, torch's pickle format
+#   stalls.json                                     every stall of the run past hang_timeout (a list; written by the
+#                                                   rank that owns an episode as it changes, and by rank 0 at the end)
 # torch's own analyzer reads the last folder:
 #   python -m torch.distributed.flight_recorder.fr_trace DIR/flight_recorder --prefix distdoctor_fr_rank_
 
@@ -23,6 +25,9 @@ FR_PREFIX = "distdoctor_fr_rank_"
 SNAPSHOT_DIR = "snapshots"
 
 
+_UNWRITABLE: set[str] = set()  # a report directory that cannot be written is said once per file
+
+
 def _write(path: Path, data: bytes) -> Path | None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -31,10 +36,12 @@ def _write(path: Path, data: bytes) -> Path | None:
         tmp.replace(path)
         return path
     except OSError as exc:
-        try:
-            sys.stderr.write(f"distdoctor guard: cannot write {path}: {exc.strerror or exc}\n")
-        except Exception:
-            pass
+        if str(path) not in _UNWRITABLE:
+            _UNWRITABLE.add(str(path))
+            try:
+                sys.stderr.write(f"distdoctor guard: cannot write {path}: {exc.strerror or exc}\n")
+            except Exception:
+                pass
         return None
 
 
@@ -54,3 +61,10 @@ def write_report(report_dir: str | None, rank: int, kind: str, report: Any) -> P
         return None
     path = Path(report_dir) / f"distdoctor-guard-{kind}-rank{rank}-{os.getpid()}.json"
     return _write(path, (json.dumps(report.to_dict(), indent=2, default=str) + "\n").encode())
+
+
+def write_stalls(report_dir: str | None, document: list[dict[str, Any]]) -> Path | None:
+    """stalls.json: one object per stall episode (see embedded.guard.episodes)."""
+    if not report_dir:
+        return None
+    return _write(Path(report_dir) / "stalls.json", (json.dumps(document, indent=1, default=str) + "\n").encode())

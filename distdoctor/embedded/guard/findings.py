@@ -25,6 +25,8 @@ DROPPED = finding_kind("guard.E009", cause="collective_timeout_hang", title="A p
                        hint="Keep the Work that isend/irecv/batch_isend_irecv return and call .wait() on it before using the tensor or exiting")
 BLIND = finding_kind("guard.I011", cause="unknown", title="The guard sees only part of the job: what it cannot count, and why",
                      hint="For DDP's and FSDP's collectives: leave TORCH_FR_BUFFER_SIZE unset or > 0 on a torch with the flight recorder; for the cross-rank view: a TCPStore (env://, tcp://, torchrun)")
+FAULT = finding_kind("guard.W012", cause="unknown", title="A fault of the guard's own; the guard stays on",
+                     hint="The guard goes on watching the job; report this line (and the rank's log) to distdoctor's maintainers")
 PENDING = finding_kind("guard.W010", cause="collective_timeout_hang", title="A point-to-point Work was still pending at shutdown",
                        hint="Call .wait() on every Work from isend/irecv before destroy_process_group or exit; an unmatched send or recv hangs here")
 

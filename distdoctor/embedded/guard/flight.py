@@ -132,27 +132,3 @@ class FlightRecorder:
             return bytes(self._pickle(includeCollectives=True, includeStackTraces=False, onlyActive=False))
         except Exception:  # evidence is best effort
             return None
-
-
-class StallClock:
-    """Since when each group's completed count has stood still with a collective pending.
-
-    Only the completed count matters: on NCCL the main thread keeps enqueueing (kernels run on a
-    stream) while the first stuck collective holds every later one back."""
-
-    def __init__(self) -> None:
-        self.seen: dict[str, tuple[int, float]] = {}
-
-    def update(self, status: Mapping[str, tuple[int, int]], now: float) -> tuple[str, float] | None:
-        """The group stalled longest: (group, seconds), or None when none has a pending collective."""
-        worst: tuple[str, float] | None = None
-        for group, (enqueued, completed) in status.items():
-            if enqueued <= completed:
-                self.seen.pop(group, None)
-                continue
-            previous = self.seen.get(group)
-            since = previous[1] if previous is not None and previous[0] == completed else now
-            self.seen[group] = (completed, since)
-            if worst is None or now - since > worst[1]:
-                worst = (group, now - since)
-        return worst

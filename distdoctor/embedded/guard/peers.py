@@ -65,9 +65,11 @@ def absent_snapshot(rank: int, hello: Any, answer_s: float, asked: bool = True) 
                                 notes=(f"its process (pid {pid}) ended by {signal.Signals(-code).name}",))
         return RankSnapshot(rank=rank, host=host, pid=pid, status=EXITED, exit_code=os.WEXITSTATUS(status),
                             source="guard", notes=(f"its process (pid {pid}) exited without a final state",))
+    if state == "gone":  # ended (how: the launcher reaped it before anyone read it), not merely silent
+        return RankSnapshot(rank=rank, host=host, pid=pid, status=EXITED, source="guard",
+                            notes=(f"its process (pid {pid} on this host) is gone without an exception or a clean "
+                                   "exit: killed by a signal (SIGKILL: the out-of-memory killer?) or a crash in C/C++",))
     notes = {
-        "gone": f"its process (pid {pid} on this host) is gone without an exception or a clean exit: "
-                "killed by a signal (SIGKILL: the out-of-memory killer?) or a crash in C/C++",
         "zombie": f"its process (pid {pid} on this host) has ended",
         "stopped": f"its process (pid {pid} on this host) is stopped (SIGSTOP / SIGTSTP)",
         "alive": f"its process (pid {pid} on this host) is alive but {silent}: frozen (a C extension holding "

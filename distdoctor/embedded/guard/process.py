@@ -19,10 +19,12 @@ from distdoctor.embedded.guard import snapshot as snapshots
 from distdoctor.embedded.guard.calls import Verifier, make_record, run_call, wrap
 from distdoctor.embedded.guard.crash import CrashHook
 from distdoctor.embedded.guard.flight import FlightRecorder
-from distdoctor.embedded.guard.hang import HangWatch, SideChannel
+from distdoctor.embedded.guard.channel import SideChannel
+from distdoctor.embedded.guard.watch import HangWatch
 from distdoctor.embedded.guard.record import (_COLLECTIVE_SET, COLLECTIVES, POINT_TO_POINT, CallRecord, Recorder,
                                               call_site)
 from distdoctor.embedded.guard.sample import Sampler
+from distdoctor.embedded.guard import episodes, policy
 from distdoctor.embedded.guard.verdict import decide
 from distdoctor.embedded.guard.works import WorkTracker
 from distdoctor.core.findings import Finding
@@ -55,6 +57,7 @@ class Guard:
         self.final_left = False
         self.concluded = False
         self.shut_down = False
+        self.faults: dict[tuple[str, str], int] = {}
         self.started = time.monotonic()
 
     def c10d_module(self) -> Any:
@@ -83,9 +86,8 @@ class Guard:
         except Exception as exc:  # no side channel: hangs are still reported, from this rank's view
             self.side_problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         s = self.settings
-        self.watch = HangWatch(self.recorder, side, rank=self.rank, world=self.world, hang_timeout=s.hang_timeout,
-                               answer_s=s.answer_s, poll_s=s.poll_s, state=self.state, group_ranks=self.group_ranks,
-                               conclude=self.conclude, decide=decide, flight=self.flight)
+        self.watch = HangWatch(self, self.recorder, side, hang_timeout=s.hang_timeout, answer_s=s.answer_s,
+                               poll_s=s.poll_s, on_hang=s.on_hang, flight=self.flight)
         self.watch.publish("hello", {"host": socket.gethostname(), "pid": os.getpid()})
         self.watch.start()
         self.crash.install()
@@ -105,6 +107,12 @@ class Guard:
         if not parts:
             return None
         return gf.BLIND("The guard sees only part of the job: " + "; ".join(parts), ranks=[self.rank], check=gf.CHECK)
+
+    def apply(self, settings: Any) -> None:
+        """guard() called again: the new settings, for the watchdog too."""
+        self.settings = settings
+        if self.watch is not None:
+            self.watch.hang_timeout, self.watch.on_hang = settings.hang_timeout, settings.on_hang
 
     def stop(self) -> None:
         for name, wrapped in self.wrapped.items():
@@ -138,8 +146,10 @@ class Guard:
             self.findings.append(gf.work_finding(gf.PENDING, record, self.rank, f"never waited on, still pending at {where}"))
         if self.watch is not None:
             self.watch.stop(join_s=1.0)
+            self.watch.finish()
             if not self.final_left:
                 self.leave_final(self.state(FINISHED, keep=False))
+            self.stall_summary(wait_s=self.settings.answer_s)
         if self.findings and not self.concluded:
             report = self.report()
             sys.stderr.write(api.render_text(report, f"distdoctor guard (rank {self.rank}) at {where}:") + "\n")
@@ -266,7 +276,8 @@ class Guard:
         groups = {name: ranks for name, ranks in self.groups.values()}
         blind = self.blind_spots()
         return snapshots.build(rank=self.rank, status=status, recorder=self.recorder, groups=groups,
-                               flight=self.flight, notes=[blind.title] if blind else [], **given)
+                               flight=self.flight, notes=[blind.title] if blind else [],
+                               thread_errors=self.crash.thread_errors, **given)
 
     def state(self, status: str = RUNNING, keep: bool = True, **given: Any) -> dict[str, Any]:
         """What this rank publishes: its snapshot, its guarded calls still running, its dropped Works;
@@ -295,46 +306,113 @@ class Guard:
     def write_json(self, report: Report, kind: str) -> Path | None:
         return evidence.write_report(self.settings.report_dir, self.rank, kind, report)
 
-    def conclude(self, findings: list[Finding], rendered_here: bool, waited: float,
-                 publish: Callable[[], None] | None = None) -> None:
-        """A hang was diagnosed (here, or by another rank): report it, then end the job unless told not to.
+    # -- the watchdog's host (embedded.guard.watch.Host) -------------------------------------------
+    def decide(self, states: dict[int, Any], ranks: list[int], waited: float, world_known: bool) -> list[Finding]:
+        return decide(states, ranks, waited, world_known=world_known)
 
-        ``publish`` (the renderer's verdict for the other ranks) runs once the report is written.
-        """
-        if self.concluded:
+    def group_timeout(self, name: str) -> float | None:
+        """The process group's own timeout (what torch ends a stuck collective at), when torch says."""
+        try:
+            pgs = [pg for pg, pg_name in list(self.c10d._world.pg_names.items()) if str(pg_name) == name]
+        except Exception:  # private API: the default group is the best guess
+            pgs = []
+        return policy.group_timeout_s(pgs[0] if pgs else self.c10d.GroupMember.WORLD)
+
+    def say(self, line: str) -> None:
+        try:
+            sys.stderr.write(f"distdoctor guard (rank {self.rank}): {line}\n")
+            sys.stderr.flush()
+        except Exception:  # stderr closed: nothing left to tell
+            pass
+
+    def fault(self, part: str, exc: BaseException) -> None:
+        """A fault of the guard's own: said once per part and kind (guard.W012); the guard stays on."""
+        key = (part, type(exc).__name__)
+        self.faults[key] = self.faults.get(key, 0) + 1
+        if self.faults[key] > 1:
             return
-        self.concluded = True
-        self.findings += findings
-        stuck = self.watch.stuck() if self.watch is not None else None
-        ranks = self.group_ranks(stuck[0]) if stuck is not None else list(range(self.world))
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        at = f" at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}" if tb is not None else ""
+        message = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        finding = gf.FAULT(f"The guard's {part} failed ({type(exc).__name__}{': ' + message if message else ''}{at}); "
+                           "the guard stays on", ranks=[self.rank], check=gf.CHECK)
+        self.findings.append(finding)
+        self.say(f"{finding.id} [{finding.cause}] {finding.title}")
+
+    def render(self, report: Report, heading: str) -> str:
+        try:
+            return api.render_text(report, heading)
+        except Exception as exc:  # the renderer's own fault never hides the diagnosis
+            self.fault("renderer", exc)
+            lines = [heading] + [f"  {f.id} [{f.cause}] {f.title}\n    " + (f.detail or "").replace("\n", "\n    ")
+                                 for f in report.findings]
+            return "\n".join(lines)
+
+    def show(self, findings: list[Finding], heading: str, ranks: list[int], decision: Any) -> Report:
+        """A stall's verdict: the report on stderr and in the report directory, and what happens next."""
         missing = sorted({r for f in findings if f.cause == "rank_missing" for r in f.ranks})
         blind = self.blind_spots()
         report = self.report(findings + ([blind] if blind else []), ranks=ranks, missing=missing)
-        if rendered_here:
-            note = f" (cross-rank view unavailable: {self.side_problem})" if self.side_problem else ""
-            heading = (f"distdoctor guard (rank {self.rank}): a collective has not completed for {waited:.1f} s "
-                       f"(hang timeout {self.settings.hang_timeout:g} s){note}:")
-            sys.stderr.write(api.render_text(report, heading) + "\n")
-            self.write_json(report, "hang")
-        else:
-            for f in findings:
-                sys.stderr.write(f"distdoctor guard (rank {self.rank}): hang diagnosed: {f.id} [{f.cause}] {f.title}\n")
-        sys.stderr.flush()
-        if publish is not None:
-            publish()
-        if self.settings.on_hang != "exit":
-            return
-        self._exit(report, rendered_here)
+        note = f" (cross-rank view unavailable: {self.side_problem})" if self.side_problem else ""
+        text = self.render(report, f"distdoctor guard (rank {self.rank}): {heading}{note}")
+        verb = "the guard ends the job" if decision.action == policy.END else "the guard watches"
+        try:
+            sys.stderr.write(f"{text}\ndistdoctor guard (rank {self.rank}): {verb}: {decision.reason}\n")
+            sys.stderr.flush()
+        except Exception:
+            pass
+        self.write_json(report, "hang")
+        return report
 
-    def _exit(self, report: Report, rendered_here: bool) -> None:
+    def stalls_changed(self) -> None:
+        """The episodes changed: stalls.json in the report directory says so at once."""
+        if not self.settings.report_dir or self.watch is None:
+            return
+        try:
+            records, omitted, total = self.watch.ledger.read()
+        except Exception as exc:
+            self.fault("store channel", exc)
+            return
+        evidence.write_stalls(self.settings.report_dir, episodes.stalls_document(records, omitted, total))
+
+    def stall_summary(self, wait_s: float = 0.0) -> None:
+        """Rank 0, at the end of the run: how many stalls, how long ranks waited, the longest (one line)."""
+        if self.rank != 0 or self.watch is None or not self.watch.saw_episodes:
+            return  # a run without a stall asks the store nothing at its end
+        try:
+            records, omitted, total = self.watch.ledger.read()
+            until = time.monotonic() + wait_s  # an episode another rank is closing right now
+            while any(r.get("seconds") is None for r in records) and time.monotonic() < until:
+                time.sleep(0.1)
+                records, omitted, total = self.watch.ledger.read()
+        except Exception as exc:
+            self.fault("store channel", exc)
+            return
+        line = episodes.summary_line(records, omitted, total)
+        if line is None:
+            return
+        if self.settings.report_dir:
+            evidence.write_stalls(self.settings.report_dir, episodes.stalls_document(records, omitted, total))
+            line += f"; every stall in {os.path.join(self.settings.report_dir, episodes.STALLS_FILE)}"
+        self.say(line)
+
+    def end(self, report: Report | None, why: list[str], rendered_here: bool,
+            findings: list[Finding] | None = None) -> None:
+        """A verdict ends the job: this rank says why (the deciding rank printed the report), then ends."""
         from distdoctor.world.watchdog import flush_std_streams  # the cross-rank machinery stays off the local-only path
 
+        self.concluded = True
+        for line in why:
+            self.say(line)
+        if report is None:
+            report = self.report(list(findings or ()), ranks=list(range(self.world)))
         for hook in list(api.EXIT_HOOKS):
             try:
                 hook(report)
-            except Exception:
-                pass
-        if self.watch is not None:
-            self.watch.finish(rendered_here)
+            except Exception as exc:
+                self.fault("exit hook", exc)
+        self.stall_summary()
         flush_std_streams()
         os._exit(api.HANG_EXIT_CODE)

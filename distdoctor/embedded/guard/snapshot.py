@@ -7,20 +7,16 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Iterable
 
 from distdoctor.diagnosis.frames import display_path, user_frame, with_source
+from distdoctor.diagnosis.origin import exception_origin_is_distributed
 from distdoctor.diagnosis.snapshot import (RUNNING, Frame, GroupProgress, PendingOp, RaisedError, RankSnapshot)
-from distdoctor.embedded.guard.record import COLLECTIVES, CallRecord
+from distdoctor.embedded.guard.record import COLLECTIVES, POINT_TO_POINT, CallRecord
 
 _GUARD_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-# What a peer's failure looks like in this rank's collective: the cause is elsewhere.
-CONSEQUENCE_WORDS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out",
-                     "timed out", "Socket Timeout", "NCCL communicator was aborted", "ProcessGroup abort",
-                     "DistNetworkError", "recvBytes", "sendBytes")
-
-
 def stack_frames(frame: Any, limit: int = 24) -> tuple[Frame, ...]:
     """A Python stack from ``frame`` outwards, innermost last, without the guard's own frames."""
     frames: list[Frame] = []
@@ -52,18 +48,17 @@ def where(stack: Iterable[Frame]) -> Frame | None:
 
 
 def is_consequence(exc: BaseException) -> bool:
-    """A collective that failed because a peer went away or timed out (not this rank's own error)."""
-    text = f"{type(exc).__name__}: {exc}"
-    return type(exc).__name__ in ("DistNetworkError", "DistBackendError") or any(w in text for w in CONSEQUENCE_WORDS)
+    """Raised out of torch.distributed (a peer's failure seen here), by its origin, never its words."""
+    return exception_origin_is_distributed(exc)
 
 
-def raised_error(exc: BaseException, tb: TracebackType | None) -> RaisedError:
+def raised_error(exc: BaseException, tb: TracebackType | None, thread: str = "") -> RaisedError:
     frames = traceback_frames(tb)
     frame = where(frames)
     # gloo's messages run on with advice and a source path: the first 240 characters name it.
     message = str(exc).strip().splitlines()[0][:240] if str(exc).strip() else ""
     return RaisedError(type=type(exc).__name__, message=message, frame=frame, time=time.time(),
-                       consequence=is_consequence(exc))
+                       consequence=is_consequence(exc), thread=thread)
 
 
 def call_text(record: CallRecord) -> str:
@@ -71,15 +66,21 @@ def call_text(record: CallRecord) -> str:
     return PendingOp(record.op, None, tuple(tuple(x) for x in record.shapes), tuple(record.dtypes)).describe()
 
 
-def _pending(record: CallRecord, now: float) -> PendingOp:
-    return PendingOp(op=record.op, seq=record.seq, sizes=tuple(tuple(s) for s in record.shapes),
-                     dtypes=tuple(record.dtypes), state="started", age_s=round(now - record.started, 2))
+def _pending(record: CallRecord, now: float, numbered: bool = True) -> PendingOp:
+    """A guarded call as the op its group waits in; a point-to-point call with its peer (its own
+    sequence numbers count per peer, not the group's collectives: left out). ``numbered=False``
+    beside the flight recorder's groups: the guard's own count is not the recorder's."""
+    p2p = record.op in POINT_TO_POINT
+    peer = record.params.get("peer") if p2p and isinstance(record.params.get("peer"), int) else None
+    return PendingOp(op=record.op, seq=None if p2p or not numbered else record.seq,
+                     sizes=tuple(tuple(s) for s in record.shapes),
+                     dtypes=tuple(record.dtypes), state="started", age_s=round(now - record.started, 2), peer=peer)
 
 
 def guard_groups(recorder: Any, groups: dict[str, list[int]]) -> tuple[GroupProgress, ...]:
-    """Per group progress from the guard's own records (the Python-issued collectives only)."""
+    """Per group progress from the guard's own records (the Python-issued calls only)."""
     now = recorder.clock()
-    running = [r for r in recorder.running_records() if r.op in COLLECTIVES]
+    running = recorder.running_records()
     out = []
     for name, ranks in sorted(groups.items()):
         issued = recorder.seqs.get(name)
@@ -93,19 +94,26 @@ def guard_groups(recorder: Any, groups: dict[str, list[int]]) -> tuple[GroupProg
 
 
 def _as_guarded(groups: tuple[GroupProgress, ...], running: list[CallRecord], now: float) -> tuple[GroupProgress, ...]:
-    """A pending op the recorder saw issued inside a guarded call shows as that call (the guard's own
-    verification exchange is an all_gather of int64 words: the user called all_reduce)."""
-    calls = {r.group: r for r in running if r.op in COLLECTIVES}
+    """The recorder's groups with the guarded calls still running in them.
+
+    A pending op the recorder saw issued inside a guarded call shows as that call (the guard's own
+    verification exchange is an all_gather of int64 words: the user called all_reduce). A guarded
+    call the recorder does not show pending (point-to-point calls are not in gloo's recorder) is the
+    op its group waits in, with its peer."""
+    calls: dict[str, CallRecord] = {}
+    for record in running:
+        calls.setdefault(record.group, record)
     out = []
     for group in groups:
-        call, pending = calls.get(group.group), group.pending
-        if call is not None and pending is not None and pending.age_s is not None \
+        call, pending = calls.pop(group.group, None), group.pending
+        if call is not None and pending is None:
+            pending = _pending(call, now, numbered=False)
+        elif call is not None and call.op in COLLECTIVES and pending.age_s is not None \
                 and pending.age_s <= now - call.started + 0.05:
             pending = PendingOp(call.op, pending.seq, tuple(tuple(x) for x in call.shapes), tuple(call.dtypes),
                                 pending.state, pending.age_s)
-            group = GroupProgress(group.group, group.ranks, group.last_enqueued, group.last_completed, pending,
-                                  group.recent)
-        out.append(group)
+        out.append(replace(group, pending=pending))
+    out += [GroupProgress(name, pending=_pending(call, now, numbered=False)) for name, call in calls.items()]
     return tuple(out)
 
 
@@ -117,13 +125,15 @@ def last_issued(groups: Iterable[GroupProgress]) -> str | None:
 
 def build(*, rank: int, status: str = RUNNING, recorder: Any, groups: dict[str, list[int]], flight: Any = None,
           error: RaisedError | None = None, stack: tuple[Frame, ...] | None = None,
-          in_collective: str | None = None, notes: Iterable[str] = ()) -> RankSnapshot:
-    """This rank now. Groups come from torch's flight recorder when it works, else from the guard's records."""
+          in_collective: str | None = None, notes: Iterable[str] = (),
+          thread_errors: Iterable[RaisedError] = (), failed_call: CallRecord | None = None) -> RankSnapshot:
+    """This rank now. Groups come from torch's flight recorder when it works, else from the guard's
+    records. ``failed_call``: the guarded call that just failed (it ended, but the rank was in it)."""
     recorded = flight.groups() if flight is not None and flight.usable else ()
     notes = list(notes)
     if flight is not None and not flight.usable:
         notes.append(f"only Python-issued collectives counted: {flight.problem}")
-    running = recorder.running_records()
+    running = recorder.running_records() + ([failed_call] if failed_call is not None else [])
     recorded = _as_guarded(recorded, running, recorder.clock()) if running else recorded
     stack = main_stack() if stack is None else stack
     in_collective = in_collective or (call_text(running[0]) if running else None)
@@ -133,4 +143,4 @@ def build(*, rank: int, status: str = RUNNING, recorder: Any, groups: dict[str, 
         rank=rank, host=socket.gethostname(), pid=os.getpid(), status=status,
         groups=recorded or guard_groups(recorder, groups), stack=stack, where=where(stack),
         in_collective=in_collective, error=error, time=time.time(),
-        collectives=recorder.calls, source="guard", notes=tuple(notes))
+        collectives=recorder.calls, source="guard", notes=tuple(notes), thread_errors=tuple(thread_errors))
