@@ -331,14 +331,19 @@ class _Exchange:
 # Work holding the last reference to a tensor created in Python must take the GIL to free it, while
 # destroy_process_group joins that thread holding the GIL: the job deadlocks at its end (a plain
 # all_gather + destroy_process_group without distdoctor, on a loaded 2-core machine: 4 runs in 12
-# on 2.1.2, 4 in 8 on 2.4.1; with preflight's tensors held, 0 in 10 and 0 in 8).
-# Held here, preflight's tensors are never the last reference; a few collectives' worth (gloo has
-# 2 worker threads) covers every Work still in flight.
-_HELD: collections.deque = collections.deque(maxlen=8)
+# on 2.1.2, 4 in 8 and 3 in 8 on 2.4.1; compat/jobs/preflight_job.py with preflight's tensors
+# held as below: 0 in 8 on each, beside the 3 in 8).
+# Held here, preflight's tensors are never the last reference. A gloo worker releases its Work
+# before it takes the next, and preflight waits for each collective, so at most the last one per
+# worker (gloo has 2) is unreleased: the last 4 collectives' tensors are kept. Only CPU tensors
+# (gloo's): nothing of a GPU's memory is kept past preflight.
+_HELD: collections.deque = collections.deque(maxlen=4)
 
 
 def _hold(*tensors: Any) -> None:
-    _HELD.append(tensors)
+    flat = [t for item in tensors for t in (item if isinstance(item, (list, tuple)) else [item])]
+    if all(getattr(getattr(t, "device", None), "type", None) == "cpu" for t in flat):
+        _HELD.append(tuple(flat))
 
 
 def _encode_payload(findings: list[Finding], delta: Mapping[str, Any]) -> bytes:
