@@ -10,7 +10,9 @@
 #   and the reducer's wait is on autograd's device thread, which py-spy --native lists too: recorded
 #   on an H100, tests/gpu/recorded/). Without --native, a main thread idle inside backward is DDP's
 #   all-reduce only when the model is DDP (a DistributedDataParallel among its frames' variables,
-#   which py-spy --locals reads) and the process uses no GPU (on a GPU the main thread also sleeps
+#   which py-spy --locals reads; a script whose loop runs at module level has no frame variables
+#   py-spy can read, and then its source naming DistributedDataParallel is the evidence) and the
+#   process uses no GPU (on a GPU the main thread also sleeps
 #   in backward while the device computes). A busy backward is computing.
 # - Work.wait() of an async collective (c10d::Work::wait, WorkNCCL::wait), the c10d store's waits
 #   (c10d::TCPStore): native frames only.
@@ -131,7 +133,7 @@ def _native_wait(thread: Thread, others: Sequence[Thread]) -> Reading | None:
     return None
 
 
-def _backward(thread: Thread, *, native: bool, ddp: bool, gpu: bool) -> Reading | None:
+def _backward(thread: Thread, *, native: bool, ddp: bool | str, gpu: bool) -> Reading | None:
     if _outermost(thread.frames, _BACKWARD) is None:
         return None
     if native and thread.idle:
@@ -147,17 +149,18 @@ def _backward(thread: Thread, *, native: bool, ddp: bool, gpu: bool) -> Reading 
                              "sleeps while the device computes: whether it waits in DDP's all-reduce cannot tell "
                              "without --native")
     if ddp:
-        return Reading(BACKWARD_DDP, "its main thread is idle inside loss.backward() of a DistributedDataParallel model "
-                                     "(seen among its frames' variables): DDP's gradient all-reduce (--native shows "
-                                     "the c10d::Reducer frame that confirms it)")
+        seen = ddp if isinstance(ddp, str) else "seen among its frames' variables"
+        return Reading(BACKWARD_DDP, f"its main thread is idle inside loss.backward() of a DistributedDataParallel model "
+                                     f"({seen}): DDP's gradient all-reduce (--native shows the c10d::Reducer frame "
+                                     "that confirms it)")
     return Reading(None, "idle inside loss.backward(), but no DistributedDataParallel model was seen among its frames' "
                          "variables: whether it waits in a collective cannot tell without --native")
 
 
-def read_wait(thread: Thread, *, native: bool, ddp: bool = False, gpu: bool = False,
+def read_wait(thread: Thread, *, native: bool, ddp: bool | str = False, gpu: bool = False,
               others: Sequence[Thread] = ()) -> Reading:
     """What the thread waits in (see the module's comment). ddp: the rank's model is known to be
-    DDP; gpu: its process uses a GPU; others: the process's other threads (from the same dump)."""
+    DDP (a text: how that is known); gpu: its process uses a GPU; others: the process's other threads (from the same dump)."""
     found = _c10d_op(thread.frames)
     if found is not None:
         return found
@@ -172,7 +175,7 @@ def read_wait(thread: Thread, *, native: bool, ddp: bool = False, gpu: bool = Fa
     return _backward(thread, native=native, ddp=ddp, gpu=gpu) or Reading()
 
 
-def in_collective(thread: Thread, *, native: bool, ddp: bool = False, gpu: bool = False,
+def in_collective(thread: Thread, *, native: bool, ddp: bool | str = False, gpu: bool = False,
                   others: Sequence[Thread] = ()) -> tuple[str | None, str]:
     """(the operation the thread waits in or None, a note on how it was told)."""
     found = read_wait(thread, native=native, ddp=ddp, gpu=gpu, others=others)

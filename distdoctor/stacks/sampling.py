@@ -20,6 +20,7 @@ from distdoctor.diagnosis.progress import CPU_FLOOR_S
 from distdoctor.diagnosis.snapshot import EXITED, KILLED, UNKNOWN
 from distdoctor.stacks import pyspy
 from distdoctor.stacks.collective import DDP_TYPES, read_wait
+from distdoctor.stacks.sources import source_names_ddp
 from distdoctor.stacks.proc_state import ProcState, uses_gpu
 from distdoctor.stacks.procs import RankProcess
 from distdoctor.stacks.snapshots import Facts, RankView, Read, build, read_rank, python_frames
@@ -71,7 +72,9 @@ class Track:
         """The last reads as RankViews, judged with what all the reads know (the model is DDP, a
         native read's finding still holds)."""
         reads = list(self.reads)
-        ddp = any(r.main is not None and any(t in r.main.wrappers for t in DDP_TYPES) for r in reads)
+        ddp: bool | str = any(r.main is not None and any(t in r.main.wrappers for t in DDP_TYPES) for r in reads)
+        if not ddp and not self.knows_model:
+            ddp = source_names_ddp(reads)
         anchor = next((r for r in reads if r.native and r.main is not None), None)
         out = []
         for read in reads[-last:]:

@@ -115,7 +115,8 @@ class Read:
 class Facts:
     """What one rank's reads together tell about each of them."""
 
-    ddp: bool = False                  # a DistributedDataParallel model among its frames' variables (any read)
+    ddp: bool | str = False            # a DistributedDataParallel model among its frames' variables (any read),
+                                       # or a text saying how else it is known (its script's source)
     gpu: bool = False                  # its process drives a GPU
     carried: Reading | None = None     # a native read's finding, for a read at the same place since
 

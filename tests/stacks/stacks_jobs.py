@@ -72,12 +72,12 @@ def end_process(pid: int, mark: str | None = None) -> None:
 
 @contextmanager
 def hung_job(tmp: Path, mode: str, nproc: int, *launcher_args: str, argv_prefix: tuple[str, ...] = (),
-             env: dict[str, str] | None = None) -> Iterator[Job]:
+             env: dict[str, str] | None = None, script: Path = TRAIN) -> Iterator[Job]:
     """torchrun (sys.executable -m torch.distributed.run) running train.py MODE, every rank at its hang point."""
     ready = tmp / "ready"
     ready.mkdir(parents=True, exist_ok=True)
     argv = [*argv_prefix, sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            *launcher_args, str(TRAIN), mode, str(ready)]
+            *launcher_args, str(script), mode, str(ready)]
     with open(tmp / "job.log", "wb") as log:
         launcher = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env or child_env(), cwd=str(tmp))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.stacks.stacks_jobs import distdoctor, finding, hung_job, ids, line_of, report_of, stacks_once
+from tests.stacks.stacks_jobs import TRAIN, distdoctor, finding, hung_job, ids, line_of, report_of, stacks_once
 
 SLEEP_LINE = line_of("time.sleep(3600)")
 BACKWARD_LINE = line_of("loss.backward()")
@@ -194,4 +194,27 @@ def test_a_busy_job_read_again_and_again_is_never_alarmed_and_is_said_to_run(tmp
         assert ["job.I001"] in verdicts, verdicts
         running = finding(report, "job.I001") or {}
         assert not running or running["title"].startswith("Running: every rank moved between reads")
+        assert job.alive()
+
+
+MODULE_LEVEL = TRAIN.with_name("module_level.py")
+
+
+def test_a_module_level_ddp_script_is_read_by_its_source_when_no_frame_shows_the_model(tmp_path):
+    """A loop at module level has no frame variables py-spy can read: the script naming
+    DistributedDataParallel is the evidence that rank 0, idle in backward, waits in DDP's all-reduce."""
+    with hung_job(tmp_path, "sleep", 2, script=MODULE_LEVEL) as job:
+        report, code = stacks_once([str(job.pid)])
+        late = finding(report, "job.E002")
+        assert late is not None and late["ranks"] == [1], ids(report)
+        assert "module_level.py:" in late["title"] and "LINE:sleep" in late["title"]
+        assert "wraps a model in DistributedDataParallel" in late["detail"] or "DDP's gradient all-reduce" in late["detail"]
+        assert code == 1 and job.alive()
+
+
+def test_a_busy_module_level_ddp_script_is_not_alarmed(tmp_path):
+    with hung_job(tmp_path, "busy", 2, script=MODULE_LEVEL) as job:
+        report, code = stacks_once([str(job.pid)])
+        alarms = [f for f in report["findings"] if f["severity"] in ("error", "warning", "critical")]
+        assert not alarms and code == 0, [(f["id"], f["title"], f["detail"]) for f in alarms]
         assert job.alive()
