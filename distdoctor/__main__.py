@@ -37,9 +37,27 @@ def needs_torch_facts_only(argv: Sequence[str]) -> bool:
     return bool(stages) and not any(stage.strip() in CROSS_RANK_STAGES for stage in stages)
 
 
+# The commands that run torch code in this process or in the job's workers: below the oldest
+# supported torch they refuse in one line (the others read logs, stacks or code, not torch).
+RUNS_TORCH = ("check", "bench", "guard")
+
+
+def refused(argv: Sequence[str]) -> str | None:
+    """The line refusing this environment's torch for this command, or None."""
+    if not argv or argv[0] not in RUNS_TORCH or "--help" in argv or "-h" in argv:
+        return None
+    from distdoctor.machine.torch_support import refusal  # reads torch's version.py, imports nothing heavy
+
+    return refusal()
+
+
 def main() -> None:
     """The console script."""
     install_watcher(default=_starting)
+    line = refused(sys.argv[1:])
+    if line is not None:
+        sys.stderr.write(f"distdoctor: {line}\n")
+        sys.exit(2)
     if needs_torch_facts_only(sys.argv[1:]):
         from distdoctor.machine.torch_facts import prefetch  # only for the runs that read torch's facts
 

@@ -385,8 +385,13 @@ def _init_group(spec: dict[str, Any]) -> Any:
     remaining = max(1.0, spec["deadline_epoch"] - time.time())
     timeout = timedelta(seconds=remaining)
     if spec["rank"] == 0:
-        store = dist.TCPStore(spec["host"], spec["port"], spec["world_size"], True, timeout,
-                              wait_for_workers=False, master_listen_fd=spec["listen_fd"])
+        # world.store_api: a torch whose default store backend cannot serve on a given socket (2.4)
+        # gets the one that can; the store serves on its own copy of the descriptor.
+        from distdoctor.world.store_api import serve_on_listener
+
+        store = serve_on_listener(spec["host"], spec["port"], spec["listen_fd"], world_size=spec["world_size"],
+                                  timeout=timeout, wait_for_workers=False)
+        os.close(spec["listen_fd"])
     else:
         store = dist.TCPStore(spec["host"], spec["port"], spec["world_size"], False, timeout)
     dist.init_process_group(spec["backend"], store=store, rank=spec["rank"], world_size=spec["world_size"],

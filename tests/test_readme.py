@@ -24,10 +24,12 @@ def test_ci_runs_exactly_the_readme_test_command():
     test_command = quick_start_commands()[1]
     ci = (REPO / ".ci" / "run").read_text()
     ci_commands = [line for line in ci.splitlines() if line and not line.startswith(("#", "set ", "cd ", "export "))]
-    # Before it, CI only installs the launchers the suite starts (never fatal, never a test run).
-    assert ci_commands[:-1] == [".ci/install-launchers"]
+    # Before it, CI only installs the launchers the suite starts (never fatal, never a test run);
+    # after it, the compatibility matrix for the oldest and the newest torch (its own environments).
+    assert ci_commands[0] == ".ci/install-launchers"
+    assert ci_commands[2:] == ["python compat/matrix.py --ci"]
     # CI adds pip's -q only; the command is otherwise the README's, character for character.
-    assert [c.replace("pip install -q ", "pip install ") for c in ci_commands[-1:]] == [test_command]
+    assert ci_commands[1].replace("pip install -q ", "pip install ") == test_command
 
 
 def test_ci_launcher_install_is_guarded_and_never_fatal():

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 from distdoctor.bench.compare import compare
 from distdoctor.bench.interfaces import suspicious
 from distdoctor.bench.kinds import (BENCH_STOPPED, REGRESSION, SLOW_HOST, SLOW_LINK, WRONG_INTERFACE,
-                                    WRONG_RESULT)
+                                    WRONG_RESULT, OP_UNSUPPORTED)
 from distdoctor.bench.outliers import INTER, Slow, Verdict, judge
 from distdoctor.bench.sizes import bus_factor
 from distdoctor.core.findings import Finding
@@ -136,6 +136,17 @@ def result_findings(rows: Sequence[Mapping[str, Any]], stopped: Mapping[int, str
     return findings
 
 
+def unsupported_findings(unsupported: Mapping[str, str], backend: str) -> list[Finding]:
+    """The ops this torch's backend cannot run at all: not measured, said once."""
+    if not unsupported:
+        return []
+    ops = sorted(unsupported)
+    return [OP_UNSUPPORTED(
+        f"Not measured: {', '.join(ops)} (this torch's {backend} cannot run {'it' if len(ops) == 1 else 'them'})",
+        detail="\n".join(f"{op}: {unsupported[op]}" for op in ops), check=CHECK, data={"unsupported": dict(unsupported)},
+    )]
+
+
 def regression_findings(bench: Mapping[str, Any], baseline: Mapping[str, Any] | None, tolerance: float) -> tuple[list[Finding], dict[str, Any] | None]:
     if baseline is None:
         return [], None
@@ -153,7 +164,7 @@ def regression_findings(bench: Mapping[str, Any], baseline: Mapping[str, Any] | 
 def assemble(*, size: int, hosts: Mapping[int, str], sweeps: Mapping[int, Sequence[Mapping[str, Any]]],
              links: Sequence[Mapping[str, Any]], routes: Mapping[int, Mapping[str, Any]], stopped: Mapping[int, str],
              backend: str, baseline: Mapping[str, Any] | None = None, tolerance: float = 0.2,
-             measured_links: bool = True) -> tuple[dict[str, Any], list[Finding]]:
+             measured_links: bool = True, unsupported: Mapping[str, str] | None = None) -> tuple[dict[str, Any], list[Finding]]:
     """(the report's data.bench, the findings) from what every rank measured."""
     rows = sweep_rows(sweeps, size)
     linked = with_hosts(links, hosts)
@@ -174,7 +185,10 @@ def assemble(*, size: int, hosts: Mapping[int, str], sweeps: Mapping[int, Sequen
         },
         "interfaces": {str(r): dict(v) for r, v in sorted(routes.items())},
     }
-    findings = result_findings(rows, stopped) + slow_findings(verdict, hosts) + interface_findings(routes, hosts)
+    if unsupported:
+        bench["unsupported"] = dict(sorted(unsupported.items()))
+    findings = (result_findings(rows, stopped) + unsupported_findings(unsupported or {}, backend)
+                + slow_findings(verdict, hosts) + interface_findings(routes, hosts))
     more, summary = regression_findings(bench, baseline, tolerance)
     if summary is not None:
         bench["compare"] = summary

@@ -52,3 +52,9 @@ RANKS_MISSING = finding_kind(
     title="Ranks never joined the bench before the deadline",
     hint="Start every rank (same --world-size, MASTER_ADDR and MASTER_PORT), or run `distdoctor check` to see why",
 )
+OP_UNSUPPORTED = finding_kind(
+    "bench.I006",
+    cause="unknown",
+    title="A collective this torch's backend cannot run was left out of the sweep",
+    hint="Nothing is wrong with the job's set-up; a newer torch runs it (torch 2.1's gloo has no reduce_scatter)",
+)

@@ -231,7 +231,7 @@ class BenchRank:
         self.stage = "sweep"
         sweep_plan = SweepPlan(tuple(plan["ops"]), sizes, int(plan["iters"]), int(plan["warmup"]), self.work_deadline)
         began = self.clock()
-        self.own["sweep"], self.own["stopped"] = run_sweep(comm, sweep_plan, step("sweep"))
+        self.own["sweep"], self.own["stopped"], self.own["unsupported"] = run_sweep(comm, sweep_plan, step("sweep"))
         self.durations["sweep"] = self.clock() - began
 
     def _comm(self, world: World, on_gpu: bool) -> Comm:
@@ -279,6 +279,8 @@ class BenchRank:
             size=size, hosts=self.hosts, sweeps={r: v.get("sweep") or [] for r, v in results.items()},
             links=[l for v in results.values() for l in v.get("links") or []],
             routes={r: v.get("routes") or {} for r, v in results.items()}, stopped=stopped, backend=backend,
+            unsupported={str(op): str(why) for v in results.values() if isinstance(v.get("unsupported"), dict)
+                         for op, why in v["unsupported"].items()},
             baseline=self.settings.baseline, tolerance=self.settings.tolerance,
             measured_links="link_matrix" not in self._skipped())
         return self._report([*findings, *extra], data=bench, incomplete=incomplete, reported=sorted(results),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -25,19 +26,50 @@ class SweepPlan:
     deadline: float  # on this rank's monotonic clock: past it, every rank stops together
 
 
+# A backend that cannot run an op at all says so before anything is sent, in the same words on
+# every rank of one torch (torch 2.1's gloo: "no support for _allgather_base in Gloo process
+# group", "Backend gloo does not support _reduce_scatter_base", "ProcessGroupGloo does not support
+# reduce_scatter"): the group is still in step, so the op is left out and the sweep goes on.
+_UNSUPPORTED = re.compile(r"no support for|does not support", re.I)
+
+
+def unsupported(exc: BaseException) -> bool:
+    return isinstance(exc, (RuntimeError, NotImplementedError)) and bool(_UNSUPPORTED.search(str(exc)))
+
+
 def _call(comm: Comm, op: str) -> Callable[[Any, Any], None]:
     """The torch call for ``op`` on (input, output) buffers."""
     dist, group = comm.dist, comm.group
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     calls = {
         "all_reduce": lambda i, o: dist.all_reduce(i, group=group),
-        "all_gather": lambda i, o: gather(o, i, group=group),
+        "all_gather": _gather(comm),
         "reduce_scatter": lambda i, o: scatter(o, i, group=group),
         "broadcast": lambda i, o: dist.broadcast(i, 0, group=group),
         "all_to_all": lambda i, o: dist.all_to_all_single(o, i, group=group),
     }
     return calls[op]
+
+
+def _gather(comm: Comm) -> Callable[[Any, Any], None]:
+    """all_gather into one tensor; where this torch's backend has no such form (torch 2.1's gloo),
+    the list form into views of the same tensor: the same bytes move, so the figures compare."""
+    dist, group = comm.dist, comm.group
+    tensor_form = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
+    use_list = [tensor_form is None]
+
+    def call(inp: Any, out: Any) -> None:
+        if not use_list[0]:
+            try:
+                tensor_form(out, inp, group=group)
+                return
+            except Exception as exc:
+                if not unsupported(exc):
+                    raise
+                use_list[0] = True
+        dist.all_gather(list(out.chunk(comm.size)), inp, group=group)
+
+    return call
 
 
 def _buffers(comm: Comm, op: str, count: int) -> tuple[Any, Any]:
@@ -99,18 +131,26 @@ def measure(comm: Comm, op: str, size: int, plan: SweepPlan, clock: Callable[[],
             "iters": iters, "time_s": elapsed / iters, "correct": correct}
 
 
-def run_sweep(comm: Comm, plan: SweepPlan, progress: Callable[[str], None] = lambda _: None) -> tuple[list[dict[str, Any]], str | None]:
-    """Every op at every size, in the same order on every rank. Returns this rank's rows and,
-    when the sweep stopped early, why (every later figure is missing)."""
+def run_sweep(comm: Comm, plan: SweepPlan, progress: Callable[[str], None] = lambda _: None
+              ) -> tuple[list[dict[str, Any]], str | None, dict[str, str]]:
+    """Every op at every size, in the same order on every rank. Returns this rank's rows, when
+    the sweep stopped early, why (every later figure is missing), and the ops this torch's
+    backend cannot run at all (left out, with its words)."""
     rows: list[dict[str, Any]] = []
+    left_out: dict[str, str] = {}
     for op in plan.ops:
         for size in plan.sizes:
             progress(f"{op} {human_bytes(size)}")
             try:
                 row = measure(comm, op, size, plan)
-            except Exception as exc:  # the group is out of step now: nothing later can run
-                return rows, f"{op} at {human_bytes(size)} failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+            except Exception as exc:
+                message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                if unsupported(exc) and not any(r["op"] == op for r in rows):
+                    left_out[op] = message  # refused at its first call, before any byte moved
+                    break
+                # The group is out of step now: nothing later can run.
+                return rows, f"{op} at {human_bytes(size)} failed: {message}", left_out
             if row is None:
-                return rows, f"{DEADLINE_STOP} {op} at {human_bytes(size)}"
+                return rows, f"{DEADLINE_STOP} {op} at {human_bytes(size)}", left_out
             rows.append(row)
-    return rows, None
+    return rows, None, left_out

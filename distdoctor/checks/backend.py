@@ -6,6 +6,7 @@ from distdoctor.core.context import CheckContext
 from distdoctor.machine.launchers import LSF, MPICH, OPENMPI, PMIX, SLURM
 from distdoctor.machine.probes import Unknown
 from distdoctor.machine.torch_facts import CANNOT_IMPORT, import_failed
+from distdoctor.machine.torch_support import OLDEST_TEXT, refusal
 from distdoctor.core.registry import check, finding_kind
 
 DISTRIBUTED_MISSING = finding_kind(
@@ -32,6 +33,24 @@ TORCH_BROKEN = finding_kind(
     "backend.C006", cause="backend_unavailable",
     title="torch cannot be imported in this environment",
     hint="Reinstall torch in the job's environment; `python -c 'import torch'` shows the error",
+)
+# The commands that run torch refuse such a torch at start (one line, machine.torch_support), and
+# the embedded API raises PreflightError with this finding; the check below says it wherever the
+# checks run without that gate (the pytest plugin, a checks-only call).
+TORCH_UNSUPPORTED = finding_kind(
+    "backend.E007", cause="version_incompat",
+    title="This torch is older than the oldest release distdoctor supports",
+    hint="Install torch 2.1 or newer in the job's environment (docs/compatibility.md lists the tested releases)",
+)
+NUMPY_UNUSABLE = finding_kind(
+    "backend.E008", cause="version_incompat",
+    title="This torch cannot use the installed NumPy (built against another NumPy major version)",
+    hint="pip install 'numpy<2' in the job's environment, or a torch release built for NumPy 2",
+)
+TORCHVISION_MISMATCH = finding_kind(
+    "backend.W009", cause="version_incompat",
+    title="torchvision was built for another torch release",
+    hint="Install the torchvision release made for this torch, from the same index as torch (pip install torch==<this> torchvision)",
 )
 MPI_WITHOUT_MPIRUN = finding_kind(
     "backend.W005", cause="launcher_misuse",
@@ -108,6 +127,55 @@ def backend_available(ctx: CheckContext):
             "NCCL_DEBUG=INFO prints the NCCL version each rank loads",
             data={"torch": version, "cuda": info.get("cuda"), "nccl": info.get("nccl")},
         )
+
+
+@check(stage="local", tags=("backend",), emits=(TORCH_UNSUPPORTED,))
+def torch_supported(ctx: CheckContext):
+    """This torch is within the releases distdoctor supports (2.1 and newer)."""
+    info = torch_backends(ctx)
+    version = info.get("torch") if isinstance(info, dict) else None
+    line = refusal(str(version)) if version else None
+    if line is None:
+        return
+    yield TORCH_UNSUPPORTED(
+        f"torch {version} is older than the oldest release distdoctor supports ({OLDEST_TEXT})",
+        detail=line, remediation=f"pip install 'torch>={OLDEST_TEXT}' in the job's environment",
+        data={"torch": version, "oldest": OLDEST_TEXT},
+    )
+
+
+@check(stage="local", tags=("backend",), emits=(NUMPY_UNUSABLE,))
+def numpy_bridge(ctx: CheckContext):
+    """torch's bridge to NumPy works (a torch built for NumPy 1 fails on NumPy 2)."""
+    info = torch_backends(ctx)
+    bridge = info.get("numpy") if isinstance(info, dict) else None
+    if not isinstance(bridge, dict) or bridge.get("works") is not False:
+        return  # NumPy absent (torch runs without it), working, or not told
+    yield NUMPY_UNUSABLE(
+        f"torch {info.get('torch')} cannot use NumPy {bridge.get('version')}: {bridge.get('error')}",
+        detail="torch.from_numpy fails here, so does everything built on it: tensor.numpy(), DataLoader batches of "
+        "NumPy arrays, and (on torch 2.1) broadcast_object_list. The NumPy message printed when torch is imported "
+        "(\"A module that was compiled using NumPy 1.x cannot be run in NumPy 2...\") says the same.",
+        remediation="pip install 'numpy<2' in the job's environment (or a torch release built for NumPy 2)",
+        data={"torch": info.get("torch"), "numpy": bridge.get("version"), "error": bridge.get("error")},
+    )
+
+
+@check(stage="local", tags=("backend",), emits=(TORCHVISION_MISMATCH,))
+def torchvision_matches(ctx: CheckContext):
+    """An installed torchvision was built for this torch (its wheel's requirement, read without importing it)."""
+    info = torch_backends(ctx)
+    vision = info.get("torchvision") if isinstance(info, dict) else None
+    if not isinstance(vision, dict) or vision.get("satisfied") is not False:
+        return  # not installed, matching, or not told
+    yield TORCHVISION_MISMATCH(
+        f"torchvision {vision.get('version')} requires {vision.get('requires')}; this is torch {info.get('torch')}",
+        detail="A torchvision built for another torch fails when the job imports it (\"operator torchvision::nms "
+        "does not exist\") or in its compiled operators. distdoctor itself does not use torchvision.",
+        remediation=f"pip install the torchvision release made for torch {info.get('torch')} from the same index as "
+        "torch (e.g. pip install 'torch==<this version>' torchvision, which resolves the matching one)",
+        data={"torch": info.get("torch"), "torchvision": vision.get("version"), "requires": vision.get("requires")},
+    )
 
 
 @check(stage="local", tags=("backend", "mpi"), emits=(MPI_WITHOUT_MPIRUN,))

@@ -186,11 +186,17 @@ def run_op(ops: Ops, name: str, op: Callable[[Ops], str | None], poison: Callabl
         timed_out = bool(_TIMEOUT_WORDS.search(message)) or elapsed >= ops.timeout_s * 0.95
         poison(f"{ops.backend} {name}")
         kind = OP_TIMED_OUT if timed_out else OP_FAILED
+        extra: dict[str, Any] = {}
+        if "numpy is not available" in message.lower():
+            # torch's bridge to NumPy is broken (backend.E008 names the versions), not the backend.
+            extra["remediation"] = ("torch cannot use the installed NumPy (see backend.E008): pip install 'numpy<2' "
+                                    "in the job's environment, or a torch release built for NumPy 2")
         return [
             kind(
                 f"{ops.backend} {name} " + (f"did not complete within {ops.timeout_s:g}s" if timed_out else f"failed: {message}"),
                 detail=f"{type(exc).__name__}: {message}",
                 data={"op": name, "backend": ops.backend, "elapsed_s": round(elapsed, 4), "world_size": ops.size},
+                **extra,
             )
         ]
     if problem:

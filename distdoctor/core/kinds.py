@@ -47,4 +47,14 @@ RUN_INTERRUPTED = FindingKind(
     hint="The report is partial: run distdoctor check again to the end for the rest",
 )
 
-CORE_KINDS = (CHECK_CRASHED, PLUGIN_LOAD_FAILED, CHECK_TIMED_OUT, RUN_DEADLINE, DEADLINE_TOO_SHORT, RUN_INTERRUPTED)
+# An interface of torch that this release lacks, met where distdoctor uses it (a fallback failed
+# or none exists): said as what could not be examined, never as a fault of the user's set-up.
+TORCH_LACKS = FindingKind(
+    id="core.E007",
+    cause="unknown",
+    title="This torch lacks an interface distdoctor uses; what depends on it was not examined",
+    hint="Nothing about your job is implied; docs/compatibility.md lists the torch releases distdoctor is tested with",
+)
+
+CORE_KINDS = (CHECK_CRASHED, PLUGIN_LOAD_FAILED, CHECK_TIMED_OUT, RUN_DEADLINE, DEADLINE_TOO_SHORT, RUN_INTERRUPTED,
+              TORCH_LACKS)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Mapping
 from urllib.parse import parse_qs, urlparse
@@ -42,6 +42,7 @@ from distdoctor.world.checkin import (
     malformed_finding,
 )
 from distdoctor.world import kinds as world_kinds
+from distdoctor.world.store_api import rendezvous_store_options, store_refusal
 from distdoctor.world.store_open import wait_for_listener
 
 CHECK = "init_process_group"
@@ -94,6 +95,12 @@ INIT_MASTER_FILTERED = finding_kind(
     title="Connections to MASTER_ADDR:MASTER_PORT time out (dropped or filtered)",
     hint="Open MASTER_PORT between the nodes (firewall, security group) or use an address on a reachable network",
 )
+INIT_STORE_REFUSED = finding_kind(
+    "init.E010",
+    cause="backend_unavailable",
+    title="torch cannot open the rendezvous store the way it is asked to (a store backend this build lacks)",
+    hint="Unset USE_LIBUV (and use_libuv in the init_method URL) so torch picks a store backend it has, or install a torch build with libuv",
+)
 INIT_FOREIGN_SERVICE = finding_kind(
     "init.E009",
     cause="foreign_service_on_port",
@@ -119,7 +126,9 @@ class Target:
     rank: int
     world_size: int
     agent_store: bool  # torchrun's agent hosts the store: every rank is a client
-    use_libuv: bool = True
+    # The TCPStore options torch's own rendezvous will use (world.store_api): the store opened
+    # here is shared with torch's, so it is opened the same way.
+    store_options: Mapping[str, Any] = field(default_factory=dict)
 
 
 _ATTEMPTS: dict[tuple[str, int], int] = {}
@@ -130,7 +139,6 @@ def resolve_target(init_method: str | None, rank: int, world_size: int, env: Map
     url = init_method or "env://"
     parsed = urlparse(url)
     query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
-    use_libuv = query.get("use_libuv", env.get("USE_LIBUV", "1")) != "0"
     try:
         if parsed.scheme == "env":
             host = env["MASTER_ADDR"]
@@ -147,7 +155,7 @@ def resolve_target(init_method: str | None, rank: int, world_size: int, env: Map
     except (KeyError, ValueError):
         return None  # torch reports the missing variable itself; the local checks name it too
     agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    return Target(host, port, rank, world_size, agent, use_libuv)
+    return Target(host, port, rank, world_size, agent, rendezvous_store_options(parsed.scheme, query, env))
 
 
 # How long rank 0 keeps its store up after a failing verdict, for the others to read it.
@@ -181,6 +189,10 @@ def open_store(target: Target, deadline: float, probes: Any = None) -> Any:
             store = call_with_deadline(lambda: _tcp_store(target, is_master, remaining), remaining + 0.5,
                                        "store connect")
     except Exception as exc:  # torch raises RuntimeError / DistNetworkError subclasses
+        refusal = store_refusal(exc)
+        if refusal:
+            # Not the network: this torch cannot open the store the way its rendezvous asks.
+            raise CheckInFailed([_store_refused(target, refusal)]) from None
         if is_master:
             raise CheckInFailed([_master_failure(target, exc, probes)]) from None
         raise CheckInFailed([_client_failure(target, f"store handshake failed: {type(exc).__name__}", deadline,
@@ -196,7 +208,7 @@ def _tcp_store(target: Target, is_master: bool, timeout_s: float) -> Any:
     from torch.distributed import TCPStore
 
     return TCPStore(target.host, target.port, None, is_master, timedelta(seconds=timeout_s),
-                    wait_for_workers=False, multi_tenant=True, use_libuv=target.use_libuv)
+                    wait_for_workers=False, multi_tenant=True, **target.store_options)
 
 
 def _refuse_foreign(target: Target, deadline: float, probes: Any) -> bool:
@@ -213,6 +225,16 @@ def _refuse_foreign(target: Target, deadline: float, probes: Any) -> bool:
         "client would wait on that program until its timeout.",
         ranks=(target.rank,), check=CHECK, data={"protocol": identity.protocol, "port": target.port},
     )]) from None
+
+
+def _store_refused(target: Target, refusal: str) -> Finding:
+    asked = ", ".join(f"{k}={v}" for k, v in sorted(target.store_options.items())) or "torch's defaults"
+    return INIT_STORE_REFUSED(
+        f"Rank {target.rank}: torch cannot open the rendezvous store on {target.host}:{target.port} as asked ({asked})",
+        detail=f"torch's TCPStore refused: {refusal}. torch's own init_process_group would fail the same way; "
+        "nothing is known about the network or the other ranks.",
+        ranks=(target.rank,), check=CHECK, data={"options": dict(target.store_options)},
+    )
 
 
 def _master_failure(target: Target, exc: BaseException, probes: Any) -> Finding:

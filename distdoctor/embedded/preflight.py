@@ -25,6 +25,7 @@ preflight's exchange, in order (every step has a deadline within ``timeout``):
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import io
 import json
@@ -38,6 +39,7 @@ from typing import Any, Mapping
 
 from distdoctor.checks._support import tensor_specs as ts
 from distdoctor.checks._support.tensor_specs import SpecTable, TensorSpec, values_close
+from distdoctor.checks.backend import TORCH_UNSUPPORTED
 from distdoctor.core.config import Config, load_config
 from distdoctor.core.findings import Finding, Severity
 from distdoctor.core.kinds import RUN_DEADLINE
@@ -49,6 +51,7 @@ from distdoctor.embedded import setup_checks as pc
 from distdoctor.machine.host import diagnose_here
 from distdoctor.machine.launchers import detect
 from distdoctor.machine.probes import Probes
+from distdoctor.machine.torch_support import OLDEST_TEXT, installed_version, refusal
 from distdoctor.world.checkin import VERDICT, CheckInProtocol, Prefixed, StoreGone, first_line, malformed_finding
 from distdoctor.world import kinds as world_kinds
 
@@ -69,6 +72,16 @@ class PreflightError(RuntimeError):
     def __init__(self, report: Report, message: str | None = None) -> None:
         self.report = report
         super().__init__(message if message is not None else render_plain(report))
+
+
+def _refuse_unsupported_torch() -> None:
+    """PreflightError (its message one line) when this torch is older than distdoctor supports."""
+    version = installed_version()
+    line = refusal(version)
+    if line is not None:
+        finding = TORCH_UNSUPPORTED(f"torch {version} is older than the oldest release distdoctor supports ({OLDEST_TEXT})",
+                                    detail=line, check="torch_support")
+        raise PreflightError(build_report([finding], duration_s=0.0), message=f"distdoctor: {line}")
 
 
 def render_plain(report: Report) -> str:
@@ -107,6 +120,7 @@ def preflight(
     Findings below ``fail_level`` at warning or above are logged at WARNING on rank 0 (logger
     ``distdoctor``), so they reach stderr without any logging set-up.
     """
+    _refuse_unsupported_torch()
     # torch is imported here, not at the top: `import distdoctor` must stay cheap for the CLI.
     import torch
     import torch.distributed as dist
@@ -279,6 +293,7 @@ class _Exchange:
         torch = self.torch
         mine = torch.tensor(values, dtype=torch.int64, device=self.device)
         out = [torch.zeros_like(mine) for _ in range(self.world)]
+        _hold(mine, out)
         _wait(self.dist.all_gather(out, mine, group=self.group, async_op=True), self.deadline, what, self.world)
         return [t.cpu().tolist() for t in out]
 
@@ -289,6 +304,7 @@ class _Exchange:
         if data:
             padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         out = [torch.zeros_like(padded) for _ in range(self.world)]
+        _hold(padded, out)
         _wait(self.dist.all_gather(out, padded, group=self.group, async_op=True), self.deadline,
               "details all_gather", self.world)
         return {r: bytes(t[:size].cpu().tolist()) for r, (t, size) in enumerate(zip(out, sizes)) if size}
@@ -298,14 +314,36 @@ class _Exchange:
         torch, dist = self.torch, self.dist
         src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
         size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        _hold(size)
         _wait(dist.broadcast(size, src=src, group=self.group, async_op=True), self.deadline,
               "reference broadcast", self.world)
         buffer = torch.zeros(int(size.item()), dtype=torch.uint8, device=self.device)
         if data:
             buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        _hold(buffer)
         _wait(dist.broadcast(buffer, src=src, group=self.group, async_op=True), self.deadline,
               "reference broadcast", self.world)
         return bytes(buffer.cpu().tolist())
+
+
+# The tensors of preflight's last collectives, kept referenced after preflight returns. On torch
+# 2.1-2.4 (measured: 2.1.2 and 2.4.1, gloo; not 2.8.0) a gloo worker thread that drops a finished
+# Work holding the last reference to a tensor created in Python must take the GIL to free it, while
+# destroy_process_group joins that thread holding the GIL: the job deadlocks at its end (a plain
+# all_gather + destroy_process_group without distdoctor, on a loaded 2-core machine: 4 runs in 12
+# on 2.1.2, 4 in 8 and 3 in 8 on 2.4.1; compat/jobs/preflight_job.py with preflight's tensors
+# held as below: 0 in 8 on each, beside the 3 in 8).
+# Held here, preflight's tensors are never the last reference. A gloo worker releases its Work
+# before it takes the next, and preflight waits for each collective, so at most the last one per
+# worker (gloo has 2) is unreleased: the last 4 collectives' tensors are kept. Only CPU tensors
+# (gloo's): nothing of a GPU's memory is kept past preflight.
+_HELD: collections.deque = collections.deque(maxlen=4)
+
+
+def _hold(*tensors: Any) -> None:
+    flat = [t for item in tensors for t in (item if isinstance(item, (list, tuple)) else [item])]
+    if all(getattr(getattr(t, "device", None), "type", None) == "cpu" for t in flat):
+        _HELD.append(tuple(flat))
 
 
 def _encode_payload(findings: list[Finding], delta: Mapping[str, Any]) -> bytes:
@@ -504,9 +542,9 @@ def init_process_group(
     apart from the local checks. ``guard=True`` (or a dict of distdoctor.guard's arguments)
     turns the runtime guard on once the group exists; left None, DISTDOCTOR_GUARD=1 does.
     """
+    _refuse_unsupported_torch()
     # torch is imported here, not at the top: `import distdoctor` must stay cheap for the CLI.
     import torch.distributed as dist
-
 
     started = time.monotonic()
     fail = Severity.parse(fail_level)

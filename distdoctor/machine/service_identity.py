@@ -6,6 +6,10 @@ with torch 2.13 on both the libuv and the legacy backend):
   - to a client that sends QueryType::VALIDATE (0) with the magic 0x3C85F7CE and then
     QueryType::PING (13) with a 32-bit nonce, it answers the nonce (4 bytes) at once. Both
     messages are read-only: the store's keys are untouched;
+  - a store of a torch release without PING (2.1-2.4) closes the connection on it; it answers
+    QueryType::CHECK (a 64-bit key count, then per key a 64-bit length and the bytes) with one
+    byte, NOT_READY (1) for a key that does not exist -- read-only too, and in every release
+    (numbered 5, or 4 on torch 2.1, whose protocol has no VALIDATE);
   - to an HTTP request or a short garbage write it answers nothing and keeps the connection
     open (it waits for the rest of a "message"), so silence alone proves nothing.
 So the probe: (1) wait briefly for a banner (SSH, SMTP, FTP, MySQL... speak first) -> foreign;
@@ -30,7 +34,9 @@ from typing import Any
 
 import psutil
 
-VALIDATE, PING = 0, 13
+VALIDATE, CHECK, PING = 0, 5, 13
+CHECK_BEFORE_VALIDATE = 4  # torch 2.1: no VALIDATE, so every query type is one lower
+NOT_READY = 1  # CheckResponseType: the key does not exist
 MAGIC = 0x3C85F7CE
 
 C10D_STORE = "c10d_store"
@@ -122,6 +128,48 @@ def _parent_holds(sock: socket.socket, port: int) -> str:
     return ""
 
 
+def _answers_check(address: tuple, family: int, left: Any) -> str:
+    """Which store generation answers a read-only CHECK of a key nobody writes ('' if none).
+
+    Stores without the ping query close the connection on it. CHECK is in every release and its
+    answer is one byte, NOT_READY for a missing key; it is asked twice, so that a stray byte from
+    a foreign service does not pass. Two wire generations (measured with real stores):
+    torch 2.2-2.4 validate first and number CHECK 5; torch 2.1 has no validation and numbers it 4
+    (its SET is 0, so the validation message is a SET whose 64-bit key length is about 10^12:
+    the store drops the connection and writes nothing).
+    """
+    for name, hello, check in (("validating", struct.pack("<BI", VALIDATE, MAGIC), CHECK),
+                               ("pre-validation", b"", CHECK_BEFORE_VALIDATE)):
+        if left() <= 0.1:
+            return ""
+        key = b"distdoctor/identity/" + os.urandom(8).hex().encode()
+        query = struct.pack("<BQQ", check, 1, len(key)) + key
+        if _two_answers(address, family, left, hello + query + query) == bytes([NOT_READY, NOT_READY]):
+            return name
+    return ""
+
+
+def _two_answers(address: tuple, family: int, left: Any, message: bytes) -> bytes:
+    """The first two bytes answered to ``message`` on a fresh connection when no third follows."""
+    try:
+        sock = _connect(address, family, min(max(left(), 0.05), 1.0))
+    except OSError:
+        return b""
+    try:
+        sock.sendall(message)
+        reply = b""
+        while len(reply) < 2 and left() > 0.05:
+            chunk = _recv(sock, min(0.25, left() - 0.05), 2 - len(reply))
+            if chunk == b"":
+                return b""
+            reply += chunk or b""
+        return reply if len(reply) == 2 and not _recv(sock, 0.02, 1) else b""
+    except OSError:
+        return b""
+    finally:
+        sock.close()
+
+
 # How long a greeting (SSH, SMTP...) is waited for before the store handshake is sent. A server
 # on this host greets within a millisecond; one that greets later answers the handshake with its
 # greeting instead, which still reads as foreign (only the detail differs).
@@ -179,6 +227,11 @@ def identify(host: str, port: int, timeout: float = 1.5) -> PortIdentity:
             if chunk is None:
                 continue
             if chunk == b"":
+                generation = _answers_check(address, family, left) if not reply else ""
+                if generation:
+                    return PortIdentity(C10D_STORE, f"it answered a c10d store key check ({generation} protocol, "
+                                        "read-only): a store of a torch release without the ping query",
+                                        elapsed_s=time.monotonic() - start)
                 return PortIdentity(FOREIGN, "it closed the connection on a c10d store handshake (validate + ping)",
                                     _printable(reply), _protocol(reply), time.monotonic() - start)
             reply += chunk

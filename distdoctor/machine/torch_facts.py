@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,7 +65,95 @@ def read_torch_info() -> dict[str, Any]:
             info["nccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
         except Exception:
             info["nccl"] = None
+    info["numpy"] = read_numpy_bridge(torch)
+    info["torchvision"] = read_torchvision(str(torch.__version__))
     return info
+
+
+_REQUIREMENT = re.compile(r"^Requires-Dist:\s*torch\s*\(?\s*([^;)]*?)\s*\)?\s*(;.*)?$", re.M)
+_CLAUSE = re.compile(r"^\s*(==|>=|<=|!=|~=|>|<)\s*([0-9][0-9a-zA-Z.+*]*)\s*$")
+
+
+def read_torchvision(torch_version: str) -> dict[str, Any] | None:
+    """torchvision's version and the torch release it was built for, from its installed metadata
+    (its wheel's ``Requires-Dist: torch ...``), without importing it (that costs a large part of
+    a torch import); None when torchvision is not installed. A torchvision built for another torch
+    fails at import ("operator torchvision::nms does not exist") or in its operators."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torchvision")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    site = os.path.dirname(os.path.dirname(spec.origin))
+    try:
+        infos = [n for n in os.listdir(site) if n.startswith("torchvision-") and n.endswith(".dist-info")]
+        if len(infos) != 1:
+            return {"version": None, "requires": None, "satisfied": None}
+        version = infos[0][len("torchvision-"):-len(".dist-info")]
+        with open(os.path.join(site, infos[0], "METADATA"), encoding="utf-8") as fh:
+            match = _REQUIREMENT.search(fh.read(65536))
+    except OSError:
+        return {"version": None, "requires": None, "satisfied": None}
+    requires = match.group(1).strip() if match else ""
+    return {"version": version, "requires": f"torch{requires}" if requires else None,
+            "satisfied": satisfies(torch_version, requires) if requires else None}
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    found = re.match(r"\s*(\d+(?:\.\d+)*)", version)
+    return tuple(int(p) for p in found.group(1).split(".")) if found else None
+
+
+def satisfies(version: str, specifier: str) -> bool | None:
+    """Whether ``version`` meets a requirement such as '>=2.14.0' or '==2.4.1,<3' (release parts
+    only, local labels ignored); None when a clause cannot be read."""
+    have = _release(version)
+    if have is None:
+        return None
+    for clause in specifier.split(","):
+        found = _CLAUSE.match(clause)
+        if found is None:
+            return None
+        op, text = found.groups()
+        if text.endswith(".*"):
+            want = _release(text[:-2])
+            if want is None or op not in ("==", "!="):
+                return None
+            equal = have[:len(want)] == want
+            if equal != (op == "=="):
+                return False
+            continue
+        want = _release(text)
+        if want is None:
+            return None
+        width = max(len(have), len(want))
+        a, b = have + (0,) * (width - len(have)), want + (0,) * (width - len(want))
+        ok = {"==": a == b, "!=": a != b, ">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b,
+              "~=": a >= b and a[:len(want) - 1] == b[:len(want) - 1]}[op]
+        if not ok:
+            return False
+    return True
+
+
+def read_numpy_bridge(torch: Any) -> dict[str, Any] | None:
+    """NumPy as this torch sees it: its version and whether torch's bridge to it works (None when
+    NumPy is not installed: torch runs without it). Tried, not inferred from versions: a torch
+    built against NumPy 1 (the PyPI wheels of torch 2.1) cannot use NumPy 2; torch.from_numpy then raises
+    "Numpy is not available", and so does everything built on it (tensor.numpy(), DataLoader
+    batches of arrays, broadcast_object_list on torch 2.1)."""
+    try:
+        import numpy  # torch imported it already when it could
+    except Exception:
+        return None
+    version = str(getattr(numpy, "__version__", "?"))
+    try:
+        torch.from_numpy(numpy.zeros(1, dtype=numpy.float32))
+    except Exception as exc:
+        return {"version": version, "works": False, "error": f"{type(exc).__name__}: {str(exc).strip()[:200]}"}
+    return {"version": version, "works": True}
 
 
 def read_gpus() -> list[dict[str, Any]]:

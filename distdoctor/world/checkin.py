@@ -31,6 +31,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from distdoctor.world.store_api import keys_exist
+
 # A check-in carries findings and a snapshot; 64 KiB is ~10x a typical one, and keeps a
 # 1024-rank gather under 64 MiB even when every rank is at the bound.
 MAX_MESSAGE_BYTES = 64 * 1024
@@ -206,7 +208,12 @@ class CheckInProtocol:
         self._do("set", key, encode(value, limit))
 
     def exists(self, key: str) -> bool:
-        return bool(self._do("check", [key]))
+        return self.all_exist([key])
+
+    def all_exist(self, keys: Sequence[str]) -> bool:
+        """Whether every key exists (never waits; see store_api for a torch without Store.check)."""
+        with self.lock:
+            return keys_exist(self.store, keys)
 
     def read(self, key: str, fields: Mapping[str, Validator] | None = None, required: Sequence[str] = (),
              limit: int = MAX_MESSAGE_BYTES) -> dict[str, Any] | None:
@@ -220,7 +227,7 @@ class CheckInProtocol:
         """Several JSON objects with one request when they all exist (a missing one: None, never waited on)."""
         if not keys:
             return {}
-        if self._do("check", list(keys)):
+        if self.all_exist(keys):
             raws = self._do("multi_get", list(keys))
             return {k: self.parse(k, raw, fields, required) for k, raw in zip(keys, raws)}
         return {k: self.read(k, fields, required) for k in keys}
@@ -373,7 +380,7 @@ class CheckInProtocol:
         was set, over the same connection, so a line without one is never waited on: it is noted
         once and left out."""
         fresh = [e for e in entries if e not in self._verified and e not in self._dangling]
-        if fresh and self._do("check", [f"checkin/{r}/{c}" for r, c in fresh]):
+        if fresh and self.all_exist([f"checkin/{r}/{c}" for r, c in fresh]):
             self._verified.update(fresh)
         else:
             for r, c in fresh:

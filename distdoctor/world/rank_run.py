@@ -35,6 +35,7 @@ from distdoctor.core.interrupt import set_interrupt_handler
 from distdoctor.core.progress import PROGRESS
 from distdoctor.core.engine import load_registry, report_from_runner
 from distdoctor.core.findings import Finding, Severity
+from distdoctor.core.kinds import TORCH_LACKS
 from distdoctor.machine.probes import Probes
 from distdoctor.core.registry import Registry
 from distdoctor.core.stages import CROSS_RANK_STAGES
@@ -251,6 +252,15 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
         self.ctx.world = world
         try:
             world.check_in({**checkin_payload(self.ctx, self.runner), "blocked": self._blocked()}, self.work_deadline)
+        except (AttributeError, TypeError, NotImplementedError) as exc:
+            # An interface this torch lacks (world.store_api makes up for those it knows): not the
+            # network, and nothing about the user's set-up.
+            reason = "skipped: this torch lacks a store interface the check-in uses"
+            for stage in CROSS_RANK_STAGES:
+                self._stage(stage, skip_reason=reason)
+            return self._finish_alone([TORCH_LACKS(
+                f"Rank {spec.rank}: the check-in through the rendezvous store could not run on this torch",
+                detail=f"{type(exc).__name__}: {str(exc).strip()[:300]}", ranks=(spec.rank,), hosts=self._host())])
         except Exception as exc:  # the store dropped this connection (its host ended, or refused us)
             reason = "skipped: the rendezvous store stopped answering during the check-in"
             for stage in CROSS_RANK_STAGES:

@@ -32,7 +32,7 @@ from typing import Any, Callable
 from distdoctor.core.config import Config
 from distdoctor.core.engine import load_registry, report_from_runner
 from distdoctor.core.stages import STAGES
-from distdoctor.core.kinds import RUN_DEADLINE
+from distdoctor.core.kinds import RUN_DEADLINE, TORCH_LACKS
 from distdoctor.core.report import WorldSummary, build_report
 from distdoctor.core.runner import Runner
 from distdoctor.machine.host import build_context
@@ -45,7 +45,7 @@ from distdoctor.core.interrupt import (
     signal_name,
 )
 from distdoctor.core.progress import LiveStatus
-from distdoctor.world.kinds import RANK_DIED
+from distdoctor.world.kinds import RANK_DIED, STORE_HOST_FAILED
 from distdoctor.world.rank_run import run_rank
 from distdoctor.world.rank_state import NON_ROOT_GRACE_S, working_reserve
 from distdoctor.machine.launchers import SELF_TEST_VAR
@@ -57,6 +57,7 @@ from distdoctor.world.watchdog import (
     flush_std_streams,
     too_little_time,
 )
+from distdoctor.world.store_api import serve_on_listener
 from distdoctor.world.store_open import AGENT_STORE_ENV, RUN_ID_ENV
 
 LOOPBACK = "127.0.0.1"
@@ -199,21 +200,11 @@ def run_selftest(
     """
     started = time.monotonic() if started is None else started
     import torch.multiprocessing as mp  # torch loads when a self-test starts, not with the CLI
-    from torch.distributed import TCPStore
 
-    gpus = visible_gpu_count()
-    size = nproc or default_nproc(gpus)
-    left = started + config.timeout - time.monotonic()
-    if left < MIN_SELFTEST_S and rank_body is None:  # (the bench has its own deadline handling)
-        # Starting the ranks now would only end in a cut-off: report what this process can
-        # tell in the time left, and name the stages that were not run.
-        report = out_of_time_report(config, started, size=size, argv=argv)
-        render(report)
-        return report.exit_code(config.fail_level)
-    if config.backend is None and 0 < gpus < size:
-        # More ranks than GPUs (one GPU, default N=2): one GPU per rank is impossible, so the
-        # world runs gloo, as such a job would have to; nccl is tested when N <= GPUs.
-        config = dataclasses.replace(config, backend="gloo")
+    instead, size, config = _before_start(config, started, nproc=nproc, argv=argv, bench=rank_body is not None)
+    if instead is not None:
+        render(instead)
+        return instead.exit_code(config.fail_level)
     # The store's socket listens before the ranks are forked, its server starts after: a process
     # forked while the store's server thread runs can inherit a lock that thread held, and its own
     # TCPStore client then never completes the handshake (seen as 1 rank in 16 "never checked in"
@@ -238,13 +229,16 @@ def run_selftest(
         start_method=method,
     )
     processes = list(context.processes)
-    # The server takes the socket over (and closes it when the store is deleted).
-    store = TCPStore(LOOPBACK, port, is_master=True, wait_for_workers=False,
-                     timeout=timedelta(seconds=max(config.timeout, 1.0)), master_listen_fd=listener.detach())
+    store, instead = _host_store(listener, config, processes, started, size=size, argv=argv)
+    if instead is not None:
+        render(instead)
+        return instead.exit_code(config.fail_level)
     set_interrupt_handler(lambda signum: interrupt_world(processes, signum))
     hard_deadline = started + config.timeout + NON_ROOT_GRACE_S + EXPIRE_GRACE_S + SUPERVISOR_SLACK_S
     try:
-        killed = supervise(processes, hard_deadline, context.error_files)
+        # torch (2.3 on) records each rank's exception in a file it leaves behind; torch 2.1-2.2
+        # used queues instead (ProcessContext.error_queues), and has no files to remove.
+        killed = supervise(processes, hard_deadline, list(getattr(context, "error_files", None) or ()))
     finally:
         del store
     if INTERRUPTED.is_set():
@@ -261,28 +255,102 @@ def run_selftest(
     return report.exit_code(config.fail_level)
 
 
+def _before_start(config: Config, started: float, *, nproc: int | None, argv: list[str] | None,
+                  bench: bool) -> tuple[Any, int, Config]:
+    """(a report to give instead of starting the world, or None; the world's size; the config the
+    world runs with). Instead: a torch that cannot form a world, or too little time left."""
+    import torch.distributed as dist  # torch loads when a self-test starts, not with the CLI
+
+    unusable = world_unavailable(dist)
+    if unusable is not None:
+        return partial_report(config, started, size=nproc or 2, argv=argv, stage="rendezvous",
+                              reason=unusable[0], extra=unusable[1], incomplete=False), nproc or 2, config
+    gpus = visible_gpu_count()
+    size = nproc or default_nproc(gpus)
+    left = started + config.timeout - time.monotonic()
+    if left < MIN_SELFTEST_S and not bench:  # (the bench has its own deadline handling)
+        # Starting the ranks now would only end in a cut-off: report what this process can
+        # tell in the time left, and name the stages that were not run.
+        return out_of_time_report(config, started, size=size, argv=argv), size, config
+    if config.backend is None and 0 < gpus < size:
+        # More ranks than GPUs (one GPU, default N=2): one GPU per rank is impossible, so the
+        # world runs gloo, as such a job would have to; nccl is tested when N <= GPUs.
+        config = dataclasses.replace(config, backend="gloo")
+    return None, size, config
+
+
+def _host_store(listener: socket.socket, config: Config, processes: list[Any], started: float, *, size: int,
+                argv: list[str] | None) -> tuple[Any, Any]:
+    """(the world's store, served on a copy of ``listener``, which is closed here; or None and the
+    report to give instead when neither store backend of this torch serves there, the ranks ended)."""
+    port = listener.getsockname()[1]
+    try:
+        return serve_on_listener(LOOPBACK, port, listener.fileno(), wait_for_workers=False,
+                                 timeout=timedelta(seconds=max(config.timeout, 1.0))), None
+    except Exception as exc:
+        # SIGKILL, not end_processes' SIGTERM: a rank forked a moment ago still has this process's
+        # signal handler and wake-up descriptor, and would hand the SIGTERM to this process.
+        for process in processes:
+            if process.is_alive():
+                try:
+                    os.kill(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            process.join(timeout=2.0)
+        return None, partial_report(
+            config, started, size=size, argv=argv, stage="rendezvous",
+            reason="skipped: the self-test could not host its store", incomplete=False, extra=[STORE_HOST_FAILED(
+                f"The self-test could not host its store on {LOOPBACK}:{port}",
+                detail=f"torch's TCPStore refused: {type(exc).__name__}: {str(exc).strip()[:300]}", check="selftest")])
+    finally:
+        listener.close()
+
+
 def out_of_time_report(config: Config, started: float, *, size: int, argv: list[str] | None,
                        stage: str = "rendezvous", why: str = "") -> Any:
     """A partial report when the deadline leaves too little time for ``stage``: the stages before
     it run in this process with what is left, ``stage`` and the later ones are skipped and named."""
+    left = started + config.timeout - time.monotonic()
+    if stage != "local" and left - working_reserve(config.timeout) < MIN_LOCAL_S:
+        stage, why = "local", why or "starting distdoctor and importing torch had taken the rest"
+    need = {"local": MIN_LOCAL_S}.get(stage, MIN_SELFTEST_S)
+    reason, finding = too_little_time(stage, left, need, config.timeout, why=why)
+    return partial_report(config, started, size=size, argv=argv, stage=stage, reason=reason, extra=[finding])
+
+
+def partial_report(config: Config, started: float, *, size: int, argv: list[str] | None, stage: str,
+                   reason: str, extra: list[Any] = (), incomplete: bool = True) -> Any:
+    """The stages before ``stage`` run in this process; ``stage`` and the later ones are skipped
+    with ``reason``; ``extra`` findings say why."""
     registry = load_registry(config)
     ctx = build_context(config, argv=argv)
-    left = started + config.timeout - time.monotonic()
-    budget = left - working_reserve(config.timeout)
-    if stage != "local" and budget < MIN_LOCAL_S:
-        stage, why = "local", why or "starting distdoctor and importing torch had taken the rest"
+    budget = started + config.timeout - time.monotonic() - working_reserve(config.timeout)
     runner = Runner(registry, timeout=max(budget, 0.01), check_timeout=config.check_timeout,
                     silence=config.silence)
     runner.started = started
     checks = registry.select(config.stages, config.tags)
-    need = {"local": MIN_LOCAL_S}.get(stage, MIN_SELFTEST_S)
-    reason, finding = too_little_time(stage, left, need, config.timeout, why=why)
     for each in STAGES:  # run_stage runs only the selected checks of each stage
         runner.run_stage(each, checks, ctx, skip_reason=reason if STAGES.index(each) >= STAGES.index(stage) else None)
     world = WorldSummary(size=size, launcher=MP_SPAWN_LAUNCHER, ranks_reported=(), ranks_missing=())
-    report = report_from_runner(runner, ctx, world, extra=[finding])
-    report.incomplete = True
+    report = report_from_runner(runner, ctx, world, extra=list(extra))
+    report.incomplete = incomplete
     return report
+
+
+def world_unavailable(dist: Any) -> tuple[str, list[Any]] | None:
+    """Why this torch cannot form a world at all (the skip reason, and a finding when the local
+    stage has none to say it), or None. Looked up, not inferred from the version."""
+    if not dist.is_available():
+        # The local stage names it (backend.C001, critical).
+        return "skipped: this torch is built without torch.distributed (backend.C001)", []
+    missing = [name for name in ("TCPStore", "PrefixStore", "init_process_group") if not hasattr(dist, name)]
+    if not missing:
+        return None
+    what = ", ".join(f"torch.distributed.{name}" for name in missing)
+    return (f"skipped: this torch lacks {what}",
+            [TORCH_LACKS(f"The self-test world could not be started: this torch lacks {what}",
+                         detail="The self-test hosts a TCPStore and forms process groups through it; without these "
+                         "interfaces no world can be formed here.", check="selftest")])
 
 
 def abnormal_report(codes: dict[int, int | None], killed: set[int], config: Config, started: float, size: int) -> Any:
