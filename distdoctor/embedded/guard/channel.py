@@ -3,22 +3,20 @@
 # Never the process group (it may be the stuck thing) and never the group's own store client (a
 # thread blocked in it would hold it): a client of its own, every operation bounded by the store's
 # timeout. A thread blocked in a store wait would abort the process at exit when rank 0 hosts the
-# store, so readers poll with `check` instead of waiting. torch binds `Store.check` in Python only
-# from 2.3 on; where the store lacks it (probed once, on the client), presence is asked with
-# `compare_set(key, ABSENT, ABSENT)`: for a missing key it answers ABSENT and sets nothing, for a
-# present one its value (ABSENT is a random token of this process: no writer's value equals it).
+# store, so readers poll with `check` instead of waiting (world.store_api: on torch 2.1-2.2, which
+# bind no `Store.check` in Python, the same answer from `compare_set`).
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import uuid
 from datetime import timedelta
 from typing import Any
 
+from distdoctor.world.store_api import keys_exist
+
 STORE_OP_TIMEOUT_S = 5.0
-ABSENT = "distdoctor-absent-" + secrets.token_hex(16)
 
 
 def _tcp_store_address(store: Any) -> tuple[str, int] | None:
@@ -41,7 +39,6 @@ class SideChannel:
     def __init__(self, talk: Any, prefix: str) -> None:
         self.talk, self.prefix = talk, prefix
         self.can_delete = callable(getattr(talk, "delete_key", None))
-        self.can_check = callable(getattr(talk, "check", None))
 
     @classmethod
     def open(cls, default_store: Any, generation: int, timeout_s: float = STORE_OP_TIMEOUT_S) -> "SideChannel | None":
@@ -76,10 +73,7 @@ class SideChannel:
         return int(self.talk.add(key, by))
 
     def there(self, key: str) -> bool:
-        if self.can_check:
-            return bool(self.talk.check([key]))
-        answer = self.talk.compare_set(key, ABSENT, ABSENT)
-        return (answer.decode(errors="replace") if isinstance(answer, bytes) else str(answer)) != ABSENT
+        return keys_exist(self.talk, [key])
 
     def present(self, keys: list[str]) -> list[bool]:
         return [self.there(k) for k in keys]

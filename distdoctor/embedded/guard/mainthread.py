@@ -139,10 +139,10 @@ class MainThread:
         if frame is None:
             return None
         frames = list(self._frames(frame))
+        shown = [self._frame(f) for f in frames]  # the lines now, before the thread runs on
         state, cpu = thread_clock(self.tid)
         now, at = time.time(), self.clock()
         previous = self.latest
-        shown = [self._frame(f) for f in frames]
         reading = self._reading(frames, self._idle(previous, state, cpu, now))
         where = next((f for f, mine in shown if mine), None)
         snap = RankSnapshot(rank=self.rank, status=RUNNING, pid=os.getpid(), stack=tuple(f for f, _ in reversed(shown)),
@@ -199,10 +199,7 @@ class MainThread:
         if self.ddp is not None and self.ddp() is not None:
             return True
         for frame in frames:
-            mine = self._files.get(frame.f_code.co_filename, ("", False))[1]
-            model = next((v for v in _candidates(frame.f_globals) if _is_ddp(v)), None) if mine else None
-            if model is None:
-                model = next((v for v in _frame_variables(frame) if _is_ddp(v)), None)
+            model = self._ddp_in(frame)
             if model is not None:
                 try:
                     self.ddp = weakref.ref(model)
@@ -214,6 +211,16 @@ class MainThread:
             if file_names_ddp(path):
                 return f"its script {display_path(path)} wraps a model in DistributedDataParallel"
         return False
+
+    def _ddp_in(self, frame: Any) -> Any:
+        """A DDP model among a frame's variables: its module's globals (the user's modules only: a
+        library's globals are not the user's model), else its own variables where that is safe."""
+        mine = self._files.get(frame.f_code.co_filename, ("", False))[1]
+        try:  # the main thread runs on meanwhile: a dict it grows under us, an attribute that raises
+            found = next((v for v in _candidates(frame.f_globals) if _is_ddp(v)), None) if mine else None
+        except Exception:
+            found = None
+        return found if found is not None else next((v for v in _frame_variables(frame) if _is_ddp(v)), None)
 
     def failed_in(self, tb: Any) -> str | None:
         """The wait a collective's failure (a peer's consequence) came out of, from its traceback's

@@ -291,11 +291,21 @@ class Guard:
     def snapshot(self, status: str = RUNNING, **given: Any) -> RankSnapshot:
         groups = {name: ranks for name, ranks in self.groups.values()}
         blind = self.blind_spots()
-        main = self.watch.main if self.watch is not None else None
         return snapshots.build(rank=self.rank, status=status, recorder=self.recorder, groups=groups,
                                flight=self.flight, notes=[blind.title] if blind else [],
-                               thread_errors=self.crash.thread_errors,
-                               main=main.described(self.settings.poll_s) if main is not None else None, **given)
+                               thread_errors=self.crash.thread_errors, main=self._main_look(), **given)
+
+    def _main_look(self) -> RankSnapshot | None:
+        """The watchdog's latest look at the main thread (made only without the recorder); a fault in
+        describing it is said once and leaves the snapshot as the guard's records alone make it."""
+        main = self.watch.main if self.watch is not None else None
+        if main is None:
+            return None
+        try:
+            return main.described(self.settings.poll_s)
+        except Exception as exc:
+            self.fault("main-thread look", exc)
+            return None
 
     def failed_wait(self, tb: Any) -> str | None:
         """Without the recorder: the wait a peer's consequence came out of, read from its traceback

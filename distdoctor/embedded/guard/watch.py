@@ -113,9 +113,17 @@ class HangWatch:
         main thread's stack shows (looked at every poll), and the guarded calls still running."""
         if self.flight is not None and self.flight.usable:
             return longest(self.recorder, self.stalls.update(self.flight.status(), self.clock()))
+        return longest(self.recorder, self._main_wait())
+
+    def _main_wait(self) -> Stall | None:
+        """The wait the main thread has stayed in, as a stall. A fault in reading it is said once
+        (guard.W012) and costs only this evidence: the poll goes on to answer the other ranks' looks."""
         main = self.main_thread()
-        waited = in_wait(main, lambda: self.host.wait_group(main.ddp_group())) if main.look() is not None else None
-        return longest(self.recorder, waited)
+        try:
+            return in_wait(main, lambda: self.host.wait_group(main.ddp_group())) if main.look() is not None else None
+        except Exception as exc:
+            self.host.fault("main-thread look", exc)
+            return None
 
     def main_thread(self) -> MainThread:
         """The main thread's looks (made on first use: only a rank without the recorder needs them)."""
