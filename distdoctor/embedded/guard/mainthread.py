@@ -5,11 +5,12 @@
 # waits on async Works pass unseen. But the guard runs inside the rank, so its watchdog can look at
 # the main thread the way `distdoctor stacks` looks from outside, and see more: every poll it reads
 # the main thread's Python frames (sys._current_frames), and from /proc/self/task/<tid> the
-# thread's kernel state and CPU time; the shared rule (diagnosis.waits) names the wait the stack
-# shows — a c10d function, or an idle backward of a DistributedDataParallel model found among the
-# frames' own variables (the frame objects are at hand in-process), on a process that uses no GPU
-# (torch.cuda says so here) — and diagnosis.progress.stayed says whether the thread stayed where it
-# was since the last look. A wait it has stayed in is a stall, with the time since it started; a
+# thread's kernel state, CPU time and how often it was put on a CPU; the shared rule
+# (diagnosis.waits) names the wait the stack shows — a c10d function, or an idle backward of a
+# DistributedDataParallel model found among the frames' own variables (the frame objects are at
+# hand in-process), on a process that uses no GPU (torch.cuda says so here) — and
+# diagnosis.progress.stayed says whether the thread stayed where it was since the last look (and
+# it did not if the kernel ran it meanwhile). A wait it has stayed in is a stall, with the time since it started; a
 # line of the user's code it has stayed at (a sleep, a slow read) is "at train.py:31 for 8.2 s" in
 # its snapshot. Everything is read from this process: no torch API but torch.cuda.is_initialized
 # (probed), about 0.1 ms a poll, and none of it in the training thread.
@@ -22,7 +23,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, replace
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from distdoctor.diagnosis.frames import display_path, is_user_file, with_source
 from distdoctor.diagnosis.progress import ASLEEP, CPU_FLOOR_S, CPU_SHARE, stayed, wait_place
@@ -53,13 +54,22 @@ class Look:
     reading: Reading
     since: float             # time.monotonic() since which the thread stayed where this look found it
     at: float                # time.monotonic() of this look
+    runs: int | None = None  # how often the kernel had put the thread on a CPU (ThreadClock.runs)
 
 
-def thread_clock(tid: int | None) -> tuple[str, float | None]:
-    """(kernel state letter, CPU seconds) of one thread of this process; ("", None) when unreadable."""
+class ThreadClock(NamedTuple):
+    """What the kernel says of one thread: its state letter, CPU seconds, and how often it was put on a CPU."""
+
+    state: str = ""
+    cpu_s: float | None = None
+    runs: int | None = None
+
+
+def thread_clock(tid: int | None) -> ThreadClock:
+    """The kernel's counters of one thread of this process; empty fields where unreadable."""
     if tid is None:
-        return "", None
-    state, cpu = "", None
+        return ThreadClock()
+    state, cpu, runs = "", None, None
     try:
         with open(f"/proc/self/task/{tid}/stat", encoding="ascii", errors="replace") as fh:
             text = fh.read()
@@ -67,12 +77,28 @@ def thread_clock(tid: int | None) -> tuple[str, float | None]:
         state, cpu = fields[0][:1], (int(fields[11]) + int(fields[12])) / _TICKS
     except (OSError, ValueError, IndexError):
         pass
-    try:  # time on a CPU in ns, finer than stat's clock ticks (kernels with schedstats)
+    try:  # time on a CPU in ns (finer than stat's clock ticks) and times put on one (kernels with schedstats)
         with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as fh:
-            cpu = int(fh.read().split()[0]) / 1e9
+            ran_ns, _, slices = fh.read().split()[:3]
+        cpu, runs = int(ran_ns) / 1e9, int(slices)
+    except (OSError, ValueError):
+        runs = _context_switches(tid)
+    return ThreadClock(state, cpu, runs)
+
+
+def _context_switches(tid: int) -> int | None:
+    """Voluntary and involuntary context switches of a thread (where the kernel keeps no schedstat)."""
+    try:
+        with open(f"/proc/self/task/{tid}/status", encoding="ascii", errors="replace") as fh:
+            return sum(int(line.split()[1]) for line in fh if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")))
     except (OSError, ValueError, IndexError):
-        pass
-    return state, cpu
+        return None
+
+
+def woke(before: int | None, after: int | None) -> bool:
+    """The thread was put on a CPU between two reads of its count: it left whatever it waited in,
+    even when a later step finds it in the same wait again (a fast loop waiting for a slow peer)."""
+    return before is not None and after is not None and after != before
 
 
 def _is_ddp(value: Any) -> bool:
@@ -140,7 +166,7 @@ class MainThread:
             return None
         frames = list(self._frames(frame))
         shown = [self._frame(f) for f in frames]  # the lines now, before the thread runs on
-        state, cpu = thread_clock(self.tid)
+        state, cpu, runs = thread_clock(self.tid)
         now, at = time.time(), self.clock()
         previous = self.latest
         reading = self._reading(frames, self._idle(previous, state, cpu, now))
@@ -148,9 +174,20 @@ class MainThread:
         snap = RankSnapshot(rank=self.rank, status=RUNNING, pid=os.getpid(), stack=tuple(f for f, _ in reversed(shown)),
                             where=where, in_collective=reading.op, time=now, source="guard", cpu_s=cpu,
                             proc_state=state, may_spin=reading.may_spin)
-        since = previous.since if previous is not None and stayed(previous.snapshot, snap) else at
-        self.latest = Look(snap, reading, since, at)
+        self.latest = Look(snap, reading, self._since(previous, snap, runs, at), at, runs)
         return self.latest
+
+    @staticmethod
+    def _since(previous: Look | None, snap: RankSnapshot, runs: int | None, at: float) -> float:
+        """Since when the thread has stayed where ``snap`` finds it. Two looks alike are not enough: a
+        loop of short steps waiting for a slow peer shows the same wait at the same line look after
+        look with too little CPU between them to count as work (measured: 1-2 ms a step of a small
+        DDP model), so a thread the kernel put on a CPU meanwhile did not stay (a wait that may spin
+        runs without leaving: its count is no evidence)."""
+        if previous is None or not stayed(previous.snapshot, snap):
+            return at
+        spins = snap.may_spin or previous.snapshot.may_spin
+        return at if not spins and woke(previous.runs, runs) else previous.since
 
     def _frames(self, frame: Any) -> Iterator[Any]:
         """The thread's frames innermost first, without the guard's own (its wrappers around a call)."""

@@ -1,4 +1,7 @@
-"""The DDP tutorial's training loop (or FSDP's) with one fault chosen by argv; it knows nothing of distdoctor."""
+"""The DDP tutorial's training loop (or FSDP's) with one fault chosen by argv; it knows nothing of distdoctor.
+
+Faults: straggler, raise, kill, uneven; checkpoint (rank 0 saves alone for 8 s) and slowloader (rank 1
+takes 0.3 s for each batch) are healthy jobs that only pause; anything else (healthy) runs clean."""
 
 import os
 import signal
@@ -29,8 +32,20 @@ else:
     model = DDP(net)
 loss_fn = nn.MSELoss()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
+
+
+def _save_snapshot(seconds):
+    """The DDP tutorial's rank-0-only checkpoint: rank 0 writes it alone while the others go on."""
+    time.sleep(seconds)  # LINE:checkpoint
+
+
 steps = 6 + (1 if fault == "uneven" and rank == world - 1 else 0)  # the last rank got one batch more
+steps = 16 if fault == "slowloader" else steps
 for step in range(steps):
+    if fault == "checkpoint" and rank == 0 and step == 3:
+        _save_snapshot(8.0)
+    if fault == "slowloader" and rank == 1:
+        time.sleep(0.3)  # LINE:loader (a slow data loader: every step, shorter than any timeout)
     if fault == "straggler" and rank == 1 and step == 3:
         print(f"rank 1 sleeps from {time.time():.3f}", flush=True)
         time.sleep(120)  # LINE:sleep
