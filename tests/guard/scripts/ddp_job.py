@@ -1,7 +1,8 @@
 """The DDP tutorial's training loop (or FSDP's) with one fault chosen by argv; it knows nothing of distdoctor.
 
-Faults: straggler, raise, kill, uneven; checkpoint (rank 0 saves alone for 8 s) and slowloader (rank 1
-takes 0.3 s for each batch) are healthy jobs that only pause; anything else (healthy) runs clean."""
+Faults: straggler, raise, kill, uneven. pauses is a healthy job that only pauses: rank 1 takes 0.3 s for
+each of the first 20 batches (a slow data loader), then rank 0 saves a checkpoint alone for 8 s; anything
+else (healthy) runs clean."""
 
 import os
 import signal
@@ -40,12 +41,12 @@ def _save_snapshot(seconds):
 
 
 steps = 6 + (1 if fault == "uneven" and rank == world - 1 else 0)  # the last rank got one batch more
-steps = 16 if fault == "slowloader" else steps
+steps = 22 if fault == "pauses" else steps
 for step in range(steps):
-    if fault == "checkpoint" and rank == 0 and step == 3:
+    if fault == "pauses" and rank == 1 and step < 20:
+        time.sleep(0.3)  # LINE:loader (a slow data loader: every step, each shorter than any timeout)
+    if fault == "pauses" and rank == 0 and step == 20:
         _save_snapshot(8.0)
-    if fault == "slowloader" and rank == 1:
-        time.sleep(0.3)  # LINE:loader (a slow data loader: every step, shorter than any timeout)
     if fault == "straggler" and rank == 1 and step == 3:
         print(f"rank 1 sleeps from {time.time():.3f}", flush=True)
         time.sleep(120)  # LINE:sleep
