@@ -5,15 +5,16 @@
 # waits on async Works pass unseen. But the guard runs inside the rank, so its watchdog can look at
 # the main thread the way `distdoctor stacks` looks from outside, and see more: every poll it reads
 # the main thread's Python frames (sys._current_frames), and from /proc/self/task/<tid> the
-# thread's kernel state, CPU time and how often it was put on a CPU; the shared rule
-# (diagnosis.waits) names the wait the stack shows — a c10d function, or an idle backward of a
+# thread's kernel state, CPU time and how often it was put on a CPU. The shared rule
+# (diagnosis.waits) names the wait the stack shows: a c10d function, or an idle backward of a
 # DistributedDataParallel model found among the frames' own variables (the frame objects are at
-# hand in-process), on a process that uses no GPU (torch.cuda says so here) — and
-# diagnosis.progress.stayed says whether the thread stayed where it was since the last look (and
-# it did not if the kernel ran it meanwhile). A wait it has stayed in is a stall, with the time since it started; a
-# line of the user's code it has stayed at (a sleep, a slow read) is "at train.py:31 for 8.2 s" in
-# its snapshot. Everything is read from this process: no torch API but torch.cuda.is_initialized
-# (probed), about 0.1 ms a poll, and none of it in the training thread.
+# hand in-process) on a process that uses no GPU (torch.cuda says so here). The thread stayed
+# where it was since the last look when diagnosis.progress.stayed says so and the kernel did not
+# run it meanwhile. A wait it has stayed in is a stall, with the time since it started; a line of
+# the user's code it has stayed at (a sleep, a slow read) is "at train.py:31 for 8.2 s" in its
+# snapshot. Everything is read from this process: no torch API but torch.cuda.is_initialized
+# (probed), none of it in the training thread; a look costs about 0.3 ms (a 17-frame stack on a
+# loaded 2-core machine), 0.1 % of one core at one poll every 0.25 s.
 
 from __future__ import annotations
 
