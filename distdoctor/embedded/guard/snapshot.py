@@ -149,6 +149,7 @@ def build(*, rank: int, status: str = RUNNING, recorder: Any, groups: dict[str, 
         groups=recorded or guard_groups(recorder, groups), stack=stack,
         where=main.where if looked else where(stack), in_collective=in_collective, error=error, time=time.time(),
         # Without the recorder the guard's count misses every collective issued in C++: not a count of them.
-        collectives=recorder.calls if flight is None or flight.usable else None, source="guard", notes=tuple(notes), thread_errors=tuple(thread_errors),
+        collectives=recorder.calls if flight is None or flight.usable else None, source="guard", notes=tuple(notes),
+        thread_errors=tuple(thread_errors),
         cpu_s=main.cpu_s if looked else None, proc_state=main.proc_state if looked else "",
         may_spin=main.may_spin if looked else False, still_s=main.still_s if looked else None)
