@@ -51,7 +51,7 @@ def diagnose(snapshots: Iterable[RankSnapshot], *, world_size: int | None = None
     mismatch = _mismatch(snaps)
     primary = (_first_failure(snaps) or _left_early(snaps) or _missing(snaps) or _straggler(snaps, waited_s)
                or (None if mismatch else _all_waiting(snaps, waited_s)))
-    found = [f for f in (primary, mismatch) if f is not None]
+    found = [_unnumbered(f, snaps) for f in (primary, mismatch) if f is not None]
     return [f.with_(check=kinds.CHECK) for f in found]
 
 
@@ -104,6 +104,35 @@ def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
     return out
 
 
+# A straggler or a hang told from the ranks' stacks alone (no flight recorder, no guarded call
+# counted that collective) rests on where each rank is, not on how far it got: its claim is likely,
+# not certain, and the finding says so with its confidence. Failures, departures and silent ranks
+# need no count.
+NO_COUNT_CONFIDENCE = {kinds.STRAGGLER.id: 0.8, kinds.HANG.id: 0.6}
+_NO_COUNT_LINES = {
+    kinds.STRAGGLER.id: "told from the ranks' stacks, without sequence numbers (no flight recorder counted this "
+                        "collective): that the late rank has not passed it yet is read from where it is, not "
+                        "counted (likely, not certain)",
+    kinds.HANG.id: "told from the ranks' stacks, without sequence numbers (no flight recorder counted these "
+                   "collectives): whether every rank waits in the same one cannot be checked, so ranks in different "
+                   "collectives (a mismatch) look the same (likely, not certain)",
+}
+
+
+def _unnumbered(finding: Finding, snaps: Sequence[RankSnapshot]) -> Finding:
+    """The finding with a lower confidence, said, when the collective its waiting ranks wait in has no
+    sequence number on any of them (their stacks alone named it)."""
+    if finding.id not in NO_COUNT_CONFIDENCE:
+        return finding
+    named = set(finding.data.get("waiting") or finding.ranks)
+    waiting = [s for s in snaps if s.rank in named and s.waiting]
+    ops = [_waiting_op(s)[1] for s in waiting]
+    if not ops or any(op is not None and (op.seq is not None or op.op in POINT_TO_POINT) for op in ops):
+        return finding
+    return finding.with_(confidence=NO_COUNT_CONFIDENCE[finding.id],
+                         detail=f"{finding.detail}\n{_NO_COUNT_LINES[finding.id]}")
+
+
 # -- who is where -----------------------------------------------------------------------------
 
 def _where(snap: RankSnapshot) -> str:
@@ -127,7 +156,7 @@ def _waiting_op(snap: RankSnapshot) -> tuple[str, PendingOp | None]:
         pending = group.pending or PendingOp(op="a collective", seq=group.last_completed + 1
                                              if group.last_completed is not None else None)
         return group.group, pending
-    return DEFAULT_GROUP, PendingOp(op=snap.in_collective) if snap.in_collective else None
+    return DEFAULT_GROUP, PendingOp(op=snap.in_collective, age_s=snap.still_s) if snap.in_collective else None
 
 
 def group_label(group: str) -> str:
@@ -188,8 +217,8 @@ def _exit_text(snap: RankSnapshot) -> str:
         return f"killed by {signal_name(-snap.exit_code)} (exit {snap.exit_code})"
     if snap.exit_code is not None:
         return f"exited with code {snap.exit_code}"
-    return {RAISED: "raised", FINISHED: "left the job", UNREACHABLE: "did not answer",
-            RUNNING: "is running"}.get(snap.status, "is in a state this source could not read")
+    return {RAISED: "raised", FINISHED: "left the job", UNREACHABLE: "did not answer", RUNNING: "is running",
+            EXITED: "ended (its exit status was not seen)"}.get(snap.status, "is in a state this source could not read")
 
 
 def signal_name(number: int) -> str:
@@ -325,6 +354,7 @@ def _straggler(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Finding
         lines.append(f"rank {snap.rank}{' on ' + snap.host if snap.host else ''} is not in a collective"
                      + (f", at {snap.where.describe()}" if snap.where else
                         " (its stack has no frame of your code)" if snap.stack else " (where in your code is not known)")
+                     + (f" for {snap.still_s:.1f} s" if snap.still_s else "")
                      + (f" ({progress})" if progress else ""))
     lines.append(_waiters_text(waiting) + (f" (the first waited {waited_s:.1f} s)" if waited_s else ""))
     lines += _thread_lines(snaps)

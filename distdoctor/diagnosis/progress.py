@@ -156,6 +156,15 @@ def moved(before: RankSnapshot, after: RankSnapshot) -> str | None:
     return None
 
 
+def stayed(before: RankSnapshot, after: RankSnapshot) -> bool:
+    """The rank stayed where it was between two looks: in the same wait (or, outside any, at the
+    same stack) and nothing moved. This is what "since when" means wherever a source watches one
+    rank look after look: `settled_since` over a sequence of looks, and the guard's watch of its
+    own main thread when no flight recorder counts the collectives (a stall in a wait its stack
+    shows is the time this has held)."""
+    return moved(before, after) is None and wait_place(before) == wait_place(after)
+
+
 # -- one rank, all its looks -----------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -214,7 +223,7 @@ def settled_since(looks: Sequence[RankSnapshot]) -> float | None:
         return None
     since = None
     for before, after in zip(reversed(read[:-1]), reversed(read[1:])):
-        if moved(before, after) or wait_place(before) != wait_place(after):
+        if not stayed(before, after):
             break
         since = before.time
     return since

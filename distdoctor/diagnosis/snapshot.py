@@ -215,6 +215,8 @@ class RankSnapshot:
     cpu_s: float | None = None                # CPU seconds its main thread has used so far
     proc_state: str = ""                      # its main thread's kernel state: R, S, D, T, Z ...
     may_spin: bool = False                    # it sits where the CPU may spin without progress
+    still_s: float | None = None              # how long its main thread has stayed where it is now (the same
+                                              # wait, or the same line doing no work), when its source watched it
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -239,7 +241,7 @@ class RankSnapshot:
                 "in_collective": self.in_collective, "error": self.error.to_dict() if self.error else None,
                 "time": self.time, "collectives": self.collectives, "source": self.source,
                 "notes": list(self.notes), "thread_errors": [e.to_dict() for e in self.thread_errors],
-                "cpu_s": self.cpu_s, "proc_state": self.proc_state, "may_spin": self.may_spin}
+                "cpu_s": self.cpu_s, "proc_state": self.proc_state, "may_spin": self.may_spin, "still_s": self.still_s}
 
     @classmethod
     def from_dict(cls, raw: Any) -> "RankSnapshot | None":
@@ -258,5 +260,5 @@ class RankSnapshot:
             notes=tuple(_text(n, 500) for n in _items(raw.get("notes"))),
             thread_errors=tuple(e for e in (RaisedError.from_dict(x) for x in _items(raw.get("thread_errors"))) if e),
             cpu_s=_seconds(raw.get("cpu_s")), proc_state=_state_letter(raw.get("proc_state")),
-            may_spin=raw.get("may_spin") is True,
+            may_spin=raw.get("may_spin") is True, still_s=_seconds(raw.get("still_s")),
         )

@@ -22,21 +22,15 @@
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from typing import Sequence
 
+# The Python frames' part of the rule is shared with the guard, which reads its own process.
+from distdoctor.diagnosis.waits import (BACKWARD_DDP, DDP_TYPES, Reading, backward_wait, fsdp_context, in_backward,
+                                        python_wait)
 from distdoctor.stacks.pyspy import RawFrame, Thread
 
-_C10D = re.compile(r"(^|[/\\])torch[/\\]distributed[/\\]distributed_c10d\.py$")
-_BACKWARD = re.compile(r"(^|[/\\])torch[/\\]autograd[/\\](graph|__init__)\.py$")
-_DDP = re.compile(r"(^|[/\\])torch[/\\]nn[/\\]parallel[/\\]distributed\.py$")
-_FSDP = re.compile(r"(^|[/\\])torch[/\\]distributed[/\\](fsdp|_composable[/\\]fsdp)[/\\]")
-# distributed_c10d functions that are not a collective the user waits in.
-_NOT_OPS = frozenset({"wrapper", "_get_default_group", "get_rank", "get_world_size", "is_initialized", "_rank_not_in_group",
-            "_check_single_tensor", "_check_tensor_list", "_warn_not_in_group", "_get_group_size",
-            "_canonicalize_group_rank", "_coalescing_manager", "_store_based_barrier", "_new_process_group_helper"})
-_DDP_INIT = {"_verify_param_shape_across_processes", "_sync_module_states", "_sync_params_and_buffers", "__init__"}
+__all__ = ["BACKWARD_DDP", "DDP_TYPES", "STORE_WAIT", "Reading", "fsdp_context", "in_collective", "read_wait"]
+
 # Native frames of a wait on an async collective's Work, by backend.
 _WORK_WAIT = (("WorkNCCL::wait", "NCCL"), ("WorkNCCL::synchronize", "NCCL"), ("ProcessGroupNCCL", "NCCL"),
               ("ProcessGroupGloo", "Gloo"), ("gloo::", "Gloo"), ("c10d::Work::wait", ""), ("c10d::ProcessGroup", ""))
@@ -46,28 +40,7 @@ _STORE = ("c10d::TCPStore::", "c10d::PrefixStore::", "c10d::detail::TCPClient", 
 _CUDA_SYNC = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cuStreamSynchronize",
               "cuEventSynchronize", "cuCtxSynchronize", "cudaMemcpy", "cuMemcpy", "hipStreamSynchronize",
               "hipDeviceSynchronize", "hipMemcpy")
-# Models whose backward or forward holds collectives, as py-spy --locals shows them ('<Type at 0x..>').
-DDP_TYPES = ("DistributedDataParallel",)
-
-BACKWARD_DDP = "backward (DDP's gradient all-reduce)"
 STORE_WAIT = "a c10d store wait (TCPStore)"
-
-
-@dataclass(frozen=True)
-class Reading:
-    """What the stack shows the thread doing, as far as it can be told."""
-
-    op: str | None = None          # the wait, named as the user would know it; None: in none, or cannot tell
-    note: str = ""                 # how it was told, or what could not be told
-    may_spin: bool = False         # the CPU may spin here without progress (its CPU time is no evidence)
-
-
-def _outermost(frames: Sequence[RawFrame], pattern: re.Pattern, exclude: frozenset[str] = frozenset()) -> RawFrame | None:
-    """The outermost Python frame in a file matching pattern (frames innermost first)."""
-    for frame in reversed(frames):
-        if not frame.native and pattern.search(frame.file) and frame.function not in exclude:
-            return frame
-    return None
 
 
 def _native(frames: Sequence[RawFrame], names: Sequence[str], *, outermost: bool = False) -> str | None:
@@ -76,40 +49,13 @@ def _native(frames: Sequence[RawFrame], names: Sequence[str], *, outermost: bool
     return next((f.function for f in ordered if f.native and any(n in f.function for n in names)), None)
 
 
-def fsdp_context(frames: Sequence[RawFrame]) -> str | None:
-    """Which of FSDP's collectives FSDP's own frames (FSDP2's fully_shard or FSDP1) are in."""
-    names = [f.function.rsplit(".", 1)[-1] for f in frames if not f.native and _FSDP.search(f.file)]
-    if not names:
-        return None
-    if any("reduce" in n or "post_backward" in n for n in names):
-        return "FSDP's gradient reduce-scatter, in backward"
-    if any("all_gather" in n or "unshard" in n for n in names):
-        phase = ("before forward" if any("pre_forward" in n for n in names) else
-                 "in backward" if any("pre_backward" in n or "backward" in n for n in names) else "")
-        return "FSDP's parameter all-gather" + (f", {phase}" if phase else "")
-    return None
-
-
-def _c10d_op(frames: Sequence[RawFrame]) -> Reading | None:
-    c10d = _outermost(frames, _C10D, _NOT_OPS)
-    if c10d is not None:
-        if c10d.function == "init_process_group":
-            return Reading("init_process_group (rendezvous)")
-        fsdp = fsdp_context(frames)
-        return Reading(f"{c10d.function} ({fsdp})" if fsdp else c10d.function)
-    ddp = _outermost(frames, _DDP)
-    if ddp is not None and ddp.function in _DDP_INIT:
-        return Reading("DistributedDataParallel() (parameter check and broadcast)")
-    return None
-
-
 def _native_wait(thread: Thread, others: Sequence[Thread]) -> Reading | None:
     """A wait told by C/C++ frames alone: DDP's reducer, a Work, the store, a CUDA synchronisation."""
     frames = thread.frames
     reducer = _native(frames, ("c10d::Reducer::",))
     if reducer is not None:
         return Reading(BACKWARD_DDP, f"native frames show {reducer}: DDP's reducer waits for the gradient all-reduce")
-    if thread.idle and _outermost(frames, _BACKWARD) is not None:
+    if thread.idle and in_backward(frames):
         # A CUDA backward: the main thread waits for autograd's device thread, which runs DDP's
         # reducer (a thread with no Python name: py-spy lists it for its native frames).
         helper = next((_native(t.frames, ("c10d::Reducer::",)) for t in others
@@ -133,35 +79,11 @@ def _native_wait(thread: Thread, others: Sequence[Thread]) -> Reading | None:
     return None
 
 
-def _backward(thread: Thread, *, native: bool, ddp: bool | str, gpu: bool) -> Reading | None:
-    if _outermost(thread.frames, _BACKWARD) is None:
-        return None
-    if native and thread.idle:
-        return Reading(None, "idle inside loss.backward() with no collective among any thread's native frames: waiting "
-                             "for autograd's other threads (on a GPU, the device's work) — not a collective (cannot tell "
-                             "more)")
-    if native:
-        return Reading(None, "in backward, with no collective among its native frames: computing")
-    if not thread.idle:
-        return Reading(None, "in backward and on a CPU: computing, not waiting")
-    if gpu:
-        return Reading(None, "idle inside loss.backward() of a process that uses a GPU, where the main thread also "
-                             "sleeps while the device computes: whether it waits in DDP's all-reduce cannot tell "
-                             "without --native")
-    if ddp:
-        seen = ddp if isinstance(ddp, str) else "seen among its frames' variables"
-        return Reading(BACKWARD_DDP, f"its main thread is idle inside loss.backward() of a DistributedDataParallel model "
-                                     f"({seen}): DDP's gradient all-reduce (--native shows the c10d::Reducer frame "
-                                     "that confirms it)")
-    return Reading(None, "idle inside loss.backward(), but no DistributedDataParallel model was seen among its frames' "
-                         "variables: whether it waits in a collective cannot tell without --native")
-
-
 def read_wait(thread: Thread, *, native: bool, ddp: bool | str = False, gpu: bool = False,
               others: Sequence[Thread] = ()) -> Reading:
     """What the thread waits in (see the module's comment). ddp: the rank's model is known to be
     DDP (a text: how that is known); gpu: its process uses a GPU; others: the process's other threads (from the same dump)."""
-    found = _c10d_op(thread.frames)
+    found = python_wait(thread.frames)
     if found is not None:
         return found
     if native:
@@ -172,7 +94,7 @@ def read_wait(thread: Thread, *, native: bool, ddp: bool | str = False, gpu: boo
     if fsdp is not None and thread.idle and not native:
         return Reading(None, f"idle in {fsdp} outside any c10d call (Work.wait() or a stream wait): --native tells "
                              "which (cannot tell)")
-    return _backward(thread, native=native, ddp=ddp, gpu=gpu) or Reading()
+    return backward_wait(thread.frames, idle=thread.idle, ddp=ddp, gpu=gpu, native=native) or Reading()
 
 
 def in_collective(thread: Thread, *, native: bool, ddp: bool | str = False, gpu: bool = False,

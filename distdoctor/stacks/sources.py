@@ -4,40 +4,19 @@
 # (most short scripts and tutorials) has none it can read, so the DistributedDataParallel model
 # stays unseen and an idle backward cannot be told from a custom autograd wait. The rank's own
 # source files on its stack are then the evidence: a script that names DistributedDataParallel
-# wraps its model in it. Only the user's files (not torch's, not installed packages) are read, each
-# at most _MAX_BYTES, once per modification time.
+# wraps its model in it (diagnosis.waits.file_names_ddp: only the user's files are read, each at
+# most 1 MiB, once per modification time).
 
 from __future__ import annotations
 
-import os
-import re
-from functools import lru_cache
 from typing import Iterable
 
-from distdoctor.diagnosis.frames import display_path, is_user_file
+from distdoctor.diagnosis.frames import display_path
+# The file rule is shared with the guard, which reads its own main thread's stack.
+from distdoctor.diagnosis.waits import file_names_ddp
 from distdoctor.stacks.snapshots import python_frames
 
-_MAX_BYTES = 1 << 20
-_DDP_NAME = re.compile(rb"\bDistributedDataParallel\b")
-
-
-@lru_cache(maxsize=256)
-def _names_ddp(path: str, mtime_ns: int) -> bool:
-    try:
-        with open(path, "rb") as fh:
-            return bool(_DDP_NAME.search(fh.read(_MAX_BYTES)))
-    except OSError:
-        return False
-
-
-def file_names_ddp(path: str) -> bool:
-    """True when the file (the user's, readable here) names DistributedDataParallel."""
-    if not is_user_file(path):
-        return False
-    try:
-        return _names_ddp(path, os.stat(path).st_mtime_ns)
-    except OSError:
-        return False
+__all__ = ["file_names_ddp", "source_names_ddp"]
 
 
 def source_names_ddp(reads: Iterable) -> str:

@@ -3,7 +3,8 @@
 # Never the process group (it may be the stuck thing) and never the group's own store client (a
 # thread blocked in it would hold it): a client of its own, every operation bounded by the store's
 # timeout. A thread blocked in a store wait would abort the process at exit when rank 0 hosts the
-# store, so readers poll with `check` instead of waiting.
+# store, so readers poll with `check` instead of waiting (world.store_api: on torch 2.1-2.2, which
+# bind no `Store.check` in Python, the same answer from `compare_set`).
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import os
 import uuid
 from datetime import timedelta
 from typing import Any
+
+from distdoctor.world.store_api import keys_exist
 
 STORE_OP_TIMEOUT_S = 5.0
 
@@ -70,10 +73,10 @@ class SideChannel:
         return int(self.talk.add(key, by))
 
     def there(self, key: str) -> bool:
-        return bool(self.talk.check([key]))
+        return keys_exist(self.talk, [key])
 
     def present(self, keys: list[str]) -> list[bool]:
-        return [bool(self.talk.check([k])) for k in keys]
+        return [self.there(k) for k in keys]
 
     def forget(self, keys: list[str]) -> None:
         """Delete keys no one reads any more (the store stays bounded over a week-long job)."""

@@ -137,7 +137,8 @@ class CrashHook:
         guard = self.guard
         error = snapshots.raised_error(exc, tb)
         if call is None:
-            own = guard.state(RAISED, error=error, stack=snapshots.traceback_frames(tb))
+            own = guard.state(RAISED, error=error, stack=snapshots.traceback_frames(tb),
+                              in_collective=guard.failed_wait(tb) if error.consequence else None)
         else:
             own = guard.state(RAISED, error=error, in_collective=snapshots.call_text(call), failed_call=call)
         guard.leave_final(own)

@@ -101,7 +101,8 @@ class Guard:
         """guard.I011: what this guard cannot count or see, and why (None: it sees the whole job)."""
         parts = []
         if not self.flight.usable:
-            parts.append(f"collectives issued in C++ (DDP, FSDP) are not counted: {self.flight.problem}")
+            parts.append(f"collectives issued in C++ (DDP, FSDP) are not counted: {self.flight.problem}; a wait in "
+                         "one is told from each rank's main-thread stack, without sequence numbers")
         if self.side_problem:
             parts.append(f"no cross-rank view, each rank reports from its own ({self.side_problem})")
         if not parts:
@@ -174,14 +175,29 @@ class Guard:
             pass
         return list(range(self.world))
 
+    def pg_name(self, pg: Any) -> str:
+        """A process group's name as torch's flight recorder and the diagnosis know it ("0": the default
+        group): ProcessGroup.group_name, else c10d's own table of names (torch 2.1 has no group_name)."""
+        name = getattr(pg, "group_name", "")
+        if not name:
+            try:
+                name = self.c10d._world.pg_names.get(pg, "")
+            except Exception:  # private API: the object's id names it for this process
+                name = ""
+        return str(name or id(pg))
+
+    def wait_group(self, pg: Any) -> str:
+        """The group a wait the main thread's stack shows is in: the DDP model's, else the default group."""
+        known = self._group(pg) if pg is not None else None
+        return known[1] if known is not None else self.pg_name(self.c10d.GroupMember.WORLD)
+
     def _group(self, group: Any) -> tuple[Any, str, list[int]] | None:
         pg = group if group is not None else self.c10d.GroupMember.WORLD
         if pg is None or pg is self.c10d.GroupMember.NON_GROUP_MEMBER:
             return None
         known = self.groups.get(id(pg))
         if known is None:
-            name = str(getattr(pg, "group_name", "") or id(pg))
-            known = self.groups[id(pg)] = (name, list(self.dist.get_process_group_ranks(pg)))
+            known = self.groups[id(pg)] = (self.pg_name(pg), list(self.dist.get_process_group_ranks(pg)))
         return pg, known[0], known[1]
 
     def call(self, name: str, original: Callable[..., Any], args: tuple, kwargs: dict, bound: dict,
@@ -277,7 +293,30 @@ class Guard:
         blind = self.blind_spots()
         return snapshots.build(rank=self.rank, status=status, recorder=self.recorder, groups=groups,
                                flight=self.flight, notes=[blind.title] if blind else [],
-                               thread_errors=self.crash.thread_errors, **given)
+                               thread_errors=self.crash.thread_errors, main=self._main_look(), **given)
+
+    def _main_look(self) -> RankSnapshot | None:
+        """The watchdog's latest look at the main thread (made only without the recorder); a fault in
+        describing it is said once and leaves the snapshot as the guard's records alone make it."""
+        main = self.watch.main if self.watch is not None else None
+        if main is None:
+            return None
+        try:
+            return main.described(self.settings.poll_s)
+        except Exception as exc:
+            self.fault("main-thread look", exc)
+            return None
+
+    def failed_wait(self, tb: Any) -> str | None:
+        """Without the recorder: the wait a peer's consequence came out of, read from its traceback
+        (embedded.guard.mainthread); None when the recorder says or the frames do not."""
+        if self.flight.usable or self.watch is None:
+            return None
+        try:
+            return self.watch.main_thread().failed_in(tb)
+        except Exception as exc:  # the diagnosis goes on without it
+            self.fault("watchdog", exc)
+            return None
 
     def state(self, status: str = RUNNING, keep: bool = True, **given: Any) -> dict[str, Any]:
         """What this rank publishes: its snapshot, its guarded calls still running, its dropped Works;

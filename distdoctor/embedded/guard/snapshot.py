@@ -126,21 +126,30 @@ def last_issued(groups: Iterable[GroupProgress]) -> str | None:
 def build(*, rank: int, status: str = RUNNING, recorder: Any, groups: dict[str, list[int]], flight: Any = None,
           error: RaisedError | None = None, stack: tuple[Frame, ...] | None = None,
           in_collective: str | None = None, notes: Iterable[str] = (),
-          thread_errors: Iterable[RaisedError] = (), failed_call: CallRecord | None = None) -> RankSnapshot:
+          thread_errors: Iterable[RaisedError] = (), failed_call: CallRecord | None = None,
+          main: RankSnapshot | None = None) -> RankSnapshot:
     """This rank now. Groups come from torch's flight recorder when it works, else from the guard's
-    records. ``failed_call``: the guarded call that just failed (it ended, but the rank was in it)."""
+    records. ``failed_call``: the guarded call that just failed (it ended, but the rank was in it).
+    ``main``: the watchdog's latest look at the main thread (embedded.guard.mainthread), when no
+    recorder counts: the wait its stack shows, how long it stayed there, its CPU time."""
     recorded = flight.groups() if flight is not None and flight.usable else ()
     notes = list(notes)
     if flight is not None and not flight.usable:
         notes.append(f"only Python-issued collectives counted: {flight.problem}")
     running = recorder.running_records() + ([failed_call] if failed_call is not None else [])
     recorded = _as_guarded(recorded, running, recorder.clock()) if running else recorded
-    stack = main_stack() if stack is None else stack
-    in_collective = in_collective or (call_text(running[0]) if running else None)
+    looked = main is not None and stack is None and status == RUNNING
+    stack = (main.stack if looked else main_stack()) if stack is None else stack
+    in_collective = in_collective or (call_text(running[0]) if running else None) or (main.in_collective if looked else None)
     if in_collective is None and error is not None and error.consequence:
-        in_collective = last_issued(recorded)
+        # The wait the main thread was last seen in, when no recorder says which collective failed.
+        in_collective = last_issued(recorded) or (main.in_collective if main is not None else None)
     return RankSnapshot(
         rank=rank, host=socket.gethostname(), pid=os.getpid(), status=status,
-        groups=recorded or guard_groups(recorder, groups), stack=stack, where=where(stack),
-        in_collective=in_collective, error=error, time=time.time(),
-        collectives=recorder.calls, source="guard", notes=tuple(notes), thread_errors=tuple(thread_errors))
+        groups=recorded or guard_groups(recorder, groups), stack=stack,
+        where=main.where if looked else where(stack), in_collective=in_collective, error=error, time=time.time(),
+        # Without the recorder the guard's count misses every collective issued in C++: not a count of them.
+        collectives=recorder.calls if flight is None or flight.usable else None, source="guard", notes=tuple(notes),
+        thread_errors=tuple(thread_errors),
+        cpu_s=main.cpu_s if looked else None, proc_state=main.proc_state if looked else "",
+        may_spin=main.may_spin if looked else False, still_s=main.still_s if looked else None)

@@ -6,11 +6,14 @@
 # is stalled while it runs. Only the completed count matters: on NCCL
 # the main thread keeps enqueueing while the first stuck collective holds every later one back.
 # Gloo marks completion about 0.5 s late, so a stall shorter than that is not seen at all.
+# Without the recorder, a wait the main thread's stack shows (embedded.guard.mainthread: DDP's
+# all-reduce in backward, a c10d function, FSDP's Work.wait()) is stalled for as long as the thread
+# has stayed in it: the shared rule again (diagnosis.progress.stayed), look after look.
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from distdoctor.diagnosis.progress import group_advanced
 from distdoctor.diagnosis.snapshot import GroupProgress
@@ -56,12 +59,21 @@ class StallClock:
         return worst
 
 
-def longest(recorder: Any, recorded: Stall | None) -> Stall | None:
-    """This rank's longest stall: a guarded call still running, or a group the recorder shows stuck."""
+def in_wait(main: Any, group_of: Callable[[], str]) -> Stall | None:
+    """The main thread's stay in the wait its latest look shows, as a stall of its group (asked of
+    ``group_of`` only then); None when its stack shows no wait (``main``:
+    embedded.guard.mainthread.MainThread, looked at this poll)."""
+    since = main.waits_since()
+    return Stall(group_of(), since) if since is not None else None
+
+
+def longest(recorder: Any, *found: Stall | None) -> Stall | None:
+    """This rank's longest stall: a guarded call still running, a group the recorder shows stuck, or
+    a wait the main thread's stack has stayed in."""
     oldest = recorder.oldest_running()
     mine = Stall(oldest.group, oldest.started) if oldest is not None else None
-    found = [s for s in (mine, recorded) if s is not None]
-    return min(found, key=lambda s: s.since) if found else None
+    stalls = [s for s in (mine, *found) if s is not None]
+    return min(stalls, key=lambda s: s.since) if stalls else None
 
 
 def still(opened: Stall, now: Stall | None) -> bool:

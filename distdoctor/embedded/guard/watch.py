@@ -1,8 +1,9 @@
 """The guard's watchdog: every stall of the run as an episode, every rank's snapshot through the store, one verdict."""
 
 # One thread per guarded process, waking every ``poll_s``:
-#   - it looks whether this rank is stalled (embedded.guard.stall: a guarded call running, or a
-#     group the flight recorder shows stuck). A stall past ``hang_timeout`` opens an episode: this
+#   - it looks whether this rank is stalled (embedded.guard.stall: a guarded call running, a group
+#     the flight recorder shows stuck or, without the recorder, a wait the main thread's stack has
+#     stayed in: embedded.guard.mainthread). A stall past ``hang_timeout`` opens an episode: this
 #     rank requests a *look* (`look/<n>/request`, claimed with compare_set, so ranks that stall at
 #     once share one), collects every rank's snapshot for ``answer_s`` at most, asks the one
 #     diagnosis for the verdict, and embedded.guard.policy decides: end the job now, or report and
@@ -30,7 +31,8 @@ from distdoctor.embedded.guard.channel import STORE_OP_TIMEOUT_S, SideChannel
 from distdoctor.embedded.guard.episodes import Episode, Ledger, facts
 from distdoctor.embedded.guard.peers import absent_snapshot
 from distdoctor.embedded.guard.record import Recorder
-from distdoctor.embedded.guard.stall import Stall, StallClock, longest, still
+from distdoctor.embedded.guard.mainthread import MainThread
+from distdoctor.embedded.guard.stall import Stall, StallClock, in_wait, longest, still
 
 
 class Host(Protocol):
@@ -42,6 +44,7 @@ class Host(Protocol):
     def state(self) -> dict[str, Any]: ...
     def group_ranks(self, name: str) -> list[int]: ...
     def group_timeout(self, name: str) -> float | None: ...
+    def wait_group(self, pg: Any) -> str: ...
     def decide(self, states: dict[int, Any], ranks: list[int], waited: float, world_known: bool) -> list[Finding]: ...
     def show(self, findings: list[Finding], heading: str, ranks: list[int], decision: policy.Decision) -> Any: ...
     def say(self, line: str) -> None: ...
@@ -64,6 +67,7 @@ class HangWatch:
         self.rank = host.rank
         self.hang_timeout, self.answer_s, self.poll_s, self.on_hang = hang_timeout, answer_s, poll_s, on_hang
         self.clock, self.stalls, self.ledger = recorder.clock, StallClock(), Ledger(side)
+        self.main: MainThread | None = None                # the main thread's looks, when no recorder counts
         self.stopped = threading.Event()
         self.next_look = 1
         self.answered_look = 0
@@ -105,10 +109,27 @@ class HangWatch:
             self._open(stall)
 
     def stall_now(self) -> Stall | None:
-        recorded = None
+        """This rank's longest stall now: what the flight recorder counts or, without it, the wait the
+        main thread's stack shows (looked at every poll), and the guarded calls still running."""
         if self.flight is not None and self.flight.usable:
-            recorded = self.stalls.update(self.flight.status(), self.clock())
-        return longest(self.recorder, recorded)
+            return longest(self.recorder, self.stalls.update(self.flight.status(), self.clock()))
+        return longest(self.recorder, self._main_wait())
+
+    def _main_wait(self) -> Stall | None:
+        """The wait the main thread has stayed in, as a stall. A fault in reading it is said once
+        (guard.W012) and costs only this evidence: the poll goes on to answer the other ranks' looks."""
+        main = self.main_thread()
+        try:
+            return in_wait(main, lambda: self.host.wait_group(main.ddp_group())) if main.look() is not None else None
+        except Exception as exc:
+            self.host.fault("main-thread look", exc)
+            return None
+
+    def main_thread(self) -> MainThread:
+        """The main thread's looks (made on first use: only a rank without the recorder needs them)."""
+        if self.main is None:
+            self.main = MainThread(self.rank, self.clock)
+        return self.main
 
     # -- answering the looks other ranks request --------------------------------------------------
     def _answer_looks(self) -> None:

@@ -1,4 +1,8 @@
-"""The DDP tutorial's training loop (or FSDP's) with one fault chosen by argv; it knows nothing of distdoctor."""
+"""The DDP tutorial's training loop (or FSDP's) with one fault chosen by argv; it knows nothing of distdoctor.
+
+Faults: straggler, raise, kill, uneven. pauses is a healthy job that only pauses: rank 1 takes 0.3 s for
+each of the first 20 batches (a slow data loader), then rank 0 saves a checkpoint alone for 8 s; anything
+else (healthy) runs clean."""
 
 import os
 import signal
@@ -29,8 +33,20 @@ else:
     model = DDP(net)
 loss_fn = nn.MSELoss()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
+
+
+def _save_snapshot(seconds):
+    """The DDP tutorial's rank-0-only checkpoint: rank 0 writes it alone while the others go on."""
+    time.sleep(seconds)  # LINE:checkpoint
+
+
 steps = 6 + (1 if fault == "uneven" and rank == world - 1 else 0)  # the last rank got one batch more
+steps = 22 if fault == "pauses" else steps
 for step in range(steps):
+    if fault == "pauses" and rank == 1 and step < 20:
+        time.sleep(0.3)  # LINE:loader (a slow data loader: every step, each shorter than any timeout)
+    if fault == "pauses" and rank == 0 and step == 20:
+        _save_snapshot(8.0)
     if fault == "straggler" and rank == 1 and step == 3:
         print(f"rank 1 sleeps from {time.time():.3f}", flush=True)
         time.sleep(120)  # LINE:sleep
