@@ -37,6 +37,13 @@ class Counting:
 
     def __init__(self, store: Any) -> None:
         self._store, self.requests, self.bytes_read = store, 0, 0
+        self.by_method: dict[str, int] = {}
+
+    @property
+    def inner(self) -> Any:
+        """The wrapped store, as distdoctor's own store wrappers name it (world.store_api.innermost):
+        its methods, ``check`` among them, are the ones this store answers."""
+        return self._store
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
@@ -45,6 +52,7 @@ class Counting:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             self.requests += 1
+            self.by_method[name] = self.by_method.get(name, 0) + 1
             out = attr(*args, **kwargs)
             if isinstance(out, bytes):
                 self.bytes_read += len(out)
@@ -139,6 +147,7 @@ def simulate(size: int) -> dict[str, Any]:
         "results_s": gathered - gathered_checkins,
         "aggregate_s": end - gathered,
         "rank0_requests": counter.requests,
+        "rank0_requests_by_method": dict(counter.by_method),
         "rank0_bytes": counter.bytes_read,
         "merged_checks": len(checks),
         "per_rank_ms": 1000 * (end - start) / size,

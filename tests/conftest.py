@@ -92,3 +92,18 @@ def json_objects(text: str) -> list[dict]:
             return out
         value, i = decoder.raw_decode(text, i)
         out.append(value)
+
+
+# Tests that share something only one of them can hold at a time run on one pytest-xdist worker,
+# in their file order: the network-namespace hosts (fixed names and subnets, a last test that
+# checks nothing was left behind) and the real SLURM cluster (one slurmctld/slurmd per session).
+_ONE_WORKER_GROUPS = (("tests/hosts/", "hosts"), ("tests/launchers/", "launchers"),
+                      ("tests/stacks/test_slurm_job.py", "launchers"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items (its own hook of this name)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for prefix, group in _ONE_WORKER_GROUPS:
+            if item.nodeid.startswith(prefix):
+                item.add_marker(pytest.mark.xdist_group(group))
