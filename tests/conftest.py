@@ -97,8 +97,14 @@ def json_objects(text: str) -> list[dict]:
 # Tests that share something only one of them can hold at a time run on one pytest-xdist worker,
 # in their file order: the network-namespace hosts (fixed names and subnets, a last test that
 # checks nothing was left behind) and the real SLURM cluster (one slurmctld/slurmd per session).
+# A module whose module-scoped fixture runs real jobs for all its tests is kept on one worker too:
+# split over two, each worker would run the jobs again (75 s of explain's real jobs, twice).
 _ONE_WORKER_GROUPS = (("tests/hosts/", "hosts"), ("tests/launchers/", "launchers"),
-                      ("tests/stacks/test_slurm_job.py", "launchers"))
+                      ("tests/stacks/test_slurm_job.py", "launchers"),
+                      *((path, path) for path in (
+                          "tests/explain/test_real_jobs.py", "tests/explain/test_recorder_dumps.py",
+                          "tests/stacks/test_stacks_jobs.py", "tests/stacks/test_watch.py",
+                          "tests/bench/test_bench_loopback.py")))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items (its own hook of this name)
