@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import psutil
 
 from distdoctor.diagnosis.snapshot import EXITED, KILLED, RUNNING, UNKNOWN
+from distdoctor.machine.thread_clock import TICKS, read_thread, stat_fields
 
 _STAT_EXIT_FIELD = 52
 
@@ -73,7 +74,6 @@ def read_state(pid: int) -> ProcState:
     return ProcState(RUNNING)
 
 
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # Mapped into a process that drives a GPU: the device files, the CUDA driver, ROCm's runtime.
 _GPU_MAPS = ("/dev/nvidia", "libcuda.so", "/dev/kfd", "libamdhip64.so", "/dev/accel")
 
@@ -88,43 +88,20 @@ class Clock:
     start: int | None = None           # when it started, in clock ticks after boot (a reused PID differs)
 
 
-def _stat_fields(path: str) -> list[str] | None:
-    try:
-        with open(path, encoding="ascii", errors="replace") as fh:
-            text = fh.read()
-        return text[text.rindex(")") + 2:].split()
-    except (OSError, ValueError):
-        return None
-
-
 def read_clock(pid: int) -> Clock:
     """The main thread's state and CPU time, the process's CPU time and start; never raises
     (what cannot be read stays empty)."""
-    process = _stat_fields(f"/proc/{pid}/stat")
+    process = stat_fields(f"/proc/{pid}/stat")
     if process is None or len(process) < 20:
         return Clock()
     try:
-        process_cpu = (int(process[11]) + int(process[12])) / _TICKS
+        process_cpu = (int(process[11]) + int(process[12])) / TICKS
         start = int(process[19])
     except ValueError:
         return Clock(state=process[0][:1])
-    thread = _stat_fields(f"/proc/{pid}/task/{pid}/stat") or process
-    cpu = _schedstat_s(pid)
-    if cpu is None:
-        try:
-            cpu = (int(thread[11]) + int(thread[12])) / _TICKS
-        except (ValueError, IndexError):
-            cpu = None
-    return Clock(state=thread[0][:1], cpu_s=cpu, process_cpu_s=process_cpu, start=start)
-
-
-def _schedstat_s(pid: int) -> float | None:
-    """The main thread's time on a CPU in ns (kernels with schedstats), as seconds."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/schedstat", encoding="ascii") as fh:
-            return int(fh.read().split()[0]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return None
+    thread = read_thread(f"/proc/{pid}/task/{pid}")
+    return Clock(state=thread.state or process[0][:1], cpu_s=thread.cpu_s if thread.cpu_s is not None else process_cpu,
+                 process_cpu_s=process_cpu, start=start)
 
 
 def uses_gpu(pid: int) -> bool | None:

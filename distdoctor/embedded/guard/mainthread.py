@@ -24,8 +24,9 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator
 
+from distdoctor.machine.thread_clock import ThreadClock, read_thread
 from distdoctor.diagnosis.frames import display_path, is_user_file, with_source
 from distdoctor.diagnosis.progress import ASLEEP, CPU_FLOOR_S, CPU_SHARE, stayed, wait_place
 from distdoctor.diagnosis.snapshot import RUNNING, Frame, RankSnapshot
@@ -33,7 +34,6 @@ from distdoctor.diagnosis.waits import (BACKWARD_DDP, DDP_TYPES, Reading, backwa
                                         python_wait)
 
 _GUARD_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 STACK_LIMIT = 24
 # A look older than this many polls no longer says what the thread does now.
 FRESH_POLLS = 3
@@ -58,42 +58,9 @@ class Look:
     runs: int | None = None  # how often the kernel had put the thread on a CPU (ThreadClock.runs)
 
 
-class ThreadClock(NamedTuple):
-    """What the kernel says of one thread: its state letter, CPU seconds, and how often it was put on a CPU."""
-
-    state: str = ""
-    cpu_s: float | None = None
-    runs: int | None = None
-
-
 def thread_clock(tid: int | None) -> ThreadClock:
     """The kernel's counters of one thread of this process; empty fields where unreadable."""
-    if tid is None:
-        return ThreadClock()
-    state, cpu, runs = "", None, None
-    try:
-        with open(f"/proc/self/task/{tid}/stat", encoding="ascii", errors="replace") as fh:
-            text = fh.read()
-        fields = text[text.rindex(")") + 2:].split()  # the name (field 2) may hold spaces and ')'
-        state, cpu = fields[0][:1], (int(fields[11]) + int(fields[12])) / _TICKS
-    except (OSError, ValueError, IndexError):
-        pass
-    try:  # time on a CPU in ns (finer than stat's clock ticks) and times put on one (kernels with schedstats)
-        with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as fh:
-            ran_ns, _, slices = fh.read().split()[:3]
-        cpu, runs = int(ran_ns) / 1e9, int(slices)
-    except (OSError, ValueError):
-        runs = _context_switches(tid)
-    return ThreadClock(state, cpu, runs)
-
-
-def _context_switches(tid: int) -> int | None:
-    """Voluntary and involuntary context switches of a thread (where the kernel keeps no schedstat)."""
-    try:
-        with open(f"/proc/self/task/{tid}/status", encoding="ascii", errors="replace") as fh:
-            return sum(int(line.split()[1]) for line in fh if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")))
-    except (OSError, ValueError, IndexError):
-        return None
+    return ThreadClock() if tid is None else read_thread(f"/proc/self/task/{tid}")
 
 
 def woke(before: int | None, after: int | None) -> bool:
