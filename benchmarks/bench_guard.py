@@ -43,7 +43,8 @@ from timing import PYTHON, REPO, Figure, clean_env, timed  # noqa: E402
 STEP_TARGET = "<= 1.03x"
 HANG_TIMEOUT_S = 2.0
 WARMUP_STEPS = 20
-BLOCK = 100
+VERIFY_FIRST = 8  # guard()'s verify_first: the calls every run verifies before sampling
+BLOCK = 10
 
 
 def torchrun(*args: str) -> list[str]:
@@ -70,11 +71,17 @@ def child_train(mode: str, steps: int) -> None:
     model = DDP(nn.Sequential(nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 5)))
     loss_fn, optimizer = nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.001)
     times: dict[bool, list[float]] = {True: [], False: []}
-    for step in range(WARMUP_STEPS + steps):
+    floor: dict[bool, list[float]] = {True: [], False: []}  # the unguarded blocks, split in two by turn
+    startup: list[float] = []
+    # Torch's own warm-up (unguarded), then the guard's start-up (guarded: the first verify_first
+    # collectives of a group are all verified, once per run), then the measured blocks.
+    for step in range(2 * WARMUP_STEPS + steps):
+        measured = step - 2 * WARMUP_STEPS
         # Blocks of steps alternate between torch's all_reduce and the guarded one (the same
         # schedule on both ranks), so the machine's load drifts over both alike. The guard's
         # sequence numbers only count guarded calls: its sampling runs as in a real job.
-        on = (step // BLOCK) % 2 == 1
+        block = measured // BLOCK
+        on = step >= WARMUP_STEPS if measured < 0 else block % 2 == 1
         dist.all_reduce = guarded if on else original
         start = time.perf_counter()
         optimizer.zero_grad()
@@ -83,13 +90,21 @@ def child_train(mode: str, steps: int) -> None:
         optimizer.step()
         logged = loss.detach().clone()
         dist.all_reduce(logged)  # the loss averaged for logging, as training scripts do
-        if step >= WARMUP_STEPS:
-            times[on].append(time.perf_counter() - start)
+        took = time.perf_counter() - start
+        if measured >= 0:
+            times[on].append(took)
+            if not on:
+                floor[block % 4 == 2].append(took)
+        elif on:
+            startup.append(took)
     dist.all_reduce = guarded
     dist.barrier()
     if dist.get_rank() == 0:
+        off_median = statistics.median(times[False])
         print(json.dumps({"on_mean_s": statistics.fmean(times[True]), "off_mean_s": statistics.fmean(times[False]),
-                          "on_steps": len(times[True]), "poll_s": watchdog_poll_s(distdoctor.guard())}))
+                          "on_steps": len(times[True]), "poll_s": watchdog_poll_s(distdoctor.guard()),
+                          "startup_s": sum(startup) - len(startup) * off_median, "startup_steps": len(startup),
+                          "floor": statistics.fmean(floor[True]) / statistics.fmean(floor[False])}))
     dist.destroy_process_group()
 
 
@@ -146,6 +161,13 @@ def step_figures(repeats: int, steps: int) -> list[Figure]:
         polls = [r["poll_s"] for r in launches if r.get("poll_s")]
         poll = (f"; watchdog poll {statistics.median(polls) * 1e6:.0f} us, 4 a second = "
                 f"{statistics.median(polls) * 4 * 100:.3f} % of one core" if polls else "")
+        floors = [r["floor"] for r in launches]
+        floor = (f"; the method's floor, unguarded blocks against unguarded blocks in the same launches: "
+                 f"{statistics.median(floors):.3f}x ({', '.join(f'{r:.3f}' for r in floors)})" if floors else "")
+        startups = [r["startup_s"] for r in launches]
+        startup = (f"; start-up, once per run: the first {launches[0]['startup_steps']} guarded steps "
+                   f"(the first {VERIFY_FIRST} calls verified) took {statistics.median(startups) * 1e3:.1f} ms more "
+                   f"than as many unguarded ones" if startups else "")
         out.append(Figure(f"step time, {label}",
                           f"DDP tutorial loop, 2 ranks gloo CPU, {steps} steps in blocks of {BLOCK} alternating "
                           f"with and without {label}: mean step with it", statistics.median(on) if on else None,
@@ -153,7 +175,7 @@ def step_figures(repeats: int, steps: int) -> list[Figure]:
                           statistics.median(off) if off else None, [round(v, 6) for v in off],
                           statistics.median(ratios) if ratios else None, "", target,
                           f"ratio: median over {len(launches)} launches of each launch's on/off ratio "
-                          f"({', '.join(f'{r:.3f}' for r in ratios)}){poll}"))
+                          f"({', '.join(f'{r:.3f}' for r in ratios)}){floor}{poll}{startup}"))
     return out
 
 
@@ -192,8 +214,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=10000)
     parser.add_argument("--child-train", nargs=2, metavar=("MODE", "STEPS"), help=argparse.SUPPRESS)
     parser.add_argument("--child-hang", metavar="MARK", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -16,7 +16,7 @@ from distdoctor.embedded.guard.calls import Verifier, run_call
 from distdoctor.embedded.guard.channel import _tcp_store_address
 from distdoctor.embedded.guard.launch import HOOK_DIR, guard_environment
 from distdoctor.embedded.guard.record import CallRecord, Recorder
-from distdoctor.embedded.guard.sample import Sampler
+from distdoctor.embedded.guard.sample import Sampler, verification_cost
 from distdoctor.embedded.guard.verdict import decide
 from distdoctor.embedded.guard.works import WorkTracker
 from distdoctor.diagnosis.snapshot import FINISHED, RUNNING, Frame, GroupProgress, PendingOp, RankSnapshot
@@ -175,19 +175,43 @@ def test_settings_come_from_arguments_then_the_environment():
         settings_from_env({"DISTDOCTOR_HANG_TIMEOUT": "soon"})
     with pytest.raises(ValueError, match="verify"):
         settings_from_env({}, verify="every")
-    assert (GuardSettings().verify_first, GuardSettings().verify_budget) == (8, 0.01)
+    assert (GuardSettings().verify_first, GuardSettings().verify_budget) == (8, 0.005)
 
 
 def test_samples_are_spaced_by_the_largest_gap_any_rank_proposed():
     sampler = Sampler("sample", first=4, budget=0.01, max_gap=1000)
-    assert [n for n in range(4) if sampler.due("0", n)] == [0, 1, 2, 3]
-    for n, now in enumerate((0.0, 0.004, 0.008, 0.012)):
-        sampler.note_call("0", now)
+    # The first four calls, 4 ms apart, are verified; the time between calls is measured from them.
+    assert [n for n, now in enumerate((0.0, 0.004, 0.008, 0.012)) if sampler.due("0", n, now)] == [0, 1, 2, 3]
     sampler.agreed("0", 3, [1], cost_s=0.002)  # a 2 ms exchange between calls 4 ms apart
     assert sampler.proposal("0") == 50  # 2 ms / (1 % of 4 ms)
     sampler.agreed("0", 4, [50, 80], cost_s=0.002)
     assert [n for n in range(5, 200) if sampler.due("0", n)][:1] == [84]
     assert Sampler("all", 0, 0.01, 10).due("0", 12345) and not Sampler("off", 8, 0.01, 10).due("0", 0)
+
+
+def test_the_pace_between_verified_calls_ignores_a_pause():
+    sampler = Sampler("sample", first=0, budget=0.01, max_gap=1000)
+    now = 0.0
+    for seq in range(0, 60, 10):  # verified every 10th call, 4 ms apart, then a 30 s checkpoint
+        now += 0.040 if seq < 50 else 30.0
+        assert sampler.due("0", seq, now)
+        sampler.next["0"] = seq + 10  # as agreed() would set it
+        assert not sampler.due("0", seq + 1, now)
+    assert sampler.interval["0"] == pytest.approx(0.004)
+
+
+def test_a_verification_costs_what_the_verified_call_took_beyond_a_plain_one():
+    def call(start: float, end: float | None, verified: bool = False) -> CallRecord:
+        record = CallRecord("all_reduce", "0", 0, started=start, ended=end)
+        record.verified = verified
+        return record
+
+    plain = [call(0.0, 0.0004), call(1.0, 1.0005), call(2.0, 2.0006), call(3.0, None)]
+    last = call(5.0, 5.0025, verified=True)  # 2.5 ms: 2 ms more than the median plain call
+    assert verification_cost(last, plain + [last], exchange_s=0.001) == pytest.approx(0.002)
+    assert verification_cost(last, plain, exchange_s=0.003) == 0.003  # never below the exchange seen now
+    assert verification_cost(None, plain, exchange_s=0.001) == 0.001  # the first: nothing to compare yet
+    assert verification_cost(last, [last], exchange_s=0.001) == 0.001
 
 
 def test_the_launcher_environment_puts_the_hook_first(tmp_path):

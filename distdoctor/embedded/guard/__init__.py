@@ -38,7 +38,7 @@ class GuardSettings:
     verify: str = "sample"
     verify_first: int = 8
     verify_every: int = 1000
-    verify_budget: float = 0.01
+    verify_budget: float = 0.005
     hang_timeout: float = 120.0
     on_hang: str = "auto"
     report_dir: str | None = None

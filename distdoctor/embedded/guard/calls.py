@@ -4,28 +4,25 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 from typing import Any, Callable
 
 from distdoctor.embedded.guard.ops import describe
-from distdoctor.embedded.guard.record import CallRecord, call_site, tensor_facts
+from distdoctor.embedded.guard.record import CallRecord, call_site, site_of, tensor_facts
 from distdoctor.embedded.guard.records_io import record_from_bytes, record_to_bytes
 
-_LOCAL = threading.local()
-
-
-def inside() -> bool:
-    """True while this thread is already in a guarded call (torch's object collectives call
-    broadcast/all_gather themselves; the guard's own exchange too): inner calls pass through."""
-    return getattr(_LOCAL, "depth", 0) > 0
+# How deep this thread is in guarded calls: torch's object collectives call broadcast/all_gather
+# themselves, the guard's own exchange too; inner calls pass through unrecorded.
+DEPTH = threading.local()
 
 
 class _Inside:
     def __enter__(self) -> None:
-        _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
+        DEPTH.depth = getattr(DEPTH, "depth", 0) + 1
 
     def __exit__(self, *exc: Any) -> None:
-        _LOCAL.depth -= 1
+        DEPTH.depth -= 1
 
 
 def wrap(name: str, original: Callable[..., Any], guard: Any) -> Callable[..., Any]:
@@ -34,14 +31,19 @@ def wrap(name: str, original: Callable[..., Any], guard: Any) -> Callable[..., A
     except (TypeError, ValueError):
         names = []
     takes_async = "async_op" in names
+    call = guard.call
 
+    # The per-call hot path, run with the CPU's caches cold from the step around it: every step
+    # here costs microseconds, so the depth check is inlined and the caller's frame is taken here
+    # (one frame to materialise instead of a walk through the guard's own).
     @functools.wraps(original)
     def guarded(*args: Any, **kwargs: Any) -> Any:
-        if inside():
+        if getattr(DEPTH, "depth", 0):
             return original(*args, **kwargs)
         bound = dict(zip(names, args))
-        bound.update(kwargs)
-        return guard.call(name, original, args, kwargs, bound, takes_async)
+        if kwargs:
+            bound.update(kwargs)
+        return call(name, original, args, kwargs, bound, takes_async, sys._getframe(1))
 
     guarded.__distdoctor_original__ = original  # type: ignore[attr-defined]
     return guarded
@@ -51,7 +53,7 @@ def run_call(original: Callable[..., Any], args: tuple, kwargs: dict, bound: dic
              takes_async: bool) -> tuple[Any, Any]:
     """Run torch's function: (what it returned, the Work whose completion ends the call, if any)."""
     # Inlined rather than `with _Inside()`: this is the per-call hot path.
-    _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
+    DEPTH.depth = getattr(DEPTH, "depth", 0) + 1
     try:
         if takes_async and bound.get("async_op"):
             result = original(*args, **kwargs)
@@ -65,7 +67,7 @@ def run_call(original: Callable[..., Any], args: tuple, kwargs: dict, bound: dic
             return None, work
         return original(*args, **kwargs), None
     finally:
-        _LOCAL.depth -= 1
+        DEPTH.depth -= 1
 
 
 class Verifier:
@@ -118,27 +120,28 @@ class Verifier:
         return [record_from_bytes(bytes(t[:n].cpu().tolist())) for t, n in zip(out, sizes)]
 
 
-def peer_resolver(dist: Any, group: Any) -> Callable[[dict[str, Any], str], Any]:
+def _peer(dist: Any, group: Any, args: dict[str, Any], key: str) -> Any:
     """src=/dst= are global ranks, group_src=/group_dst= group ranks: one global rank either way."""
-    def peer(args: dict[str, Any], key: str) -> Any:
-        value = args.get(key)
-        if value is None and args.get(f"group_{key}") is not None:
-            try:
-                return int(dist.get_global_rank(group or dist.group.WORLD, int(args[f"group_{key}"])))
-            except Exception:
-                return f"group rank {args[f'group_{key}']}"
-        return int(value) if isinstance(value, int) or hasattr(value, "__index__") else ("any" if value is None else str(value))
-    return peer
+    value = args.get(key)
+    if value is None and args.get(f"group_{key}") is not None:
+        try:
+            return int(dist.get_global_rank(group or dist.group.WORLD, int(args[f"group_{key}"])))
+        except Exception:
+            return f"group rank {args[f'group_{key}']}"
+    return int(value) if isinstance(value, int) or hasattr(value, "__index__") else ("any" if value is None else str(value))
 
 
-def make_record(dist: Any, name: str, bound: dict[str, Any], group: Any, group_name: str) -> CallRecord:
-    shaped, typed, params = describe(name, bound, peer_resolver(dist, group))
-    typed_info = [t for t in map(tensor_facts, typed) if t]
-    # Usually the same tensors: their facts are taken once.
-    shapes = tuple(t[0] for t in (typed_info if shaped is typed else map(tensor_facts, shaped)) if t)
-    record = CallRecord(op=name, group=group_name, seq=-1, shapes=shapes,
-                        dtypes=tuple(t[1] for t in typed_info), devices=tuple(t[2] for t in typed_info),
-                        params=params)
-    record.site, record.function = call_site(1)
+def make_record(dist: Any, name: str, bound: dict[str, Any], group: Any, group_name: str,
+                frame: Any = None) -> CallRecord:
+    """The record of one call; ``frame``: its caller's (else found from here)."""
+    shaped, typed, params = describe(name, bound, functools.partial(_peer, dist, group))
+    if shaped is typed and len(typed) == 1:  # the usual call, one tensor: its facts once, no loops
+        facts = tensor_facts(typed[0])
+        shapes, dtypes, devices = ((facts[0],), (facts[1],), (facts[2],)) if facts else ((), (), ())
+    else:
+        typed_info = [t for t in map(tensor_facts, typed) if t]
+        shapes = tuple(t[0] for t in (typed_info if shaped is typed else map(tensor_facts, shaped)) if t)
+        dtypes, devices = tuple(t[1] for t in typed_info), tuple(t[2] for t in typed_info)
+    record = CallRecord(name, group_name, -1, shapes, dtypes, devices, params)
+    record.site, record.function = site_of(frame) if frame is not None else call_site(2)
     return record
-

@@ -16,14 +16,14 @@ from distdoctor.embedded.guard import evidence
 from distdoctor.embedded.guard import findings as gf
 from distdoctor.embedded.guard import report as api
 from distdoctor.embedded.guard import snapshot as snapshots
-from distdoctor.embedded.guard.calls import Verifier, make_record, run_call, wrap
+from distdoctor.embedded.guard.calls import DEPTH, Verifier, make_record, run_call, wrap
 from distdoctor.embedded.guard.crash import CrashHook
 from distdoctor.embedded.guard.flight import FlightRecorder
 from distdoctor.embedded.guard.channel import SideChannel
 from distdoctor.embedded.guard.watch import HangWatch
 from distdoctor.embedded.guard.record import (_COLLECTIVE_SET, COLLECTIVES, POINT_TO_POINT, CallRecord, Recorder,
                                               call_site)
-from distdoctor.embedded.guard.sample import Sampler
+from distdoctor.embedded.guard.sample import Sampler, verification_cost
 from distdoctor.embedded.guard import episodes, policy
 from distdoctor.embedded.guard.verdict import decide
 from distdoctor.embedded.guard.works import WorkTracker
@@ -42,12 +42,14 @@ class Guard:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.recorder = Recorder(settings.ring_size)
         self.sampler = Sampler(settings.verify, settings.verify_first, settings.verify_budget, settings.verify_every)
+        self.last_verified: dict[str, CallRecord] = {}  # group -> its last verified call (what verifying costs)
         self.findings: list[Finding] = []
         self.dropped: list[CallRecord] = []
         self.phase = "running"
         self.originals: dict[str, Callable[..., Any]] = {}
         self.wrapped: dict[str, Callable[..., Any]] = {}
         self.groups: dict[int, tuple[str, list[int]]] = {}
+        self.world_group: tuple[Any, str, list[int]] | None = None  # _group(None) while the default group stands
         self.verifier: Verifier | None = None
         self.works = WorkTracker(self.c10d.Work, self._dropped, self._waiting)
         self.watch: HangWatch | None = None
@@ -128,6 +130,7 @@ class Guard:
 
     def _destroy_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def destroy_process_group(group: Any = None) -> Any:
+            self.world_group = None
             if group is None:
                 self.shutdown("destroyed")
             return original(group)
@@ -141,7 +144,7 @@ class Guard:
         """At destroy_process_group / exit: report Works never waited on, leave a final state."""
         if self.shut_down:
             return
-        self.shut_down, self.phase = True, phase
+        self.shut_down, self.phase, self.world_group = True, phase, None
         where = "destroy_process_group" if phase == "destroyed" else "exit"
         for record in self.works.pending():
             self.findings.append(gf.work_finding(gf.PENDING, record, self.rank, f"never waited on, still pending at {where}"))
@@ -192,16 +195,21 @@ class Guard:
         return known[1] if known is not None else self.pg_name(self.c10d.GroupMember.WORLD)
 
     def _group(self, group: Any) -> tuple[Any, str, list[int]] | None:
+        if group is None and self.world_group is not None:  # the usual call: the default group, known
+            return self.world_group
         pg = group if group is not None else self.c10d.GroupMember.WORLD
         if pg is None or pg is self.c10d.GroupMember.NON_GROUP_MEMBER:
             return None
         known = self.groups.get(id(pg))
         if known is None:
             known = self.groups[id(pg)] = (self.pg_name(pg), list(self.dist.get_process_group_ranks(pg)))
-        return pg, known[0], known[1]
+        found = (pg, known[0], known[1])
+        if group is None and not self.shut_down:  # forgotten at any destroy_process_group
+            self.world_group = found
+        return found
 
     def call(self, name: str, original: Callable[..., Any], args: tuple, kwargs: dict, bound: dict,
-             takes_async: bool) -> Any:
+             takes_async: bool, frame: Any = None) -> Any:
         group = bound.get("group")
         if name == "batch_isend_irecv":
             ops = list(bound.get("p2p_op_list") or ())
@@ -210,28 +218,44 @@ class Guard:
         if found is None:
             return original(*args, **kwargs)
         pg, group_name, ranks = found
-        record = make_record(self.dist, name, bound, group, group_name)
-        collective = name in _COLLECTIVE_SET
-        record.seq = (self.recorder.next_seq(group_name) if collective
-                      else self.recorder.next_p2p_seq(group_name, name, record.params.get("peer")))
-        token = self.recorder.begin(record)
-        try:
-            if collective:
-                self.sampler.note_call(group_name, record.started)
-                if self.sampler.due(group_name, record.seq):
+        record = make_record(self.dist, name, bound, group, group_name, frame)
+        recorder = self.recorder
+        if name in _COLLECTIVE_SET:
+            token = recorder.begin_collective(record)
+            try:
+                if self.sampler.due(group_name, record.seq, record.started):
                     record.verified = True
                     self._verify(record, pg, ranks)
-            result, work = run_call(original, args, kwargs, bound, record, takes_async and collective)
-        except BaseException as exc:
-            self.recorder.end(token, failed=True)
-            explained = self._explain_failure(record, ranks, exc)
-            if explained is not None:
+                if not takes_async or (not bound.get("async_op") and "cuda" not in record.devices):
+                    # The usual call, run here rather than through run_call: this is the hot path.
+                    DEPTH.depth = getattr(DEPTH, "depth", 0) + 1
+                    try:
+                        result = original(*args, **kwargs)
+                    finally:
+                        DEPTH.depth -= 1
+                    recorder.end(token)
+                    return result
+                result, work = run_call(original, args, kwargs, bound, record, True)
+            except BaseException as exc:
+                explained = self._failed(token, record, ranks, exc)
+                if explained is None:
+                    raise
                 raise explained from exc
-            raise
-        if work is not None:
-            self.recorder.attach(token, work)
-        else:
-            self.recorder.end(token)
+            if work is not None:
+                recorder.attach(token, work)
+            else:
+                recorder.end(token)
+            return result
+        record.seq = recorder.next_p2p_seq(group_name, name, record.params.get("peer"))
+        token = recorder.begin(record)
+        try:
+            result, _ = run_call(original, args, kwargs, bound, record, False)
+        except BaseException as exc:
+            explained = self._failed(token, record, ranks, exc)
+            if explained is None:
+                raise
+            raise explained from exc
+        recorder.end(token)
         if name in ("isend", "irecv"):
             self.works.track(result, record)
         elif name == "batch_isend_irecv":
@@ -239,12 +263,19 @@ class Guard:
                 self.works.track(item, record)
         return result
 
+    def _failed(self, token: int, record: CallRecord, ranks: list[int], exc: BaseException) -> Exception | None:
+        """A guarded call raised: it ended, failed; the guard's explanation to raise instead, if any."""
+        self.recorder.end(token, failed=True)
+        return self._explain_failure(record, ranks, exc)
+
     def _verify(self, record: CallRecord, pg: Any, ranks: list[int]) -> None:
         assert self.verifier is not None
         started = time.monotonic()
         agreed, gaps = self.verifier.agree(record, pg, len(ranks), self.sampler.proposal(record.group))
         if agreed:
-            self.sampler.agreed(record.group, record.seq, gaps, time.monotonic() - started)
+            last, self.last_verified[record.group] = self.last_verified.get(record.group), record
+            cost = verification_cost(last, self.recorder.recent(record.group, 64), time.monotonic() - started)
+            self.sampler.agreed(record.group, record.seq, gaps, cost)
             return
         recent = [r.site for r in self.recorder.recent(record.group, 9)][:-1]
         details = self.verifier.details(record, recent, pg, len(ranks))

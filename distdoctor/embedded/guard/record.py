@@ -40,7 +40,6 @@ class CallRecord:
     params: dict = field(default_factory=dict)
     site: str = "?"
     function: str = "?"
-    thread: int = 0
     started: float = 0.0
     ended: float | None = None
     failed: bool = False
@@ -104,20 +103,20 @@ _DTYPES: dict[Any, str] = {}
 
 def tensor_facts(value: Any) -> tuple[tuple, str, str] | None:
     """(shape, dtype name, device type) of a tensor (or anything shaped like one); None otherwise."""
-    shape = getattr(value, "shape", None)
-    dtype = getattr(value, "dtype", None)
+    try:  # a tensor: plain attribute reads (this runs on every guarded call)
+        shape, dtype = value.shape, value.dtype
+    except AttributeError:
+        return None
     if shape is None or dtype is None:
         return None
     name = _DTYPES.get(dtype)
     if name is None:
         name = _DTYPES[dtype] = str(dtype).replace("torch.", "")
-    return tuple(shape), name, str(getattr(getattr(value, "device", None), "type", "?"))
-
-
-@dataclass
-class _Entry:
-    record: CallRecord
-    work: Any = None
+    try:
+        device = value.device.type
+    except AttributeError:
+        device = "?"
+    return tuple(shape), name, str(device)
 
 
 class Recorder:
@@ -133,7 +132,8 @@ class Recorder:
         self.seqs: dict[str, int] = {}
         self.p2p_seqs: dict[tuple, int] = {}
         self.completed: dict[str, int] = {}
-        self.running: dict[int, _Entry] = {}
+        self.running: dict[int, CallRecord] = {}
+        self.works: dict[int, Any] = {}  # token -> the Work whose completion ends that running call
         self.calls = 0
         self._lock = threading.Lock()
         self._next = 0
@@ -149,14 +149,21 @@ class Recorder:
         self.p2p_seqs[key] = seq + 1
         return seq
 
+    def begin_collective(self, record: CallRecord) -> int:
+        """begin() for a collective: it takes the group's next sequence number first (one call,
+        on the hot path)."""
+        group = record.group
+        seq = record.seq = self.seqs.get(group, 0)
+        self.seqs[group] = seq + 1
+        return self.begin(record)
+
     def begin(self, record: CallRecord) -> int:
         record.started = self.clock()
-        record.thread = threading.get_ident()
         # No lock on the hot path: each of these is one atomic operation under the GIL, and the
         # watchdog only takes snapshots (list(...)) of them.
         self._next += 1
         token = self._next
-        self.running[token] = _Entry(record)
+        self.running[token] = record
         self.ring.append(record)
         self.calls += 1
         return token
@@ -164,27 +171,26 @@ class Recorder:
     def attach(self, token: int, work: Any) -> None:
         """The call returned a Work: it is running until the Work says it completed."""
         with self._lock:
-            entry = self.running.get(token)
-            if entry is not None:
-                entry.work = work
+            if token in self.running:
+                self.works[token] = work
 
     def end(self, token: int, failed: bool = False) -> None:
-        entry = self.running.pop(token, None)
-        if entry is not None:
-            self._finish(entry.record, failed)
-
-    def _finish(self, record: CallRecord, failed: bool) -> None:
+        record = self.running.pop(token, None)
+        if record is None:
+            return
+        if self.works:
+            self.works.pop(token, None)
         record.ended, record.failed = self.clock(), failed
-        if record.op in _COLLECTIVE_SET and not failed:
-            self.completed[record.group] = max(self.completed.get(record.group, -1), record.seq)
+        if not failed and record.op in _COLLECTIVE_SET and self.completed.get(record.group, -1) < record.seq:
+            self.completed[record.group] = record.seq
 
     def poll(self) -> None:
         """End the calls whose Work completed (asynchronous calls, NCCL's sync calls)."""
         with self._lock:
-            waiting = [(t, e) for t, e in self.running.items() if e.work is not None]
-        for token, entry in waiting:
+            waiting = list(self.works.items())
+        for token, work in waiting:
             try:
-                done = bool(entry.work.is_completed())
+                done = bool(work.is_completed())
             except Exception:  # a failed Work has completed, with an error
                 done = True
             if done:
@@ -192,12 +198,12 @@ class Recorder:
 
     def oldest_running(self) -> CallRecord | None:
         with self._lock:
-            records = [e.record for e in self.running.values()]
+            records = list(self.running.values())
         return min(records, key=lambda r: r.started, default=None)
 
     def running_records(self) -> list[CallRecord]:
         with self._lock:
-            return sorted((e.record for e in self.running.values()), key=lambda r: r.started)
+            return sorted(self.running.values(), key=lambda r: r.started)
 
     def recent(self, group: str | None = None, limit: int = 16) -> list[CallRecord]:
         with self._lock:
@@ -209,7 +215,11 @@ class Recorder:
 
 # -- where a call came from ----------------------------------------------------------------------
 
-_INTERNAL: dict[Any, bool] = {}
+# id(code) -> (code, is it torch's or the guard's): keyed by id because a code object's hash is
+# computed anew on every lookup, over its constants and every function nested in them (a training
+# script's module code: tens of microseconds on each guarded call). The code object is kept in the
+# value, so its id cannot be reused while the entry stands.
+_INTERNAL: dict[int, tuple[Any, bool]] = {}
 # File name -> how it is shown (the working directory does not change under a training job).
 _SHOWN: dict[str, str] = {}
 
@@ -223,14 +233,21 @@ def _internal_dirs() -> tuple[str, ...]:
 
 def call_site(skip: int = 2) -> tuple[str, str]:
     """('train.py:42', 'train'): the innermost frame outside torch and the guard."""
-    frame = sys._getframe(skip)
+    return site_of(sys._getframe(skip))
+
+
+def site_of(frame: Any) -> tuple[str, str]:
+    """call_site from ``frame`` outwards (the guarded wrapper passes its caller's frame)."""
     dirs = None
     while frame is not None:
         code = frame.f_code
-        internal = _INTERNAL.get(code)
-        if internal is None:
+        known = _INTERNAL.get(id(code))
+        if known is not None and known[0] is code:
+            internal = known[1]
+        else:
             dirs = dirs or _internal_dirs()
-            internal = _INTERNAL[code] = os.path.abspath(code.co_filename).startswith(dirs)
+            internal = os.path.abspath(code.co_filename).startswith(dirs)
+            _INTERNAL[id(code)] = (code, internal)
         if not internal:
             shown = _SHOWN.get(code.co_filename)
             if shown is None:
