@@ -138,8 +138,16 @@ def stacks_on_the_same_deadlock(tmp: Path) -> list[dict]:
                                 env=env, capture_output=True, text=True, timeout=120)
         return json.loads(looked.stdout)["findings"]
     finally:
+        # The launcher's workers run in sessions of their own: SIGKILL to the launcher's group
+        # leaves them blocked in recv, so each is ended by the pid its marker holds.
+        workers = [int(p.read_text()) for p in ready.glob("rank*") if p.read_text().strip().isdigit()]
         os.killpg(job.pid, signal.SIGKILL)
         job.wait(timeout=30)
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_a_lightning_job_with_one_slow_batch_is_reported_not_killed(tmp_path):
