@@ -61,7 +61,7 @@ def torchrun(*args: str) -> list[str]:
 # -- the children: run inside each rank -------------------------------------------------------------
 
 
-def child_train(mode: str, steps: int) -> None:
+def child_train(mode: str, steps: int, batch: int = 20) -> None:
     """The DDP tutorial's loop, in blocks with and without the guard; rank 0 prints the step times."""
     import torch
     import torch.distributed as dist
@@ -92,7 +92,7 @@ def child_train(mode: str, steps: int) -> None:
         dist.all_reduce = guarded if on else original
         start = time.perf_counter()
         optimizer.zero_grad()
-        loss = loss_fn(model(torch.randn(20, 10)), torch.randn(20, 5))
+        loss = loss_fn(model(torch.randn(batch, 10)), torch.randn(batch, 5))
         loss.backward()
         optimizer.step()
         logged = loss.detach().clone()
@@ -148,9 +148,9 @@ def child_hang(mark_file: str) -> None:
 # -- the parent ------------------------------------------------------------------------------------
 
 
-def train_launch(mode: str, steps: int) -> dict | None:
+def train_launch(mode: str, steps: int, batch: int = 20) -> dict | None:
     env = clean_env(OMP_NUM_THREADS="1", PYTHONPATH=REPO)
-    run = timed(torchrun(__file__, "--child-train", mode, str(steps)), env=env, bound=600)
+    run = timed(torchrun(__file__, "--child-train", mode, str(steps), str(batch)), env=env, bound=900)
     for line in run.stdout.splitlines():
         if line.startswith("{"):
             return json.loads(line)
@@ -158,10 +158,10 @@ def train_launch(mode: str, steps: int) -> dict | None:
     return None
 
 
-def step_figures(repeats: int, steps: int) -> list[Figure]:
+def step_figures(repeats: int, steps: int, batch: int = 20) -> list[Figure]:
     out = []
     for mode, label, target in (("default", "guard() defaults", STEP_TARGET), ("all", 'guard(verify="all")', "")):
-        launches = [r for r in (train_launch(mode, steps) for _ in range(repeats)) if r]
+        launches = [r for r in (train_launch(mode, steps, batch) for _ in range(repeats)) if r]
         on = [r["on_mean_s"] for r in launches]
         off = [r["off_mean_s"] for r in launches]
         ratios = [r["on_mean_s"] / r["off_mean_s"] for r in launches]
@@ -176,7 +176,7 @@ def step_figures(repeats: int, steps: int) -> list[Figure]:
                    f"(the first {VERIFY_FIRST} calls verified) took {statistics.median(startups) * 1e3:.1f} ms more "
                    f"than as many unguarded ones" if startups else "")
         out.append(Figure(f"step time, {label}",
-                          f"DDP tutorial loop, 2 ranks gloo CPU, {steps} steps in blocks of {BLOCK} alternating "
+                          f"DDP tutorial loop (batch {batch}), 2 ranks gloo CPU, {steps} steps in blocks of {BLOCK} alternating "
                           f"with and without {label}: mean step with it", statistics.median(on) if on else None,
                           [round(v, 6) for v in on], "mean step without it (same launches)",
                           statistics.median(off) if off else None, [round(v, 6) for v in off],
@@ -223,17 +223,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--steps", type=int, default=10000)
-    parser.add_argument("--child-train", nargs=2, metavar=("MODE", "STEPS"), help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=20, help="rows a batch (the tutorial's 20); larger: a longer step")
+    parser.add_argument("--child-train", nargs=3, metavar=("MODE", "STEPS", "BATCH"), help=argparse.SUPPRESS)
     parser.add_argument("--child-hang", metavar="MARK", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_train:
-        child_train(args.child_train[0], int(args.child_train[1]))
+        child_train(args.child_train[0], int(args.child_train[1]), int(args.child_train[2]))
         return
     if args.child_hang:
         child_hang(args.child_hang)
         return
     repeats, steps = (1, 100) if args.quick else (args.repeats, args.steps)
-    figs = step_figures(repeats, steps) + [hang_figure(repeats if not args.quick else 1)]
+    figs = step_figures(repeats, steps, args.batch) + [hang_figure(repeats if not args.quick else 1)]
     if args.json:
         print(json.dumps([f.to_dict() for f in figs]))
         return
