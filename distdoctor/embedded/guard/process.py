@@ -16,7 +16,7 @@ from distdoctor.embedded.guard import evidence
 from distdoctor.embedded.guard import findings as gf
 from distdoctor.embedded.guard import report as api
 from distdoctor.embedded.guard import snapshot as snapshots
-from distdoctor.embedded.guard.calls import DEPTH, Verifier, make_record, run_call, wrap
+from distdoctor.embedded.guard.calls import Verifier, make_record, run_call, wrap
 from distdoctor.embedded.guard.crash import CrashHook
 from distdoctor.embedded.guard.flight import FlightRecorder
 from distdoctor.embedded.guard.channel import SideChannel
@@ -220,53 +220,33 @@ class Guard:
         pg, group_name, ranks = found
         record = make_record(self.dist, name, bound, group, group_name, frame)
         recorder = self.recorder
-        if name in _COLLECTIVE_SET:
+        collective = name in _COLLECTIVE_SET
+        if collective:
             token = recorder.begin_collective(record)
-            try:
-                if self.sampler.due(group_name, record.seq, record.started):
-                    record.verified = True
-                    self._verify(record, pg, ranks)
-                if not takes_async or (not bound.get("async_op") and "cuda" not in record.devices):
-                    # The usual call, run here rather than through run_call: this is the hot path.
-                    DEPTH.depth = getattr(DEPTH, "depth", 0) + 1
-                    try:
-                        result = original(*args, **kwargs)
-                    finally:
-                        DEPTH.depth -= 1
-                    recorder.end(token)
-                    return result
-                result, work = run_call(original, args, kwargs, bound, record, True)
-            except BaseException as exc:
-                explained = self._failed(token, record, ranks, exc)
-                if explained is None:
-                    raise
-                raise explained from exc
-            if work is not None:
-                recorder.attach(token, work)
-            else:
-                recorder.end(token)
-            return result
-        record.seq = recorder.next_p2p_seq(group_name, name, record.params.get("peer"))
-        token = recorder.begin(record)
+        else:
+            record.seq = recorder.next_p2p_seq(group_name, name, record.params.get("peer"))
+            token = recorder.begin(record)
         try:
-            result, _ = run_call(original, args, kwargs, bound, record, False)
+            if collective and self.sampler.due(group_name, record.seq, record.started):
+                record.verified = True
+                self._verify(record, pg, ranks)
+            result, work = run_call(original, args, kwargs, bound, record, takes_async and collective)
         except BaseException as exc:
-            explained = self._failed(token, record, ranks, exc)
-            if explained is None:
-                raise
-            raise explained from exc
-        recorder.end(token)
+            recorder.end(token, failed=True)
+            explained = self._explain_failure(record, ranks, exc)
+            if explained is not None:
+                raise explained from exc
+            raise
+        if work is not None:
+            recorder.attach(token, work)
+        else:
+            recorder.end(token)
         if name in ("isend", "irecv"):
             self.works.track(result, record)
         elif name == "batch_isend_irecv":
             for item in result or ():
                 self.works.track(item, record)
         return result
-
-    def _failed(self, token: int, record: CallRecord, ranks: list[int], exc: BaseException) -> Exception | None:
-        """A guarded call raised: it ended, failed; the guard's explanation to raise instead, if any."""
-        self.recorder.end(token, failed=True)
-        return self._explain_failure(record, ranks, exc)
 
     def _verify(self, record: CallRecord, pg: Any, ranks: list[int]) -> None:
         assert self.verifier is not None
