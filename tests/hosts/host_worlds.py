@@ -7,6 +7,7 @@ Every rank is one process on its host, started the way a user starts a multi-nod
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -24,6 +25,19 @@ _SCRUB_PREFIXES = ("DISTDOCTOR_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "P
                    "GLOO_", "NCCL_", "TORCH_NCCL_", "KUBERNETES_")
 _SCRUB_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                 "GROUP_RANK", "ROLE_RANK", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "NODE_RANK")
+
+
+@functools.cache
+def scenario_deadline(base: float = 10.0) -> float:
+    """distdoctor's --timeout in a lab scenario: ``base`` plus three start-ups measured now.
+
+    Every rank must import torch and run its local stages before the rendezvous exchange; on a
+    loaded machine that alone took 9 s of a fixed 10 s deadline (the rendezvous stage was then
+    skipped and its findings never made), so the deadline scales with the measured start-up.
+    """
+    from tests.conftest import measured_startup_s
+
+    return float(round(base + 3 * measured_startup_s()))
 
 
 def base_env() -> dict[str, str]:

@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import pytest
 
-from host_worlds import RankSpec, distdoctor_world, findings
+from host_worlds import RankSpec, distdoctor_world, findings, scenario_deadline
 from tests.conftest import deadline_bound
 
 pytestmark = pytest.mark.hosts
 
-DEADLINE = 10.0
-
 
 def test_a_rank_behind_a_partition_prints_its_own_report(lab):
     lab.partition("hostb")
-    run = distdoctor_world(lab, [RankSpec("hosta", 0), RankSpec("hostb", 1)], timeout=DEADLINE)
+    run = distdoctor_world(lab, [RankSpec("hosta", 0), RankSpec("hostb", 1)], timeout=scenario_deadline())
     for rank in (0, 1):
         elapsed = run.elapsed(rank)
-        assert elapsed is not None and elapsed <= deadline_bound(DEADLINE), run.describe()
+        assert elapsed is not None and elapsed <= deadline_bound(scenario_deadline()), run.describe()
         assert "Traceback" not in run.output(rank), run.describe()
     on_b = run.report(1)  # exactly one JSON object on rank 1's stdout
     assert on_b["world"]["ranks_reported"] == [1], on_b["world"]

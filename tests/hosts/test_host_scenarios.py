@@ -23,13 +23,13 @@ from host_worlds import (
     distdoctor_world,
     findings,
     plain_torch_world,
+    scenario_deadline,
     text_of,
 )
-from tests.conftest import deadline_bound, measured_startup_s
+from tests.conftest import deadline_bound
 
 pytestmark = pytest.mark.hosts
 
-DEADLINE = 10.0  # distdoctor's --timeout in every scenario
 TORCH_BOUND = 10.0  # how long plain torch is watched before it is killed
 A = RankSpec("hosta", 0)
 B = RankSpec("hostb", 1)
@@ -38,7 +38,8 @@ B = RankSpec("hostb", 1)
 ALL_RANKS = ("--all-ranks",)
 
 
-def assert_answered_in_time(run: WorldRun, deadline: float = DEADLINE) -> None:
+def assert_answered_in_time(run: WorldRun, deadline: float | None = None) -> None:
+    deadline = scenario_deadline() if deadline is None else deadline
     for rank in run.ranks:
         elapsed = run.elapsed(rank)
         assert elapsed is not None, f"rank {rank} was still running past the bound\n{run.describe()}"
@@ -78,7 +79,7 @@ def start_holder(lab, host: str, port: int):
 
 # 1 -----------------------------------------------------------------------------------------
 def test_healthy_two_host_gloo_world(lab):
-    run = distdoctor_world(lab, [A, B], timeout=DEADLINE)
+    run = distdoctor_world(lab, [A, B], timeout=scenario_deadline())
     assert_answered_in_time(run)
     report = run.report(0)
     assert run.code(0) == 0, run.describe()
@@ -102,7 +103,7 @@ def test_host_name_resolving_to_loopback_on_a_multi_host_job(lab):
     # binds to and advertises 127.0.1.1, and the peers cannot connect to it.
     for host in ("hosta", "hostb"):
         lab.set_hosts_view(host, {host: "127.0.1.1"})
-    run = distdoctor_world(lab, [A, B], timeout=DEADLINE, args=ALL_RANKS)
+    run = distdoctor_world(lab, [A, B], timeout=scenario_deadline(), args=ALL_RANKS)
     assert_answered_in_time(run)
     report = run.report(0)
     assert run.code(0) != 0
@@ -122,7 +123,7 @@ def test_socket_ifname_naming_an_interface_the_host_does_not_have(make_lab):
     lab = make_lab(ifnames={"hostb": "ens5"})
     specs = [RankSpec("hosta", 0, env={"GLOO_SOCKET_IFNAME": "eth0"}),
              RankSpec("hostb", 1, env={"GLOO_SOCKET_IFNAME": "eth0"})]
-    run = distdoctor_world(lab, specs, timeout=DEADLINE, args=ALL_RANKS)
+    run = distdoctor_world(lab, specs, timeout=scenario_deadline(), args=ALL_RANKS)
     assert_answered_in_time(run)
     for rank in (0, 1):
         assert run.code(rank) != 0, run.describe()
@@ -138,7 +139,7 @@ def test_socket_ifname_naming_an_interface_the_host_does_not_have(make_lab):
 
 # 4 -----------------------------------------------------------------------------------------
 def test_master_addr_where_no_host_answers(lab):
-    run = distdoctor_world(lab, [A, B], timeout=DEADLINE, master_addr="10.231.0.99", args=ALL_RANKS)
+    run = distdoctor_world(lab, [A, B], timeout=scenario_deadline(), master_addr="10.231.0.99", args=ALL_RANKS)
     assert_answered_in_time(run)
     for rank in (0, 1):
         report = run.report(rank)
@@ -158,14 +159,14 @@ def test_master_addr_where_no_host_answers(lab):
 def test_partition_is_named_firewall_and_told_apart_from_refused(lab):
     # Control: hostb reaches hosta, but no rank 0 ever listens on the port -> refused, which is
     # master_unreachable (the store is awaited until the deadline).
-    refused = distdoctor_world(lab, [B], world_size=2, timeout=DEADLINE, args=ALL_RANKS)
+    refused = distdoctor_world(lab, [B], world_size=2, timeout=scenario_deadline(), args=ALL_RANKS)
     assert_answered_in_time(refused)
     refused_report = refused.report(1)
     assert findings(refused_report, "master_unreachable"), refused.describe()
     assert not findings(refused_report, "firewall"), refused.describe()
 
     qdisc = lab.partition("hostb")
-    run = distdoctor_world(lab, [A, B], timeout=DEADLINE, args=ALL_RANKS)
+    run = distdoctor_world(lab, [A, B], timeout=scenario_deadline(), args=ALL_RANKS)
     assert_answered_in_time(run)
     assert lab.dropped_packets("hostb") > 0, f"the partition ({qdisc}) dropped nothing"
     on_b = run.report(1)
@@ -184,7 +185,7 @@ def test_partition_is_named_firewall_and_told_apart_from_refused(lab):
 # 6 -----------------------------------------------------------------------------------------
 def test_master_port_taken_on_the_master_host(lab):
     holder = start_holder(lab, "hosta", MASTER_PORT)
-    run = distdoctor_world(lab, [A, B], timeout=DEADLINE)
+    run = distdoctor_world(lab, [A, B], timeout=scenario_deadline())
     assert_answered_in_time(run)
     report = run.report(0)
     assert run.code(0) != 0
@@ -204,12 +205,9 @@ def test_rank_that_never_starts_on_the_second_host(lab):
              RankSpec("hosta", 1, local_rank=1, local_world_size=2),
              RankSpec("hostb", 2, local_rank=0, local_world_size=2),
              RankSpec("hostb", 3, local_rank=1, local_world_size=2, start=False)]
-    # Rank 0 waits for rank 3 until the deadline anyway; the deadline leaves the three started
-    # ranks room to start and reach the rendezvous on a loaded machine (at 10 s, a CI run under
-    # two workers still had ranks 1 and 2 starting: missing [1, 2, 3]).
-    timeout = round(DEADLINE + 3 * measured_startup_s())
-    run = distdoctor_world(lab, specs, world_size=4, timeout=timeout)
-    assert_answered_in_time(run, timeout)
+    # Rank 0 waits for rank 3 until the deadline anyway.
+    run = distdoctor_world(lab, specs, world_size=4, timeout=scenario_deadline())
+    assert_answered_in_time(run)
     report = run.report(0)
     assert run.code(0) == 1, run.describe()
     assert report["world"]["ranks_missing"] == [3]
@@ -224,7 +222,7 @@ def test_rank_that_never_starts_on_the_second_host(lab):
 # 8 -----------------------------------------------------------------------------------------
 def test_second_host_started_with_a_different_world_size(lab):
     specs = [A, RankSpec("hostb", 1, env={"WORLD_SIZE": "3"})]
-    run = distdoctor_world(lab, specs, world_size=2, timeout=DEADLINE)
+    run = distdoctor_world(lab, specs, world_size=2, timeout=scenario_deadline())
     assert_answered_in_time(run)
     report = run.report(0)
     assert run.code(0) != 0
