@@ -9,7 +9,7 @@ import threading
 from typing import Any, Callable
 
 from distdoctor.embedded.guard.ops import describe
-from distdoctor.embedded.guard.record import CallRecord, call_site, site_of, tensor_facts
+from distdoctor.embedded.guard.record import CallRecord, call_site, tensor_facts, where_of
 from distdoctor.embedded.guard.records_io import record_from_bytes, record_to_bytes
 
 # How deep this thread is in guarded calls: torch's object collectives call broadcast/all_gather
@@ -120,7 +120,7 @@ class Verifier:
         return [record_from_bytes(bytes(t[:n].cpu().tolist())) for t, n in zip(out, sizes)]
 
 
-def _peer(dist: Any, group: Any, args: dict[str, Any], key: str) -> Any:
+def peer_rank(dist: Any, group: Any, args: dict[str, Any], key: str) -> Any:
     """src=/dst= are global ranks, group_src=/group_dst= group ranks: one global rank either way."""
     value = args.get(key)
     if value is None and args.get(f"group_{key}") is not None:
@@ -131,10 +131,11 @@ def _peer(dist: Any, group: Any, args: dict[str, Any], key: str) -> Any:
     return int(value) if isinstance(value, int) or hasattr(value, "__index__") else ("any" if value is None else str(value))
 
 
-def make_record(dist: Any, name: str, bound: dict[str, Any], group: Any, group_name: str,
+def make_record(name: str, bound: dict[str, Any], group_name: str, peer: Callable[[dict, str], Any],
                 frame: Any = None) -> CallRecord:
-    """The record of one call; ``frame``: its caller's (else found from here)."""
-    shaped, typed, params = describe(name, bound, functools.partial(_peer, dist, group))
+    """The record of one call; ``peer``: its group's src/dst resolver (peer_rank bound to the group);
+    ``frame``: its caller's (else found from here)."""
+    shaped, typed, params = describe(name, bound, peer)
     if shaped is typed and len(typed) == 1:  # the usual call, one tensor: its facts once, no loops
         facts = tensor_facts(typed[0])
         shapes, dtypes, devices = ((facts[0],), (facts[1],), (facts[2],)) if facts else ((), (), ())
@@ -142,6 +143,7 @@ def make_record(dist: Any, name: str, bound: dict[str, Any], group: Any, group_n
         typed_info = [t for t in map(tensor_facts, typed) if t]
         shapes = tuple(t[0] for t in (typed_info if shaped is typed else map(tensor_facts, shaped)) if t)
         dtypes, devices = tuple(t[1] for t in typed_info), tuple(t[2] for t in typed_info)
-    record = CallRecord(name, group_name, -1, shapes, dtypes, devices, params)
-    record.site, record.function = site_of(frame) if frame is not None else call_site(2)
-    return record
+    if frame is None:
+        site, function = call_site(2)
+        return CallRecord(name, group_name, -1, shapes, dtypes, devices, params, site, function)
+    return CallRecord(name, group_name, -1, shapes, dtypes, devices, params, where=where_of(frame))

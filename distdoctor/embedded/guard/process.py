@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import atexit
-import dataclasses
+import functools
 import os
 import socket
 import sys
@@ -16,7 +16,7 @@ from distdoctor.embedded.guard import evidence
 from distdoctor.embedded.guard import findings as gf
 from distdoctor.embedded.guard import report as api
 from distdoctor.embedded.guard import snapshot as snapshots
-from distdoctor.embedded.guard.calls import Verifier, make_record, run_call, wrap
+from distdoctor.embedded.guard.calls import Verifier, make_record, peer_rank, run_call, wrap
 from distdoctor.embedded.guard.crash import CrashHook
 from distdoctor.embedded.guard.flight import FlightRecorder
 from distdoctor.embedded.guard.channel import SideChannel
@@ -49,7 +49,7 @@ class Guard:
         self.originals: dict[str, Callable[..., Any]] = {}
         self.wrapped: dict[str, Callable[..., Any]] = {}
         self.groups: dict[int, tuple[str, list[int]]] = {}
-        self.world_group: tuple[Any, str, list[int]] | None = None  # _group(None) while the default group stands
+        self.world_group: tuple | None = None  # _group(None) while the default group stands
         self.verifier: Verifier | None = None
         self.works = WorkTracker(self.c10d.Work, self._dropped, self._waiting)
         self.watch: HangWatch | None = None
@@ -194,7 +194,8 @@ class Guard:
         known = self._group(pg) if pg is not None else None
         return known[1] if known is not None else self.pg_name(self.c10d.GroupMember.WORLD)
 
-    def _group(self, group: Any) -> tuple[Any, str, list[int]] | None:
+    def _group(self, group: Any) -> tuple[Any, str, list[int], Callable[[dict, str], Any]] | None:
+        """(the process group, its name, its global ranks, its src/dst resolver), kept per group."""
         if group is None and self.world_group is not None:  # the usual call: the default group, known
             return self.world_group
         pg = group if group is not None else self.c10d.GroupMember.WORLD
@@ -203,7 +204,8 @@ class Guard:
         known = self.groups.get(id(pg))
         if known is None:
             known = self.groups[id(pg)] = (self.pg_name(pg), list(self.dist.get_process_group_ranks(pg)))
-        found = (pg, known[0], known[1])
+        # The resolver is made once per group, not per call (the hot path).
+        found = (pg, known[0], known[1], functools.partial(peer_rank, self.dist, group))
         if group is None and not self.shut_down:  # forgotten at any destroy_process_group
             self.world_group = found
         return found
@@ -217,8 +219,8 @@ class Guard:
         found = self._group(group)
         if found is None:
             return original(*args, **kwargs)
-        pg, group_name, ranks = found
-        record = make_record(self.dist, name, bound, group, group_name, frame)
+        pg, group_name, ranks, peer = found
+        record = make_record(name, bound, group_name, peer, frame)
         recorder = self.recorder
         collective = name in _COLLECTIVE_SET
         if collective:
@@ -293,8 +295,8 @@ class Guard:
             pass
 
     def _waiting(self, record: CallRecord) -> Callable[[bool], None]:
-        waiting = dataclasses.replace(record, params={**record.params, "issued_at": record.site}, ended=None)
-        waiting.site, waiting.function = call_site(1)
+        site, function = call_site(1)
+        waiting = record.copy(params={**record.params, "issued_at": record.site}, ended=None, site=site, function=function)
         token = self.recorder.begin(waiting)
         return lambda failed: self.recorder.end(token, failed)
 

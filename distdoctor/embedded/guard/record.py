@@ -8,7 +8,6 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from distdoctor.diagnosis.frames import display_path
@@ -27,23 +26,71 @@ COMPARED = ("op", "shapes", "dtypes", "devices", "params")
 WORD_MAGIC = 0x6464  # "dd": a row that lacks it did not come from a guard's verification
 
 
-@dataclass(slots=True)
-class CallRecord:
-    """One guarded call. ``seq`` counts the collectives of ``group`` (p2p calls count per peer)."""
+_FIELDS = ("op", "group", "seq", "shapes", "dtypes", "devices", "params", "site", "function", "started",
+           "ended", "failed", "verified")
 
-    op: str
-    group: str
-    seq: int
-    shapes: tuple = ()
-    dtypes: tuple = ()
-    devices: tuple = ()
-    params: dict = field(default_factory=dict)
-    site: str = "?"
-    function: str = "?"
-    started: float = 0.0
-    ended: float | None = None
-    failed: bool = False
-    verified: bool = False
+
+class CallRecord:
+    """One guarded call. ``seq`` counts the collectives of ``group`` (p2p calls count per peer).
+
+    A guarded call knows its caller's code and instruction (``where``); the line and the shown
+    file name are worked out when first read (``site``, ``function``), not on the hot path: the
+    line table's walk alone cost ~11 µs a call with the CPU's caches cold from a training step.
+    """
+
+    __slots__ = ("op", "group", "seq", "shapes", "dtypes", "devices", "params", "where", "_site", "_function",
+                 "started", "ended", "failed", "verified")
+
+    def __init__(self, op: str, group: str, seq: int, shapes: tuple = (), dtypes: tuple = (), devices: tuple = (),
+                 params: dict | None = None, site: str = "?", function: str = "?", started: float = 0.0,
+                 ended: float | None = None, failed: bool = False, verified: bool = False, where: Any = None) -> None:
+        self.op, self.group, self.seq = op, group, seq
+        self.shapes, self.dtypes, self.devices = shapes, dtypes, devices
+        self.params = {} if params is None else params
+        self._site, self._function, self.where = site, function, where
+        self.started, self.ended, self.failed, self.verified = started, ended, failed, verified
+
+    @property
+    def site(self) -> str:
+        """'train.py:42': the caller's line (outside torch and the guard)."""
+        if self.where is not None:
+            self._resolve()
+        return self._site
+
+    @site.setter
+    def site(self, value: str) -> None:
+        self._site, self.where = value, None
+
+    @property
+    def function(self) -> str:
+        if self.where is not None:
+            self._resolve()
+        return self._function
+
+    @function.setter
+    def function(self, value: str) -> None:
+        self._function, self.where = value, None
+
+    def _resolve(self) -> None:
+        where = self.where
+        if where is not None:  # the watchdog's thread may resolve it too: the same result either way
+            self._site, self._function = shown_site(*where)
+            self.where = None
+
+    def copy(self, **changes: Any) -> "CallRecord":
+        values = {name: getattr(self, name) for name in _FIELDS}
+        values.update(changes)
+        return CallRecord(**values)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not CallRecord:
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in _FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+
+    def __repr__(self) -> str:
+        return f"CallRecord({', '.join(f'{name}={getattr(self, name)!r}' for name in _FIELDS)})"
 
     def label(self) -> str:
         """'all_reduce #5' or, for a point-to-point call, 'isend #2 to rank 1'."""
@@ -112,11 +159,14 @@ def tensor_facts(value: Any) -> tuple[tuple, str, str] | None:
     name = _DTYPES.get(dtype)
     if name is None:
         name = _DTYPES[dtype] = str(dtype).replace("torch.", "")
-    try:
-        device = value.device.type
+    try:  # is_cpu / is_cuda are plain flags; device.type builds a string (4x their cost)
+        device = "cpu" if value.is_cpu else "cuda" if value.is_cuda else str(value.device.type)
     except AttributeError:
-        device = "?"
-    return tuple(shape), name, str(device)
+        try:
+            device = str(value.device.type)
+        except AttributeError:
+            device = "?"
+    return tuple(shape), name, device
 
 
 class Recorder:
@@ -237,7 +287,14 @@ def call_site(skip: int = 2) -> tuple[str, str]:
 
 
 def site_of(frame: Any) -> tuple[str, str]:
-    """call_site from ``frame`` outwards (the guarded wrapper passes its caller's frame)."""
+    """call_site from ``frame`` outwards."""
+    where = where_of(frame)
+    return shown_site(*where) if where is not None else ("?", "?")
+
+
+def where_of(frame: Any) -> tuple[Any, int] | None:
+    """(code, instruction offset) of the innermost frame outside torch and the guard, from ``frame``
+    outwards (the guarded wrapper passes its caller's): what the line is worked out from later."""
     dirs = None
     while frame is not None:
         code = frame.f_code
@@ -249,9 +306,27 @@ def site_of(frame: Any) -> tuple[str, str]:
             internal = os.path.abspath(code.co_filename).startswith(dirs)
             _INTERNAL[id(code)] = (code, internal)
         if not internal:
-            shown = _SHOWN.get(code.co_filename)
-            if shown is None:
-                shown = _SHOWN[code.co_filename] = display_path(code.co_filename)
-            return f"{shown}:{frame.f_lineno}", code.co_name
+            return code, frame.f_lasti
         frame = frame.f_back
-    return "?", "?"
+    return None
+
+
+def shown_site(code: Any, offset: int) -> tuple[str, str]:
+    """('train.py:42', 'train') for the instruction at ``offset`` of ``code``."""
+    shown = _SHOWN.get(code.co_filename)
+    if shown is None:
+        shown = _SHOWN[code.co_filename] = display_path(code.co_filename)
+    return f"{shown}:{line_at(code, offset)}", code.co_name
+
+
+def line_at(code: Any, offset: int) -> int:
+    """The source line of the instruction at byte ``offset`` (what frame.f_lineno reads)."""
+    line = None
+    try:
+        for start, end, number in code.co_lines():
+            if start <= offset < end:
+                line = number
+                break
+    except Exception:  # a code object without a line table
+        pass
+    return line if line is not None else code.co_firstlineno
