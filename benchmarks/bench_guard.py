@@ -1,6 +1,6 @@
 """The runtime guard's cost in a real DDP training loop, and the time from a hang to its named cause.
 
-    python benchmarks/bench_guard.py               # 7 launches per mode, 10,000 steps each (~14 min)
+    python benchmarks/bench_guard.py               # 7 launches per mode, 10,000 steps each, and one fully guarded (~15 min)
     python benchmarks/bench_guard.py --quick       # 1 launch per mode, fewer steps: checks it runs
     python benchmarks/bench_guard.py --json        # the figures as JSON (benchmarks/run.py)
 

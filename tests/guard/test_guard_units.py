@@ -3,8 +3,10 @@ verdict from rank snapshots, the settings (the watchdog's episodes: test_guard_e
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -12,10 +14,10 @@ import torch
 
 from distdoctor.embedded.guard import findings as gf
 from distdoctor.embedded.guard import GuardSettings, settings_from_env
-from distdoctor.embedded.guard.calls import Verifier, run_call
+from distdoctor.embedded.guard.calls import Verifier, make_record, run_call
 from distdoctor.embedded.guard.channel import _tcp_store_address
 from distdoctor.embedded.guard.launch import HOOK_DIR, guard_environment
-from distdoctor.embedded.guard.record import CallRecord, Recorder
+from distdoctor.embedded.guard.record import CallRecord, Recorder, tensor_facts
 from distdoctor.embedded.guard.sample import Sampler, verification_cost
 from distdoctor.embedded.guard.verdict import decide
 from distdoctor.embedded.guard.works import WorkTracker
@@ -212,6 +214,38 @@ def test_a_verification_costs_what_the_verified_call_took_beyond_a_plain_one():
     assert verification_cost(last, plain, exchange_s=0.003) == 0.003  # never below the exchange seen now
     assert verification_cost(None, plain, exchange_s=0.001) == 0.001  # the first: nothing to compare yet
     assert verification_cost(last, [last], exchange_s=0.001) == 0.001
+
+
+def _recorded_here(tensor):
+    # The guarded wrapper passes its caller's frame while the call is running: this frame, here.
+    frame = sys._getframe(0)
+    record = make_record("all_reduce", {"tensor": tensor}, "0", lambda args, key: None, frame)
+    return record, frame.f_lineno - 1
+
+
+def test_a_record_works_out_its_line_when_read_and_it_is_the_calling_line():
+    record, line = _recorded_here(torch.zeros(2, 3))
+    assert record.where is not None  # nothing formatted on the hot path
+    assert record.site.endswith(f"{Path(__file__).name}:{line}"), record.site
+    assert record.function == "_recorded_here" and record.where is None
+    assert (record.shapes, record.dtypes, record.devices, record.params) == (((2, 3),), ("float32",), ("cpu",),
+                                                                             {"op": "SUM"})
+    assert CallRecord.from_dict(record.to_dict()).site == record.site
+
+
+def test_a_record_copies_and_compares_by_value():
+    record, _ = _recorded_here(torch.zeros(4))
+    waiting = record.copy(ended=None, site="a.py:1", function="wait")
+    assert (waiting.site, waiting.function, waiting.op, waiting.shapes) == ("a.py:1", "wait", "all_reduce", ((4,),))
+    assert record.copy() == record and waiting != record and record.site != "a.py:1"
+
+
+def test_tensor_facts_name_the_device_of_tensors_and_of_tensor_like_values():
+    assert tensor_facts(torch.zeros(1, dtype=torch.float16, device="meta")) == ((1,), "float16", "meta")
+    assert tensor_facts(SimpleNamespace(shape=(2,), dtype="torch.int8", device=SimpleNamespace(type="xla"))) == (
+        (2,), "int8", "xla")
+    assert tensor_facts(SimpleNamespace(shape=(2,), dtype="torch.int8")) == ((2,), "int8", "?")
+    assert tensor_facts(object()) is None
 
 
 def test_the_launcher_environment_puts_the_hook_first(tmp_path):
