@@ -238,6 +238,9 @@ def test_a_record_copies_and_compares_by_value():
     waiting = record.copy(ended=None, site="a.py:1", function="wait")
     assert (waiting.site, waiting.function, waiting.op, waiting.shapes) == ("a.py:1", "wait", "all_reduce", ((4,),))
     assert record.copy() == record and waiting != record and record.site != "a.py:1"
+    renamed, line = _recorded_here(torch.zeros(4))
+    renamed.function = "step"  # setting one of the two keeps the other as the caller's code says
+    assert renamed.function == "step" and renamed.site.endswith(f":{line}"), renamed.site
 
 
 def test_tensor_facts_name_the_device_of_tensors_and_of_tensor_like_values():

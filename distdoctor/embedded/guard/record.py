@@ -59,7 +59,8 @@ class CallRecord:
 
     @site.setter
     def site(self, value: str) -> None:
-        self._site, self.where = value, None
+        self._resolve()  # the function keeps what the caller's code says
+        self._site = value
 
     @property
     def function(self) -> str:
@@ -69,7 +70,8 @@ class CallRecord:
 
     @function.setter
     def function(self, value: str) -> None:
-        self._function, self.where = value, None
+        self._resolve()  # the site keeps what the caller's code says
+        self._function = value
 
     def _resolve(self) -> None:
         where = self.where
