@@ -9,7 +9,7 @@ import threading
 from typing import Any, Callable
 
 from distdoctor.embedded.guard.ops import describe
-from distdoctor.embedded.guard.record import CallRecord, call_site, tensor_facts, where_of
+from distdoctor.embedded.guard.record import CallRecord, tensor_facts, where_of
 from distdoctor.embedded.guard.records_io import record_from_bytes, record_to_bytes
 
 # How deep this thread is in guarded calls: torch's object collectives call broadcast/all_gather
@@ -143,7 +143,6 @@ def make_record(name: str, bound: dict[str, Any], group_name: str, peer: Callabl
         typed_info = [t for t in map(tensor_facts, typed) if t]
         shapes = tuple(t[0] for t in (typed_info if shaped is typed else map(tensor_facts, shaped)) if t)
         dtypes, devices = tuple(t[1] for t in typed_info), tuple(t[2] for t in typed_info)
-    if frame is None:
-        site, function = call_site(2)
-        return CallRecord(name, group_name, -1, shapes, dtypes, devices, params, site, function)
-    return CallRecord(name, group_name, -1, shapes, dtypes, devices, params, where=where_of(frame))
+    # Without the caller's frame, start from this function's caller's caller (as call_site(2)).
+    where = where_of(frame if frame is not None else sys._getframe(2))
+    return CallRecord(name, group_name, -1, shapes, dtypes, devices, params, where=where)

@@ -53,8 +53,7 @@ class CallRecord:
     @property
     def site(self) -> str:
         """'train.py:42': the caller's line (outside torch and the guard)."""
-        if self.where is not None:
-            self._resolve()
+        self._resolve()
         return self._site
 
     @site.setter
@@ -64,8 +63,7 @@ class CallRecord:
 
     @property
     def function(self) -> str:
-        if self.where is not None:
-            self._resolve()
+        self._resolve()
         return self._function
 
     @function.setter
@@ -285,12 +283,7 @@ def _internal_dirs() -> tuple[str, ...]:
 
 def call_site(skip: int = 2) -> tuple[str, str]:
     """('train.py:42', 'train'): the innermost frame outside torch and the guard."""
-    return site_of(sys._getframe(skip))
-
-
-def site_of(frame: Any) -> tuple[str, str]:
-    """call_site from ``frame`` outwards."""
-    where = where_of(frame)
+    where = where_of(sys._getframe(skip))
     return shown_site(*where) if where is not None else ("?", "?")
 
 
