@@ -15,7 +15,15 @@ def dump_after_mismatch(out: str) -> None:
     rank = dist.get_rank()
     dist.all_reduce(torch.ones(2))
     dist.all_reduce(torch.ones(3, dtype=torch.float32 if rank == 0 else torch.int32))
-    time.sleep(0.5)  # gloo marks completion from its own thread
+    # gloo marks completion from its own thread: wait until the recorder shows every call completed
+    # (a fixed 0.5 s was not enough under load), bounded by a deadline.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status = json.loads(_dump_fr_trace_json(includeCollectives=False, onlyActive=False)).get("pg_status", {})
+        if all(int(g.get("last_completed_collective", -1)) >= int(g.get("last_enqueued_collective", 0))
+               for g in status.values()):
+            break
+        time.sleep(0.05)
     _write(out, rank, json.loads(_dump_fr_trace_json(includeCollectives=True, onlyActive=False)))
 
 
