@@ -107,7 +107,7 @@ def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc
     if anonymous is not None and not any(f.id == job_kinds.EXCEPTION.id for f in verdict[:1]):
         verdict = [_anonymous_verdict(anonymous[0])]
     if verdict and verdict[0].id == job_kinds.HANG.id and (
-            len(snaps) < 2 or _peer_gone(snaps) or any(f.data.get("signature") for f in log_findings)):
+            len(snaps) < 2 or "gone" in peer_states(snaps, catalog) or any(f.data.get("signature") for f in log_findings)):
         # "Every rank waits" says no more than the timeouts it was read from, and less when the logs
         # are one rank's view or lost a peer none of them is from: the catalog's reading of those
         # lines (the op, the sequence number, the timeout, ranked alternatives) stays the answer.
@@ -325,7 +325,7 @@ def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Se
     ranked = [Ranked(_kind_for(cause, catalog, own), conf, why, tell, []) for cause, conf, why, tell in options]
     said = {activity.get(rank, "") for rank in primary.ranks}
     if primary.id == job_kinds.MISSING.id:
-        _weigh_how_peers_failed(ranked, snaps, said_finished=FINISHED_WORDS in said)
+        _weigh_how_peers_failed(ranked, peer_states(snaps, catalog), said_finished=FINISHED_WORDS in said)
     _weigh_activity(ranked, said)
     # The kill the verdict is about is no further evidence for it.
     ranked = apply_cues(ranked, acc, catalog, ignore=("sigkill_line",) if primary.id == job_kinds.KILLED.id else ())
@@ -365,24 +365,27 @@ def _exit_without_error(snaps: Sequence[RankSnapshot]) -> list[tuple[str, float,
     ]
 
 
-PEER_GONE = ("closed by peer", "reset by peer", "remote process exited", "Broken pipe", "ncclRemoteError",
-             "failed to recv, got 0 bytes", "Connection closed by remote peer")
+def peer_states(snaps: Sequence[RankSnapshot], catalog: Catalog) -> set[str]:
+    """How the waiting ranks' errors say their peer failed: "gone" (a connection closed or reset: its
+    process ended) or "late" (a wait timed out: nobody answered in time), as the catalog reads each
+    message (a signature's `peer`), and "late" for a collective NCCL's watchdog timed out."""
+    states = set()
+    for snap in snaps:
+        if snap.error is not None and snap.error.consequence:
+            line = f"{snap.error.type}: {snap.error.message}"
+            states |= {sig.peer for sig in catalog.signatures
+                       if sig.peer and any(t in line for t in sig.tokens) and sig.regex.search(line)}
+        if any(g.pending is not None and g.pending.state == "timed out" for g in snap.groups):
+            states.add("late")
+    return states
 
 
-def _peer_gone(snaps: Sequence[RankSnapshot]) -> bool:
-    return any(word in s.error.message for s in snaps if s.error is not None and s.error.consequence
-               for word in PEER_GONE)
-
-
-def _weigh_how_peers_failed(ranked: list[Ranked], snaps: Sequence[RankSnapshot], said_finished: bool = False) -> None:
+def _weigh_how_peers_failed(ranked: list[Ranked], states: set[str], said_finished: bool = False) -> None:
     """The waiting ranks' own errors say whether the silent rank's process was gone or alive but late:
     a closed connection means its process ended (a signal, most often SIGKILL, when it printed nothing
     more; a clean exit when its last line says it finished); a timeout means nobody answered in time
     (late, or hung)."""
-    seen = [s.error.message for s in snaps if s.error is not None and s.error.consequence]
-    gone = any(word in message for message in seen for word in PEER_GONE)
-    late = any("imeout" in message or "timed out" in message for message in seen) or any(
-        g.pending is not None and g.pending.state == "timed out" for snap in snaps for g in snap.groups)
+    gone, late = "gone" in states, "late" in states
     for r in ranked:
         if gone and r.cause == "oom_killed_rank" and not said_finished:
             r.confidence += 0.27
