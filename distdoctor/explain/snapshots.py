@@ -104,11 +104,13 @@ def _error(raised: RaisedText, catalog: Catalog, year: int) -> tuple[RaisedError
 
 
 def _own_error(text: RankText) -> RaisedText | None:
-    """The exception that ended the rank: the last one its lines show, else its error file's."""
+    """The exception that ended the rank: the last one its lines show (read through its chain to the
+    innermost that means something: `raise ... from`, "During handling of the above exception"),
+    else its error file's."""
     if text.errors:
-        return text.errors[-1]
+        return text.errors[-1].innermost()
     if text.error_file is not None:
-        return text.error_file
+        return text.error_file.innermost()
     return text.bare[-1] if text.bare else None
 
 
