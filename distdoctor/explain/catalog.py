@@ -174,7 +174,8 @@ class Signature:
     # its candidates' priors are counted over the labelled threads of that family (priors.py).
     family: str = ""
     # For a rank's error read as a peer's consequence: whether it says the peer was gone (its
-    # connection closed) or late (a wait timed out). What the silent rank's state is weighed by.
+    # connection closed), late (a wait timed out) or refused (nothing listened at the address it
+    # published). What the silent rank's state is weighed by.
     peer: str = ""
 
     @property
@@ -324,8 +325,8 @@ def _parse_signature(entry: Mapping[str, Any], kind_of: Callable[[str, str], Fin
     )
     if sig.family and sig.family not in FAMILIES:
         raise CatalogError(f"{where}: family {sig.family!r} is not in threads.toml's signature vocabulary")
-    if sig.peer not in ("", "gone", "late"):
-        raise CatalogError(f"{where}: peer {sig.peer!r} is not gone or late")
+    if sig.peer not in ("", "gone", "late", "refused"):
+        raise CatalogError(f"{where}: peer {sig.peer!r} is not gone, late or refused")
     _check_templates(where, sig)
     if sig.candidates and not sig.tell_apart:
         raise CatalogError(f"{where}: candidates without tell_apart (say how to decide between them)")

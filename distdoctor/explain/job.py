@@ -112,6 +112,12 @@ def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc
         # are one rank's view or lost a peer none of them is from: the catalog's reading of those
         # lines (the op, the sequence number, the timeout, ranked alternatives) stays the answer.
         verdict = verdict[1:]
+    if verdict and verdict[0].id in (job_kinds.STRAGGLER.id, job_kinds.MISSING.id) \
+            and peer_states(snaps, catalog) == {"refused"}:
+        # A connect refused says the address the peer published had nothing listening (a wrong
+        # interface, a filter, a peer gone during set-up), not that the peer came late: the catalog's
+        # ranked reading of the refusal stays the answer, with the ranks that were refused.
+        return _refused(snaps, log_findings)
     if not verdict:
         return log_findings
     if any(f.data.get("from_report") and f.id == verdict[0].id and f.ranks == verdict[0].ranks for f in log_findings):
@@ -129,6 +135,26 @@ def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc
     else:
         top = _verdict(primary, first, snaps, folded, acc, catalog, activity or {})
     return [_past_its_loop(top, snaps, catalog)] + [_recorder(f) for f in extra] + kept
+
+
+def _refused(snaps: Sequence[RankSnapshot], log_findings: list[Finding]) -> list[Finding]:
+    """The catalog's reading of a refused connection first, naming the ranks it failed on, with the
+    launcher's account of the same failure folded under it."""
+    launcher = [f for f in log_findings if f.data.get("signature") in LAUNCHER_SIGNATURES]
+    rest = [f for f in log_findings if f not in launcher]
+    if not rest:
+        return log_findings
+    top = rest[0]
+    refused = sorted(s.rank for s in snaps if s.error is not None and s.error.consequence)
+    lines, folded = _folded_lines(launcher)
+    detail = top.detail
+    if refused:
+        detail += f"\nRank{'s' if len(refused) > 1 else ''} {format_ranks(refused)} failed with it; the other ranks " \
+                  "were ended by the launcher."
+    if lines:
+        detail += "\nWhat the logs also show (the same failure, or its consequences on the other ranks):\n" + "\n".join(lines)
+    data = {**top.data, "consequences": list(top.data.get("consequences") or []) + folded}
+    return [top.with_(detail=detail, data=data, ranks=top.ranks or refused)] + rest[1:]
 
 
 MISMATCHES = ("collective_mismatch", "shape_mismatch", "dtype_mismatch")

@@ -61,6 +61,8 @@ class LogSource:
     json_objects: list | None = field(default=None, repr=False)
     encoding: str = "utf-8"           # what the text was read as (utf-16 and utf-32 are transcoded)
     not_utf8: bool = False            # 8-bit text in another encoding: its non-UTF-8 bytes were replaced
+    # Only these lines (first, last; 1-based) are read: one attempt of a job torchelastic restarted.
+    line_range: tuple[int, int] | None = None
 
 
 def rank_from_name(path: Path) -> int | None:
@@ -227,10 +229,38 @@ def _check_first_block(source: LogSource, data: bytes) -> None:
 
 
 def iter_blocks(source: LogSource, block_size: int = BLOCK_SIZE) -> Iterator[tuple[str, int]]:
-    """Yield (text, number of the block's first line), each block ending at a line end.
+    """Yield (text, number of the block's first line), each block ending at a line end; only the lines
+    of source.line_range when it is set (line numbers stay those of the whole input).
 
     Raises LogInputError for input that is not a text log (checked on the first block).
     """
+    if source.line_range is None:
+        yield from _blocks(source, block_size)
+        return
+    first, last = source.line_range
+    for text, line_no in _blocks(source, block_size):
+        end = line_no + text.count("\n") - 1
+        if end < first:
+            continue
+        if line_no > last:
+            return
+        start = _nth_line(text, first - line_no) if line_no < first else 0
+        stop = _nth_line(text, last - line_no + 1) if end > last else len(text)
+        if start < stop:
+            yield text[start:stop], max(line_no, first)
+
+
+def _nth_line(text: str, n: int) -> int:
+    """Where the n-th line (0-based) of text starts."""
+    pos = 0
+    for _ in range(n):
+        pos = text.find("\n", pos) + 1
+        if pos == 0:
+            return len(text)
+    return pos
+
+
+def _blocks(source: LogSource, block_size: int) -> Iterator[tuple[str, int]]:
     opened = source.stream is None or source.owns_stream
     try:
         stream = source.stream if source.stream is not None else open(source.path, "rb")  # type: ignore[arg-type]

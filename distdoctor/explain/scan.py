@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from distdoctor.explain.attempts import Marks
 from distdoctor.explain.catalog import Catalog, Context, Cue, Signature
 from distdoctor.explain.ranks import RankCollector, split_prefix
 from distdoctor.explain.reader import LogSource, iter_blocks
@@ -219,8 +220,10 @@ def search_tokens(catalog: Catalog) -> list[tuple[str, tuple]]:
 
 class Scanner:
     def __init__(self, catalog: Catalog, accumulator: Accumulator | None = None,
-                 ranks: RankCollector | None = None) -> None:
+                 ranks: RankCollector | None = None, marks: dict[int, Marks] | None = None) -> None:
         self.catalog = catalog
+        # Per input, where torchelastic's attempts start (None: not looked for, e.g. within one attempt).
+        self.marks = marks
         self.acc = accumulator or Accumulator()
         self.ranks = ranks
         self._rank_noticed: dict[int, int] = {}
@@ -243,7 +246,10 @@ class Scanner:
         self._noticed = 0
         if self.ranks is not None:
             self.ranks.start_source()
+        marks = self.marks.setdefault(source_index, Marks()) if self.marks is not None else None
         for block, first_line in iter_blocks(source):
+            if marks is not None:
+                marks.block(block, first_line)
             self._scan_block(block, first_line, source, source_index, context)
             if self.ranks is not None:
                 self.ranks.block(block, first_line, source.name, source_index, source.rank_hint)
