@@ -27,7 +27,7 @@ AGENT_FAILED = "failed (exitcode: "
 WILL_RESTART = "will restart worker group"
 RESTART_COUNT = "restart_count="
 _AGENT_FAILED = re.compile(r"\] failed \(exitcode: -?\d{1,4}\) local_rank: \d{1,7}")
-_RESTART_COUNT = re.compile(r"^\s*restart_count=(\d{1,6})\s*$")
+_RESTART_COUNT = re.compile(r"(?:^|\]) {0,4}restart_count=(\d{1,6})\s*$")
 # The launcher talking: torchelastic's own log lines (glog-style, from torch/distributed/...), the
 # indented fields of its "Result:" block, and blank lines.
 _LAUNCHER_LINE = re.compile(r"^\s*$|^[IWE]\d{3,4} [\d:.]{8,20} +\d{1,9} .{0,200}torch[/\\]distributed[/\\]|"
@@ -59,7 +59,7 @@ class Marks:
                 line_no = first_line + block.count("\n", 0, start)
                 line = block[start:end]
                 if token == RESTART_COUNT:
-                    count = _RESTART_COUNT.match(line)
+                    count = _RESTART_COUNT.search(line)
                     if count and int(count.group(1)) > 0:
                         self._add(line_no - 1, int(count.group(1)))  # its "Rendezvous complete" line above
                 elif token == WILL_RESTART or _AGENT_FAILED.search(line):
@@ -223,6 +223,10 @@ def mark_last_attempt(findings: list, number: int, count: int) -> list:
     top = findings[0]
     note = (f"This is attempt {number} of the job (restart_count={number}), the last of the {count} attempts its "
             "logs show: the job ended this way. The earlier attempts and their own causes are listed in log.I041.")
+    if top.id == "log.W030":
+        note = (f"This is attempt {number} of the job (restart_count={number}), the last of the {count} attempts its "
+                "logs show, and it shows no failure: torchelastic's restart got past what ended the earlier "
+                "attempts (listed in log.I041).")
     data = {**top.data, "attempt": number, "attempts": count}
     return [top.with_(detail=f"{note}\n{top.detail}" if top.detail else note, data=data)] + findings[1:]
 

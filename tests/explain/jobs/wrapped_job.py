@@ -77,7 +77,7 @@ def accelerate_raise() -> None:
 def elastic_restart() -> None:
     """Under torchrun --max-restarts 1: attempt 0's rank 1 raises RuntimeError; in the restart rank 1
     publishes a Gloo address nothing listens on, so rank 0's init_process_group fails in Gloo's
-    connectFullMesh (connection refused)."""
+    connectFullMesh (connection refused). With RECOVER set, the restart runs to its end."""
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     rank = int(os.environ["RANK"])
     if attempt == 0:
@@ -88,40 +88,40 @@ def elastic_restart() -> None:
             dist.all_reduce(torch.ones(2))
             print(f"rank {rank} step {step}", flush=True)
         return
-    if rank == BAD_LINE_RANK:
-        # Its own store client, as env:// builds it, wrapped so that the Gloo address this rank
-        # publishes names a port nothing listens on: its peer's connect is refused.
-        from torch.distributed.rendezvous import _create_c10d_store
+    # torch 2.13's env:// rendezvous uses the agent's store without an attempt prefix: a restart reads
+    # attempt 0's Gloo addresses (refused, or a port another process reused: a hang). A fresh prefix per
+    # attempt keeps the job deterministic; rank 1's address is then made one nothing listens on.
+    from torch.distributed.rendezvous import _create_c10d_store
 
-        inner = _create_c10d_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, 2,
-                                   timedelta(seconds=30))
-        store = RefusingStore(dist.PrefixStore(f"/worker/attempt_{attempt}", inner))
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=20))
-    else:
-        dist.init_process_group("gloo", timeout=timedelta(seconds=20))
-    print(f"rank {rank} joined attempt {attempt}", flush=True)
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    inner = _create_c10d_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, 2,
+                               timedelta(seconds=30))
+    store = dist.PrefixStore(f"/attempt_{attempt}", inner)
+    if rank == BAD_LINE_RANK and not os.environ.get("RECOVER"):
+        store = RefusingStore(store)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=20))
+    for step in range(3):
+        dist.all_reduce(torch.ones(2))
+        print(f"rank {rank} attempt {attempt} step {step} loss 0.{step}", flush=True)
+    dist.destroy_process_group()
 
 
 class RefusingStore(dist.Store):
-    """A store that rewrites the port of every loopback address Gloo publishes through it (a sockaddr_in:
-    family 2, port, 127.0.0.1) to a port nothing listens on."""
+    """A store that rewrites every loopback address Gloo publishes through it (a sockaddr_in: family 2,
+    port, 127.0.0.1) to 127.0.0.3 and a port this process holds bound but not listening: a connect
+    there is refused, and no other process can be listening on it."""
 
     def __init__(self, inner) -> None:
         super().__init__()
         self.inner = inner
+        self.held = socket.socket()
+        self.held.bind(("127.0.0.3", 0))
+        self.port = self.held.getsockname()[1].to_bytes(2, "big")
 
     def set(self, key, value):
         data = bytes(value)
         if "/cpu/" in key:
-            port = closed_port().to_bytes(2, "big")
-            data = re.sub(rb"\x02\x00..\x7f\x00\x00\x01", lambda m: b"\x02\x00" + port + b"\x7f\x00\x00\x01", data,
-                          flags=re.S)
+            data = re.sub(rb"\x02\x00..\x7f\x00\x00\x01", lambda m: b"\x02\x00" + self.port + b"\x7f\x00\x00\x03",
+                          data, flags=re.S)
         self.inner.set(key, data)
 
     def get(self, key):
