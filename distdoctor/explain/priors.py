@@ -29,7 +29,7 @@ from typing import Any, Mapping
 from distdoctor.core.causes import CAUSES
 
 THREADS_PATH = Path(__file__).with_name("threads.toml")
-PSEUDO_THREADS = 4.0
+PSEUDO_THREADS = 8.0
 MIN_LIFT, MAX_LIFT = 0.5, 2.5
 # A cue needs this many dev threads showing it before its lifts are used.
 MIN_CUE_THREADS = 5

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from distdoctor.explain.candidates import Ranked, describe, rank_candidates
+from distdoctor.explain.candidates import GENERIC_CEILING, Ranked, describe, rank_candidates
 from distdoctor.explain.catalog import Catalog, render_template
 from distdoctor.explain.own_reports import findings_of_report
 from distdoctor.explain.ranks import split_prefix
@@ -267,6 +267,8 @@ def _finding(root: Root, acc: Accumulator, catalog: Catalog) -> Finding:
     if sig.candidates:
         quiet = sorted((_silent(acc) | set(silent)) - group.ranks)
         ranked = rank_candidates(sig, fields, acc, catalog, quiet, base=root.confidence)
+        if sig.peer == "late" and len(group.ranks) > 1 and not silent and not acc.empty_ranks and not quiet:
+            ranked = _every_rank_waited(ranked, group.ranks)
         top = ranked[0]
         kind, confidence = top.kind, top.confidence
         if top.kind is not sig.kind:
@@ -287,6 +289,19 @@ def _finding(root: Root, acc: Accumulator, catalog: Catalog) -> Finding:
         check=CHECK_NAME,
         confidence=confidence,
     )
+
+
+EVERY_RANK_WAITED = 0.15
+
+
+def _every_rank_waited(ranked: list[Ranked], ranks: set[int]) -> list[Ranked]:
+    """Every rank the logs show timed out in the same wait, and none is silent: none of them is missing
+    or late as far as these logs go, and the collective itself hanging gains."""
+    for r in ranked:
+        if r.cause == "collective_timeout_hang":
+            r.confidence = min(GENERIC_CEILING, r.confidence + EVERY_RANK_WAITED)
+            r.reasons.append(f"every rank these logs show ({format_ranks(ranks)}) timed out in it, none is silent")
+    return sorted(ranked, key=lambda r: -r.confidence)
 
 
 def _consequence_line(c: Group, quoted: set) -> str:
