@@ -55,6 +55,7 @@ def rank_candidates(sig: Signature, fields: dict, acc: Accumulator, catalog: Cat
     ranked = [Ranked(sig.kind, own_conf, render_template(sig.title, fields), render_template(sig.tell, fields), [])]
     ranked += [Ranked(c.kind, c.confidence, render_template(c.why, fields), render_template(c.tell, fields), [])
                for c in sig.candidates]
+    own = ranked[0]
     ranked = from_threads(ranked, sig.family, acc, catalog, load_priors() if priors is None else priors)
     _add_cues(ranked, acc, cues)
     for field_name, cause, delta, note in sig.boost_if:
@@ -72,6 +73,13 @@ def rank_candidates(sig: Signature, fields: dict, acc: Accumulator, catalog: Cat
                 r.reasons.append(f"rank {who}'s log is empty or ends without an error")
     for r in ranked:
         r.confidence = round(min(GENERIC_CEILING, max(FLOOR, r.confidence)), 3)
+    if sig.role == "cause":
+        # The message names its cause: it stays first at its own confidence; the alternatives (the
+        # threads' other causes for it) rank below it.
+        own.confidence = own_conf
+        for r in ranked:
+            if r is not own:
+                r.confidence = round(min(r.confidence, own_conf - 0.05), 3)
     # Stable: equal confidences keep the catalog's (prior) order.
     return sorted(ranked, key=lambda r: -r.confidence)
 
@@ -115,6 +123,20 @@ def from_threads(ranked: list[Ranked], family: str, acc: Accumulator, catalog: C
     for r in by_cause.values():
         r.confidence /= total
     return list(by_cause.values())
+
+
+def rank_family(family: str, options: list[tuple[str, float, str, str]], acc: Accumulator,
+                catalog: Catalog) -> list[Ranked]:
+    """Candidates for a failure no signature names: (cause, hand-set confidence, why, tell) ranked by
+    the labelled threads of the family and the context the logs show, capped as a generic text."""
+    ranked = []
+    for cause, confidence, why, tell in options:
+        kind = cause_kind(cause, catalog)
+        if kind is not None:
+            ranked.append(Ranked(kind, confidence, why, tell, []))
+    ranked = from_threads(ranked, family, acc, catalog, load_priors())
+    ranked = apply_cues(ranked, acc, catalog)
+    return ranked
 
 
 def seen_context(acc: Accumulator, catalog: Catalog) -> dict[str, str]:
