@@ -206,13 +206,19 @@ def search_tokens(catalog: Catalog) -> list[tuple[str, tuple]]:
     """The tokens to search, each with the catalog items it may announce.
 
     A token that contains another ('exitcode  : -9' contains 'exitcode  : -') is not searched on
-    its own: the shorter one finds every line the longer one would, and the regexes decide.
+    its own: the shorter one finds every line the longer one would, and the regexes decide. A token
+    that only cues announce is never the shorter one: a cue counts once and its tokens stop being
+    searched when it was seen, which a signature's longer token folded into it would undo (every
+    'NCCL INFO' line of a chatty log matched against NCCL's INFO signatures).
     """
     tokens = list(catalog.token_index)
-    searched: dict[str, list] = {t: [] for t in tokens if not any(o != t and o in t for o in tokens)}
+    cue_only = {t for t, items in catalog.token_index.items() if _cue_only(items)}
+    folds = [t for t in tokens if t not in cue_only]
+    searched: dict[str, list] = {t: [] for t in tokens
+                                 if not any(o != t and o in t for o in (folds if t not in cue_only else ()))}
     for token, items in catalog.token_index.items():
         for short in searched:
-            if short in token:
+            if short in token and (short == token or short not in cue_only):
                 searched[short].extend(i for i in items if i not in searched[short])
                 break
     return [(t, tuple(items)) for t, items in searched.items()]
@@ -228,6 +234,10 @@ class Scanner:
         self.ranks = ranks
         self._rank_noticed: dict[int, int] = {}
         tokens = [(t, items, _cue_only(items)) for t, items in search_tokens(catalog)]
+        # Where the job ran (docker, SLURM, IB, the launcher ...) is read from a sample of each block:
+        # those lines repeat, and a few dozen such tokens over whole blocks would cost a third of the scan.
+        self._context = [t for t in tokens if t[2] and all(_context_cue(i) for i in t[1])]
+        tokens = [t for t in tokens if t not in self._context]
         # Tokens that contain a relevance word are tried only on the lines that word is on (the
         # relevance pass finds them anyway): one block pass fewer per such token.
         self._gated: dict[str, list] = {}
@@ -272,11 +282,14 @@ class Scanner:
         if not self.acc.cues:
             return
         self._tokens = _without_seen_cues(self._tokens, self.acc.cues)
+        self._context = _without_seen_cues(self._context, self.acc.cues)
         self._gated = {w: _without_seen_cues(t, self.acc.cues) for w, t in self._gated.items()}
 
     def _scan_block(self, block: str, first_line: int, source: LogSource, source_index: int, context: dict) -> None:
         hits: dict[int, list] = {}
         _find_tokens(block, self._tokens, hits)
+        if self._context:
+            _find_tokens(block[:CONTEXT_SAMPLE], self._context, hits)
         lower = block.lower()
         relevance: dict[int, int] = {}
         word_lines: dict[str, list[int]] = {}
@@ -501,6 +514,14 @@ def _without_seen_cues(tokens: list, seen: dict) -> list:
         if items:
             kept.append((token, items, _cue_only(items)))
     return kept
+
+
+CONTEXT_SAMPLE = 16 << 10  # characters of each block searched for context cues
+
+
+def _context_cue(item) -> bool:
+    """A cue that says where the job ran (threads.toml's vocabulary), not what failed."""
+    return isinstance(item, Cue) and bool(item.thread_cue)
 
 
 def _cue_only(items: tuple) -> bool:
