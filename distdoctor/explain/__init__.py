@@ -28,6 +28,7 @@ from distdoctor.explain.attempts import (earlier_attempts_finding, keep_stdin, m
 from distdoctor.explain.catalog import Catalog, CatalogError, load_catalog
 from distdoctor.explain.own_reports import read_reports
 from distdoctor.explain.reader import LogInputError, LogSource, open_sources
+from distdoctor.explain import reader as _reader
 from distdoctor.explain.reason import findings_from, skipped_finding
 from distdoctor.explain.scan import Accumulator, Scanner
 from distdoctor.explain.job import job_findings, rank_config_finding
@@ -207,6 +208,11 @@ def _read_check(source: LogSource, matched: int, duration: float, kind: str = "l
                            "the English messages torch and NCCL print read exactly")
     if source.encoding != "utf-8":
         check["reason"] = f"read as {source.encoding.upper()} text"
+    if source.skipped_bytes:
+        check["reason"] = (f"too large to read whole: its first {_reader.HEAD_BYTES >> 20} MiB and its last "
+                           f"{max(0, source.bytes - source.skipped_bytes - _reader.HEAD_BYTES) >> 20} MiB were read, the "
+                           f"{source.skipped_bytes >> 20} MiB between only counted (line numbers stay true)")
+        check["skipped_bytes"] = source.skipped_bytes
     if source.empty:
         check["reason"] = "empty: the process printed nothing"
     if kind != "log":

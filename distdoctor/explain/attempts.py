@@ -117,7 +117,7 @@ def attempt_of_path(name: str) -> int | None:
 
 # stdin is read once; a job's attempts are read again from a copy kept while it was read, up to this
 # size (a larger stdin is read as one job, and the report says its attempts were not told apart).
-MAX_STDIN_COPY = 256 << 20
+MAX_STDIN_COPY = 64 << 20
 
 
 class StdinCopy:

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import codecs
+import collections
 import os
 import re
 import stat
@@ -28,7 +29,13 @@ from typing import BinaryIO, Iterator
 from distdoctor.explain.sanitize import strip_controls
 
 BLOCK_SIZE = 1 << 20
+# A log larger than this is not scanned whole: its first HEAD_BYTES and its last TAIL_BYTES are, and
+# the lines between are counted (line numbers stay true). Time is then bounded by reading the bytes,
+# memory by the tail kept (a 10 GB log of a job that ran for days fails at its end).
+HEAD_BYTES = 1 << 30
+TAIL_BYTES = 64 << 20
 STDIN_NAME = "<stdin>"
+_ANSI = re.compile(r"\x1b\[[0-?]{0,64}[ -/]{0,8}[@-~]|\x1b\][^\x07\x1b\n]{0,4096}(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_.-]?([0-9]{1,7})(?![0-9])", re.I)
 MAX_RANK_DIGITS = 7
 MAX_DIRECTORY_FILES = 10_000
@@ -63,6 +70,8 @@ class LogSource:
     not_utf8: bool = False            # 8-bit text in another encoding: its non-UTF-8 bytes were replaced
     # Only these lines (first, last; 1-based) are read: one attempt of a job torchelastic restarted.
     line_range: tuple[int, int] | None = None
+    # Bytes of a huge input that were counted, not scanned (between its head and its tail).
+    skipped_bytes: int = 0
 
 
 def rank_from_name(path: Path) -> int | None:
@@ -296,6 +305,10 @@ def _blocks(source: LogSource, block_size: int) -> Iterator[tuple[str, int]]:
                     yield from _emit(source, decoder, carry, line_no, final=True)
                 return
             source.bytes += len(chunk)
+            if source.bytes > HEAD_BYTES and source.line_range is None:
+                # A log too large to read whole: its head was read; the middle is counted, the tail read.
+                yield from _skip_to_tail(source, stream, carry + chunk, decoder, block_size)
+                return
             data = carry + chunk
             cut = data.rfind(b"\n") + 1
             if cut == 0:
@@ -314,10 +327,50 @@ def _blocks(source: LogSource, block_size: int) -> Iterator[tuple[str, int]]:
             stream.close()
 
 
+def _skip_to_tail(source: LogSource, stream, pending: bytes, decoder, block_size: int) -> Iterator[tuple[str, int]]:
+    """Past HEAD_BYTES: read on without scanning, counting lines, keeping the last TAIL_BYTES; then scan
+    them (from their first whole line), with their true line numbers. Time stays that of reading the
+    bytes (no matching); memory that of the tail kept."""
+    tail: collections.deque[bytes] = collections.deque()
+    kept = 0
+    while True:
+        tail.append(pending)
+        kept += len(pending)
+        while len(tail) > 1 and kept - len(tail[0]) >= TAIL_BYTES:
+            dropped = tail.popleft()
+            kept -= len(dropped)
+            source.lines += dropped.count(b"\n")
+            source.skipped_bytes += len(dropped)
+        try:
+            pending = stream.read(block_size)
+        except OSError as exc:
+            raise LogInputError(f"{source.name}: read failed ({exc.strerror or exc})") from None
+        if not pending:
+            break
+        source.bytes += len(pending)
+    data = b"".join(tail)
+    start = data.find(b"\n") + 1 if source.skipped_bytes else 0
+    source.lines += data.count(b"\n", 0, start)
+    source.skipped_bytes += start
+    decoder.reset()
+    pos = start
+    while pos < len(data):
+        end = min(pos + block_size, len(data))
+        if end < len(data):
+            newline = data.rfind(b"\n", pos, end)
+            end = newline + 1 if newline >= pos else end  # blocks end at a line end (a longer line is cut)
+        yield from _emit(source, decoder, data[pos:end], source.lines + 1, final=end >= len(data))
+        pos = end
+
+
 def _emit(source: LogSource, decoder: codecs.IncrementalDecoder, data: bytes, line_no: int, *, final: bool):
     text = decoder.decode(data, final=final)
     if "\ufffd" in text and not source.replaced_bytes and b"\xef\xbf\xbd" not in data:
         source.replaced_bytes = True
+    if "\x1b" in text:
+        # Colours and terminal titles around a rank's prefix would hide it: dropped before anything reads
+        # the block (never a newline: line numbers stay true).
+        text = _ANSI.sub("", text)
     if not text.endswith("\n"):
         text += "\n"
     source.lines += text.count("\n")
