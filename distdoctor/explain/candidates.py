@@ -148,6 +148,9 @@ def seen_context(acc: Accumulator, catalog: Catalog) -> dict[str, str]:
             found.setdefault(cue.thread_cue, f"{evidence['file']}:{evidence['line']}")
     if len(acc.hosts_seen) > 1 and "multi_node" not in found:
         found["multi_node"] = "hosts " + ", ".join(sorted(acc.hosts_seen)[:3])
+    versions = sorted(v for v in acc.nccl_versions if v)
+    if len(versions) > 1:
+        found["version_mismatch"] = "NCCL versions " + ", ".join(versions[:3])
     return found
 
 

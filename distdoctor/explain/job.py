@@ -23,7 +23,8 @@ from distdoctor.diagnosis.diagnose import diagnose
 from distdoctor.diagnosis.frames import is_user_file
 from distdoctor.diagnosis.snapshot import EXITED, RaisedError, RankSnapshot
 from distdoctor.explain.activity import CLOCK_MARGIN_S
-from distdoctor.explain.candidates import Ranked, apply_cues, describe
+from distdoctor.explain.candidates import Ranked, apply_cues, describe, from_threads
+from distdoctor.explain.priors import load_priors
 from distdoctor.explain.catalog import Catalog
 from distdoctor.explain.ranks import CUT_TYPE, RankCollector
 from distdoctor.explain.scan import Accumulator
@@ -353,12 +354,17 @@ def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Se
     if primary.id == job_kinds.MISSING.id:
         _weigh_how_peers_failed(ranked, peer_states(snaps, catalog), said_finished=FINISHED_WORDS in said)
     _weigh_activity(ranked, said)
+    if primary.id in VERDICT_FAMILY:
+        # A verdict read from an exit code alone: how often each cause was behind it in the labelled threads.
+        ranked = from_threads(ranked, VERDICT_FAMILY[primary.id], acc, catalog, load_priors())
     # The kill the verdict is about is no further evidence for it.
     ranked = apply_cues(ranked, acc, catalog, ignore=("sigkill_line",) if primary.id == job_kinds.KILLED.id else ())
     top = ranked[0]
     return top.kind, top.confidence, ranked
 
 
+# Verdicts that a failure signature of the labelled threads stands for: a rank SIGKILLed.
+VERDICT_FAMILY = {job_kinds.KILLED.id: "killed_signal"}
 CLOSE_CALL = 0.6
 
 

@@ -174,6 +174,8 @@ class Accumulator:
     cues: dict[str, list] = field(default_factory=dict)
     # distdoctor's own JSON reports found among the inputs: (file, parsed report).
     own_reports: list[tuple[str, dict]] = field(default_factory=list)
+    # NCCL versions the logs' INFO lines name (two of them: ranks or nodes run different NCCL builds).
+    nccl_versions: set[str] = field(default_factory=set)
 
     def add_cue(self, cue: Cue, evidence: dict[str, Any]) -> None:
         entry = self.cues.get(cue.name)
@@ -394,6 +396,8 @@ class Scanner:
             self.acc.ranks_seen.add(rank)
         if "host" in context:
             self.acc.hosts_seen.add(context["host"])
+        if item.name == "nccl_version" and len(self.acc.nccl_versions) < 16:
+            self.acc.nccl_versions.add(context.get("nccl_version", ""))
 
 
 GATE_WORDS = ("error", "exception", "failed", "timed out", "timeout", "killed", "fatal", "abort",
