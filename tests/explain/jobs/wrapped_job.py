@@ -90,13 +90,13 @@ def elastic_restart() -> None:
         return
     # torch 2.13's env:// rendezvous uses the agent's store without an attempt prefix: a restart reads
     # attempt 0's Gloo addresses (refused, or a port another process reused: a hang). A fresh prefix per
-    # attempt keeps the job deterministic; rank 1's address is then made one nothing listens on.
+    # attempt keeps the job deterministic; the ranks' addresses are then made ones nothing listens on.
     from torch.distributed.rendezvous import _create_c10d_store
 
     inner = _create_c10d_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, 2,
                                timedelta(seconds=30))
     store = dist.PrefixStore(f"/attempt_{attempt}", inner)
-    if rank == BAD_LINE_RANK and not os.environ.get("RECOVER"):
+    if not os.environ.get("RECOVER"):
         store = RefusingStore(store)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=20))
     for step in range(3):
@@ -105,23 +105,28 @@ def elastic_restart() -> None:
     dist.destroy_process_group()
 
 
+def closed_port() -> bytes:
+    """A loopback port nothing listens on (bound, then closed), big-endian as a sockaddr holds it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1].to_bytes(2, "big")
+
+
 class RefusingStore(dist.Store):
-    """A store that rewrites every loopback address Gloo publishes through it (a sockaddr_in: family 2,
-    port, 127.0.0.1) to 127.0.0.3 and a port this process holds bound but not listening: a connect
-    there is refused, and no other process can be listening on it."""
+    """A store that rewrites the loopback address Gloo publishes through it (a sockaddr_in: family 2,
+    port, 127.0.0.1) to a port nothing listens on. Every rank publishes through one, so whichever side
+    of a pair Gloo has dial the other, its connect is refused."""
 
     def __init__(self, inner) -> None:
         super().__init__()
         self.inner = inner
-        self.held = socket.socket()
-        self.held.bind(("127.0.0.3", 0))
-        self.port = self.held.getsockname()[1].to_bytes(2, "big")
 
     def set(self, key, value):
         data = bytes(value)
         if "/cpu/" in key:
-            data = re.sub(rb"\x02\x00..\x7f\x00\x00\x01", lambda m: b"\x02\x00" + self.port + b"\x7f\x00\x00\x03",
-                          data, flags=re.S)
+            port = closed_port()
+            data = re.sub(rb"\x02\x00..\x7f\x00\x00\x01", lambda m: b"\x02\x00" + port + b"\x7f\x00\x00\x01", data,
+                          flags=re.S)
         self.inner.set(key, data)
 
     def get(self, key):
