@@ -425,11 +425,16 @@ UNRECOGNISED = [
 ]
 
 
+_DISTRIBUTED = re.compile(r"torch[/.]distributed|distributed_c10d|ProcessGroup|c10d|NCCL WARN|gloo/")
+
+
 def _distributed_fallback(found: Finding, acc: Accumulator, catalog: Catalog) -> Finding:
     """A failure with torch.distributed in the log that no signature names: still ranked candidates,
     never 'unknown'. A log with nothing of torch.distributed in it, or one that shows no failure
     (no error line, or the job at work after it), keeps its reading."""
-    if "ctx_torch_distributed" not in acc.cues or not any(score >= 2 for score, *_ in acc.relevant):
+    if not any(score >= 2 for score, *_ in acc.relevant):
+        return found
+    if "ctx_torch_distributed" not in acc.cues and not any(_DISTRIBUTED.search(text) for *_, text in acc.relevant):
         return found
     if found.id == "log.W030" and acc.progress_seen:
         return found  # the job went on: as far as these logs tell, nothing failed

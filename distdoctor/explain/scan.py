@@ -250,6 +250,7 @@ class Scanner:
                 self._tokens.append(entry)
             else:
                 self._gated.setdefault(word, []).append(entry)
+        self._cues_dropped = 0
         self._relevance = list(RELEVANCE_TOKENS.items()) + [(w, 0) for w in GATE_ONLY if w in self._gated]
 
     def scan(self, source: LogSource, source_index: int) -> int:
@@ -280,9 +281,10 @@ class Scanner:
 
     def _drop_seen_cues(self) -> None:
         """A cue counts once: its tokens stop being searched after it was seen (NCCL INFO chatter
-        repeats them on every line)."""
-        if not self.acc.cues:
+        repeats them on every line). The lists are rebuilt only when a new cue was seen."""
+        if len(self.acc.cues) == self._cues_dropped:
             return
+        self._cues_dropped = len(self.acc.cues)
         self._tokens = _without_seen_cues(self._tokens, self.acc.cues)
         self._context = _without_seen_cues(self._context, self.acc.cues)
         self._gated = {w: _without_seen_cues(t, self.acc.cues) for w, t in self._gated.items()}
@@ -524,8 +526,9 @@ CONTEXT_SAMPLE = 16 << 10  # characters of each block searched for context cues
 
 
 def _context_cue(item) -> bool:
-    """A cue that says where the job ran (threads.toml's vocabulary), not what failed."""
-    return isinstance(item, Cue) and bool(item.thread_cue)
+    """A cue that says where the job ran or what ran it (threads.toml's vocabulary, torch.distributed at
+    all), not what failed: the catalog names them ctx_*."""
+    return isinstance(item, Cue) and item.name.startswith("ctx_")
 
 
 def _cue_only(items: tuple) -> bool:
