@@ -84,6 +84,9 @@ def rank_candidates(sig: Signature, fields: dict, acc: Accumulator, catalog: Cat
     return sorted(ranked, key=lambda r: -r.confidence)
 
 
+THREAD_COUNT_SUFFIX = " labelled threads with this message"
+
+
 def from_threads(ranked: list[Ranked], family: str, acc: Accumulator, catalog: Catalog,
                  priors: Priors) -> list[Ranked]:
     """The candidates' confidences from the labelled threads of their signature's family (priors.py):
@@ -108,7 +111,7 @@ def from_threads(ranked: list[Ranked], family: str, acc: Accumulator, catalog: C
     for cause, r in by_cause.items():
         r.confidence = posterior.get(cause, 0.0)
         if counts.get(cause):
-            r.reasons.append(f"{cause} in {counts[cause]} of {n} labelled threads with this message")
+            r.reasons.append(f"{cause} in {counts[cause]} of {n}{THREAD_COUNT_SUFFIX}")
     context = seen_context(acc, catalog)
     for cue, where in context.items():
         for cause, r in by_cause.items():
@@ -187,6 +190,11 @@ def describe(ranked: list[Ranked]) -> list[str]:
         if r.tell:
             lines.append(f"     tells it apart: {r.tell}")
     reasons = list(dict.fromkeys(reason for r in ranked for reason in r.reasons))
-    if reasons:
-        lines.append("Reordered by what else the logs show: " + "; ".join(reasons[:4]))
+    counted = [reason for reason in reasons if reason.endswith(THREAD_COUNT_SUFFIX)]
+    if counted:
+        lines.append("Ranked by the labelled public threads with this message (threads.toml): "
+                     + ", ".join(reason[:-len(THREAD_COUNT_SUFFIX)] for reason in counted[:6]))
+    moved = [reason for reason in reasons if reason not in counted]
+    if moved:
+        lines.append("Reordered by what else the logs show: " + "; ".join(moved[:4]))
     return lines
