@@ -72,4 +72,4 @@ def test_the_shipped_threads_load_and_the_finding_says_what_ranked_it():
     top = explain_text(text).findings[0]
     reasons = [r for c in top.data["candidates"] for r in c.get("reordered_by", [])]
     assert any("labelled threads" in r for r in reasons), top.data["candidates"]
-    assert "labelled threads" in top.detail
+    assert "labelled public threads" in top.detail
