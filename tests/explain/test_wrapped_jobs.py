@@ -11,6 +11,7 @@ LOGLEVEL=INFO, its --log-dir tree — and the restarted job that recovers (its t
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -91,10 +92,14 @@ def causes(finding) -> list[str]:
 
 def test_mp_spawn_a_store_wait_for_a_rank_that_never_came_is_read_through_process_raised_exception(jobs):
     finding, report = top(jobs["spawn_missing"] / "console.log")
-    assert "ProcessRaisedException" in (jobs["spawn_missing"] / "console.log").read_text()
-    # The wrapper is not the cause; the store wait of process 1 is, and a rank that never came heads it.
+    text = (jobs["spawn_missing"] / "console.log").read_text()
+    assert "ProcessRaisedException" in text
+    # Whichever process's store wait ended first (rank 0's barrier or rank 1's key wait: the load
+    # decides), the wrapper names it, and that is the rank named.
+    process = int(re.search(r"-- Process (\d) terminated with the following error", text).group(1))
+    # The wrapper is not the cause; the store wait is, and a rank that never came heads it.
     assert finding.cause != "worker_exception" and "mp.spawn" not in finding.title, finding.title
-    assert finding.ranks == (1,), finding.ranks
+    assert finding.ranks == (process,), finding.ranks
     assert "rank_missing" in causes(finding)[:2] and "world_size_mismatch" in causes(finding)[:3], causes(finding)
     assert all(c.get("tell") for c in finding.data["candidates"])
     assert all(f.cause != "worker_exception" for f in report.findings)
@@ -123,8 +128,12 @@ def test_a_restarted_job_is_explained_by_its_last_attempt_and_lists_the_earlier_
         assert "restart_count=1" in text and "will restart worker group" in text
     # The job ended in attempt 1's init_process_group: Gloo's connectFullMesh was refused.
     assert finding.data.get("attempt") == 1 and finding.data.get("attempts") == 2, finding.data
-    assert finding.cause != "worker_exception" and "loss became NaN" not in finding.title
-    if layout != "info_console":  # the console of --redirects holds the agent's lines only
+    assert "loss became NaN" not in finding.title
+    if layout == "info_console":
+        # The console of --redirects holds the agent's lines only: its exit code, not its error.
+        assert finding.id == "log.E037" and "its own error is not in these logs" in finding.title
+    else:
+        assert finding.cause != "worker_exception"
         assert "connectFullMesh" in finding.detail
         assert {"wrong_interface", "rank_missing"} <= set(causes(finding)[:3]), causes(finding)
     earlier = next(f for f in report.findings if f.id == "log.I041")
