@@ -33,8 +33,9 @@ PSEUDO_THREADS = 8.0
 MIN_LIFT, MAX_LIFT = 0.5, 2.5
 # A cue needs this many dev threads showing it before its lifts are used.
 MIN_CUE_THREADS = 5
-# A family needs this many labelled dev threads before its counts replace the catalog's order.
-MIN_FAMILY_THREADS = 3
+# A family needs this many labelled dev threads before its counts replace the catalog's order (with fewer,
+# one thread swings the order).
+MIN_FAMILY_THREADS = 5
 
 FAMILIES = (
     "store_wait_timeout", "store_connect_failed", "rendezvous_timeout", "nccl_watchdog_timeout", "gloo_timeout",
