@@ -204,7 +204,18 @@ class Accumulator:
             heapq.heapreplace(self.relevant, item)
 
 
+_SEARCHED: dict[int, tuple[Catalog, list]] = {}
+
+
 def search_tokens(catalog: Catalog) -> list[tuple[str, tuple]]:
+    """search_tokens_of, worked out once per catalog (it is quadratic in the tokens: ~30 ms each time)."""
+    cached = _SEARCHED.get(id(catalog))
+    if cached is None or cached[0] is not catalog:
+        cached = _SEARCHED[id(catalog)] = (catalog, _search_tokens_of(catalog))
+    return cached[1]
+
+
+def _search_tokens_of(catalog: Catalog) -> list[tuple[str, tuple]]:
     """The tokens to search, each with the catalog items it may announce.
 
     A token that contains another ('exitcode  : -9' contains 'exitcode  : -') is not searched on
