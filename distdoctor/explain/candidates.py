@@ -57,6 +57,10 @@ def rank_candidates(sig: Signature, fields: dict, acc: Accumulator, catalog: Cat
                for c in sig.candidates]
     own = ranked[0]
     ranked = from_threads(ranked, sig.family, acc, catalog, load_priors() if priors is None else priors)
+    if sig.role == "cause":
+        # The message names its cause: it keeps its own confidence (what else the logs show still
+        # moves it); the threads rank its alternatives.
+        own.confidence = own_conf
     _add_cues(ranked, acc, cues)
     for field_name, cause, delta, note in sig.boost_if:
         if fields.get(field_name):
@@ -72,14 +76,8 @@ def rank_candidates(sig: Signature, fields: dict, acc: Accumulator, catalog: Cat
                 r.confidence += delta
                 r.reasons.append(f"rank {who}'s log is empty or ends without an error")
     for r in ranked:
-        r.confidence = round(min(GENERIC_CEILING, max(FLOOR, r.confidence)), 3)
-    if sig.role == "cause":
-        # The message names its cause: it stays first at its own confidence; the alternatives (the
-        # threads' other causes for it) rank below it.
-        own.confidence = own_conf
-        for r in ranked:
-            if r is not own:
-                r.confidence = round(min(r.confidence, own_conf - 0.05), 3)
+        ceiling = max(GENERIC_CEILING, own_conf) if r is own and sig.role == "cause" else GENERIC_CEILING
+        r.confidence = round(min(ceiling, max(FLOOR, r.confidence)), 3)
     # Stable: equal confidences keep the catalog's (prior) order.
     return sorted(ranked, key=lambda r: -r.confidence)
 
