@@ -119,7 +119,7 @@ def from_threads(ranked: list[Ranked], family: str, acc: Accumulator, catalog: C
             r.confidence *= lift
             had, showing = priors.cue_support(cue, cause)
             r.reasons.append(f"{cue.replace('_', ' ')} ({where}): {cause} in {had} of the {showing} labelled threads "
-                             f"that show it ({'more' if lift > 1 else 'less'} often than overall)")
+                             f"that show it ({'more' if lift > 1 else 'less'} often than their messages alone predict)")
     total = sum(r.confidence for r in by_cause.values()) or 1.0
     for r in by_cause.values():
         r.confidence /= total

@@ -78,6 +78,9 @@ DERIVATIONS: dict[str, Callable[[str], str]] = {
     "seq_tag": lambda value: f" #{value}",
     "long_wait": _long_wait,
     "barrier_mid_training": _barrier_mid_training,
+    # A path in shared memory (/dev/shm, torch's /torch_ segments) or elsewhere (a disk the job writes).
+    "in_shm": lambda value: "yes" if "/dev/shm" in value or "torch_" in value else "",
+    "not_shm": lambda value: "" if "/dev/shm" in value or "torch_" in value else "yes",
     # A hang in the first collectives after init (where blocked P2P shows) rather than mid-training.
     "first_collectives": lambda value: "yes" if value.isdigit() and len(value) < 4 and int(value) <= 2 else "",
 }

@@ -12,9 +12,12 @@
 # threads' cause counts are the observations,
 #     p(cause | family) = (n_cause + PSEUDO_THREADS * q_cause) / (n_family + PSEUDO_THREADS),
 # so a family with few threads keeps close to the catalog's order and one with many follows the
-# data. A cue's effect is measured over all dev threads (one family has too few threads per cue):
-#     lift(cause | cue) = p(cause | cue) / p(cause), p(cause | cue) smoothed towards p(cause) with
-#     PSEUDO_THREADS of weight, and bounded to [MIN_LIFT, MAX_LIFT];
+# data. A cue's effect is measured over all dev threads (one family has too few threads per cue), but
+# against what those threads' own families predict (the threads that show `mp_spawn` are mostly about
+# init errors: that must not make rank_missing look rare under mp.spawn):
+#     observed(cause | cue) = the threads showing the cue whose cause it was,
+#     expected(cause | cue) = the sum over those threads of p(cause | their family) (raw frequencies),
+#     lift(cause | cue) = (observed + CUE_PSEUDO) / (expected + CUE_PSEUDO), bounded to [MIN_LIFT, MAX_LIFT];
 # a cue seen in the logs multiplies its causes' priors by their lifts before they are normalised
 # again. Threads whose cause is "unknown" are kept in the file but counted nowhere.
 
@@ -31,6 +34,7 @@ from distdoctor.core.causes import CAUSES
 THREADS_PATH = Path(__file__).with_name("threads.toml")
 PSEUDO_THREADS = 8.0
 MIN_LIFT, MAX_LIFT = 0.5, 2.5
+CUE_PSEUDO = 2.0
 # A cue needs this many dev threads showing it before its lifts are used.
 MIN_CUE_THREADS = 5
 # A family needs this many labelled dev threads before its counts replace the catalog's order (with fewer,
@@ -72,6 +76,8 @@ class Priors:
     family_counts: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     cause_counts: Mapping[str, int] = field(default_factory=dict)
     cue_counts: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # cue -> cause -> how many of the threads showing the cue their families alone would give that cause.
+    cue_expected: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     total: int = 0
     threads: int = 0          # every thread in the file, dev and sealed, labelled or not
 
@@ -91,14 +97,13 @@ class Priors:
         return {c: (counts.get(c, 0) + PSEUDO_THREADS * q[c]) / (n + PSEUDO_THREADS) for c in causes}
 
     def lift(self, cue: str, cause: str) -> float | None:
-        """How much likelier `cause` is among the dev threads that show `cue` than among all of them."""
+        """How much likelier `cause` is among the dev threads that show `cue` than their own families predict."""
         counts = self.cue_counts.get(cue, {})
-        n_cue = sum(counts.values())
-        if n_cue < MIN_CUE_THREADS or not self.total:
+        if sum(counts.values()) < MIN_CUE_THREADS:
             return None
-        base = (self.cause_counts.get(cause, 0) + 1) / (self.total + len(self.cause_counts) or 1)
-        given = (counts.get(cause, 0) + PSEUDO_THREADS * base) / (n_cue + PSEUDO_THREADS)
-        return min(MAX_LIFT, max(MIN_LIFT, given / base))
+        observed = counts.get(cause, 0)
+        expected = self.cue_expected.get(cue, {}).get(cause, 0.0)
+        return min(MAX_LIFT, max(MIN_LIFT, (observed + CUE_PSEUDO) / (expected + CUE_PSEUDO)))
 
     def cue_support(self, cue: str, cause: str) -> tuple[int, int]:
         """(dev threads showing the cue whose cause was `cause`, dev threads showing the cue)."""
@@ -145,7 +150,15 @@ def count(threads: list[Thread]) -> Priors:
         for cue in set(t.cues):
             cues.setdefault(cue, {}).setdefault(t.cause, 0)
             cues[cue][t.cause] += 1
-    return Priors(family, causes, cues, len(used), len(threads))
+    expected: dict[str, dict[str, float]] = {}
+    for t in used:
+        counts = family[t.signature]
+        n = sum(counts.values())
+        for cue in set(t.cues):
+            row = expected.setdefault(cue, {})
+            for cause, k in counts.items():
+                row[cause] = row.get(cause, 0.0) + k / n
+    return Priors(family, causes, cues, expected, len(used), len(threads))
 
 
 @lru_cache(maxsize=1)
