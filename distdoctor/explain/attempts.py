@@ -183,6 +183,8 @@ def split_attempts(sources: list, marks: dict[int, Marks], stdin: StdinCopy | No
         found = marks.get(index)
         if found is None or (source.path is None and (stdin is None or not stdin.complete)):
             continue
+        if source.skipped_bytes:
+            continue  # too large to read whole: its attempts are read as one job (reading it again would not be)
         segments = found.segments(source.lines)
         if len(segments) > 1:
             per_input[index] = segments
