@@ -92,3 +92,9 @@ def test_docs_sections_exist_only_for_catalog_ids():
     text = (docs_root() / "findings" / "log.md").read_text()
     documented = set(re.findall(r"^## (log\.[IWEC]\d{3})\b", text, re.M))
     assert documented == set(CATALOG.kinds)
+
+
+def test_every_symptom_and_crash_has_ranked_alternatives():
+    """No distributed failure without candidates: what survivors see and how a rank died always fit several causes."""
+    bare = [s.name for s in CATALOG.signatures if s.role in ("symptom", "crash") and len(s.candidates) < 2]
+    assert bare == []
