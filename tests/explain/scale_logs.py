@@ -16,14 +16,27 @@ SOURCE = Path(__file__).resolve().parent / "fixtures" / "per_rank_sigkill"
 _RANK = re.compile(r"\[rank\d+\]")
 
 
+# A rank's own exception as torch 2.13 printed it for rank 1 of tests/explain/jobs/wrapped_job.py's
+# accelerate job (tests/explain/test_wrapped_jobs.py), its paths shortened.
+RAISED = """[rank1]: Traceback (most recent call last):
+[rank1]:   File "/tmp/job/train.py", line 117, in <module>
+[rank1]:     main()
+[rank1]:   File "/tmp/job/train.py", line 70, in main
+[rank1]:     raise ValueError(f"corrupt sample in shard {accelerator.process_index}")
+[rank1]: ValueError: corrupt sample in shard 1
+"""
+
+
 def renumbered(text: str, rank: int, world: int) -> str:
     return _RANK.sub(f"[rank{rank}]", text).replace("world size 3", f"world size {world}")
 
 
-def write_job(directory: Path, world: int, killed: int) -> list[Path]:
+def write_job(directory: Path, world: int, killed: int, raised: bool = False) -> list[Path]:
+    """rank<K>.log for K < world; with raised, the rank `killed` raised its own ValueError instead of
+    dying silently (its steps, then its traceback)."""
     directory.mkdir(parents=True, exist_ok=True)
     waiting = [(SOURCE / "rank0.log").read_text(), (SOURCE / "rank1.log").read_text()]
-    silent = (SOURCE / "rank2.log").read_text()
+    silent = (SOURCE / "rank2.log").read_text() + (RAISED if raised else "")
     paths = []
     for rank in range(world):
         text = silent if rank == killed else waiting[rank % 2]

@@ -34,6 +34,15 @@ def test_a_1024_rank_job_names_the_silent_rank_and_groups_the_rest(tmp_path):
     assert elapsed < DEADLINE_S
 
 
+def test_a_1024_rank_job_whose_rank_raised_names_that_ranks_exception(tmp_path):
+    write_job(tmp_path / "logs", WORLD, KILLED, raised=True)
+    report = explain_files([str(tmp_path / "logs")])
+    top = report.findings[0]
+    assert (top.cause, top.ranks) == ("worker_exception", (KILLED,)), (top.cause, top.ranks, top.title)
+    assert "ValueError: corrupt sample in shard" in top.title and top.confidence >= 0.8
+    assert f"ranks 0-{KILLED - 1}, {KILLED + 1}-{WORLD - 1}" in top.detail
+
+
 def test_its_healthy_twin_of_1024_ranks_raises_no_alarm(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
