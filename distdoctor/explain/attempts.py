@@ -14,7 +14,10 @@
 #     Result:` block with `restart_count=N`.
 # The last attempt's failed line is followed by torchrun's own traceback and its failure summary
 # (the launcher reporting, not a new attempt): an attempt starts after a failed line only when a
-# worker's line follows it, or a `restart_count=` of 1 or more.
+# worker's line follows it, or a `restart_count=` of 1 or more. A worker's line alone is not enough
+# (--tee's output of a SIGTERMed rank can be flushed after the agent's line): the attempt it starts
+# must itself end with another failed line, or the job must end without torchrun's failure summary
+# (the restart ran to its end).
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from typing import BinaryIO
 AGENT_FAILED = "failed (exitcode: "
 WILL_RESTART = "will restart worker group"
 RESTART_COUNT = "restart_count="
+SUMMARY = "ChildFailedError"
 _AGENT_FAILED = re.compile(r"\] failed \(exitcode: -?\d{1,4}\) local_rank: \d{1,7}")
 _RESTART_COUNT = re.compile(r"(?:^|\]) {0,4}restart_count=(\d{1,6})\s*$")
 # The launcher talking: torchelastic's own log lines (glog-style, from torch/distributed/...), the
@@ -45,12 +49,14 @@ class Marks:
     """One input's attempt boundaries: (line, restart_count or None) where a new attempt starts."""
 
     starts: list[tuple[int, int | None]] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)      # the agent's failed lines
+    summaries: list[int] = field(default_factory=list)   # torchrun's failure summaries (ChildFailedError)
     _pending_end: int | None = None      # a failed line whose follower is in the next block
 
     def block(self, block: str, first_line: int) -> None:
         if self._pending_end is not None:
             self._follow(block, 0, first_line, self._pending_end)
-        for token in (AGENT_FAILED, WILL_RESTART, RESTART_COUNT):
+        for token in (AGENT_FAILED, WILL_RESTART, RESTART_COUNT, SUMMARY):
             pos = block.find(token)
             while pos != -1 and len(self.starts) < 4 * MAX_ATTEMPTS:
                 start = block.rfind("\n", 0, pos) + 1
@@ -58,11 +64,16 @@ class Marks:
                 end = len(block) if end == -1 else end
                 line_no = first_line + block.count("\n", 0, start)
                 line = block[start:end]
-                if token == RESTART_COUNT:
+                if token == SUMMARY:
+                    if len(self.summaries) < 4 * MAX_ATTEMPTS:
+                        self.summaries.append(line_no)
+                elif token == RESTART_COUNT:
                     count = _RESTART_COUNT.search(line)
                     if count and int(count.group(1)) > 0:
                         self._add(line_no - 1, int(count.group(1)))  # its "Rendezvous complete" line above
                 elif token == WILL_RESTART or _AGENT_FAILED.search(line):
+                    if token == AGENT_FAILED:
+                        self.failed.append(line_no)
                     self._follow(block, end + 1, line_no + 1, line_no)
                 pos = block.find(token, end)
 
@@ -96,7 +107,7 @@ class Marks:
 
     def segments(self, lines: int) -> list[tuple[int, int, int]]:
         """(attempt number, first line, last line) of each attempt, in order; one when there is none."""
-        starts = sorted(s for s in self.starts if 1 < s[0] <= lines)
+        starts = sorted(s for s in self.starts if 1 < s[0] <= lines and self._confirmed(s))
         if not starts:
             return [(0, 1, lines)]
         out, begin, number = [], 1, 0
@@ -105,6 +116,13 @@ class Marks:
             begin, number = line, count if count is not None else number + 1
         out.append((number, begin, lines))
         return out[-MAX_ATTEMPTS:]
+
+
+    def _confirmed(self, start: tuple[int, int | None]) -> bool:
+        """A start torch named (restart_count=N), or one whose attempt ended with the agent's failed line
+        too, or followed by no failure summary (the restart ran to its end)."""
+        line, count = start
+        return count is not None or any(f > line for f in self.failed) or not any(s > line for s in self.summaries)
 
 
 def attempt_of_path(name: str) -> int | None:

@@ -62,3 +62,14 @@ def test_a_restart_that_recovered_is_no_failure_and_a_job_without_restarts_has_n
     assert report.exit_code() == 0
     single = explain_files([str(FIXTURES / "torchrun_sigkill.log")])
     assert "attempt" not in single.findings[0].data and all(f.id != "log.I041" for f in single.findings)
+
+
+def test_a_ranks_output_flushed_after_the_agents_last_failed_line_is_not_a_restart():
+    # --tee's output of a rank the agent SIGTERMed can come after the agent's failed line: no attempt
+    # follows unless it ends with another failed line or the job ends without torchrun's failure summary.
+    text = (FIXTURES / "torchrun_sigkill.log").read_text()
+    cut = text.index("\n", text.index("failed (exitcode")) + 1
+    late = text[:cut] + "[default0]:[rank0]: a line of rank 0 flushed late\n" + text[cut:]
+    report = explain_text(late)
+    assert "attempt" not in report.findings[0].data and all(f.id != "log.I041" for f in report.findings)
+    assert report.findings[0].cause == "oom_killed_rank"
