@@ -104,7 +104,8 @@ def from_threads(ranked: list[Ranked], family: str, acc: Accumulator, catalog: C
             kind = cause_kind(cause, catalog)
             if kind is None:
                 continue
-            by_cause[cause] = Ranked(kind, 0.0, f"the cause behind this message in {counts.get(cause, 0)} of {n} "
+            what = "a torch.distributed failure no signature names" if family == "other_distributed" else "this message"
+            by_cause[cause] = Ranked(kind, 0.0, f"the cause behind {what} in {counts.get(cause, 0)} of {n} "
                                      "labelled public threads", catalog.tells.get(cause, kind.hint), [])
     for cause, r in by_cause.items():
         r.confidence = posterior.get(cause, 0.0)

@@ -432,7 +432,8 @@ def _distributed_fallback(found: Finding, acc: Accumulator, catalog: Catalog) ->
     """A failure with torch.distributed in the log that no signature names: still ranked candidates,
     never 'unknown'. A log with nothing of torch.distributed in it, or one that shows no failure
     (no error line, or the job at work after it), keeps its reading."""
-    if not any(score >= 2 for score, *_ in acc.relevant):
+    # A failure: an error-looking line, or a traceback (cut before its exception line, it has none).
+    if not any(score >= 2 or "Traceback (most recent call last)" in text for score, *_, text in acc.relevant):
         return found
     if "ctx_torch_distributed" not in acc.cues and not any(_DISTRIBUTED.search(text) for *_, text in acc.relevant):
         return found

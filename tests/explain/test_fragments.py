@@ -104,3 +104,11 @@ def test_logs_without_a_distributed_failure_get_no_invented_cause(text):
     top = report.findings[0]
     assert top.data.get("signature") != "distributed_unrecognised"
     assert top.cause in ("unknown", "worker_exception") and not top.data.get("candidates"), (top.id, top.title)
+
+
+def test_a_traceback_cut_inside_a_collective_without_its_exception_line_gets_candidates():
+    cut = ('Traceback (most recent call last):\n  File "/home/u/train.py", line 30, in <module>\n    dist.all_reduce(t)\n'
+           f'  File "{LIB}/distributed/distributed_c10d.py", line 3252, in all_reduce\n    work.wait()\n')
+    top = explain_text(cut).findings[0]
+    assert top.data["signature"] == "distributed_unrecognised" and len(top.data["candidates"]) >= 3
+    assert top.confidence < 0.5
