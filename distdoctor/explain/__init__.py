@@ -11,8 +11,10 @@
 # output against its peers' first complaints (who kept going, who went quiet); snapshots.py makes
 # one RankSnapshot per rank and job.py merges the one diagnosis (distdoctor.diagnosis.diagnose) with
 # the catalog's findings: the first failure is the cause, the rest its consequences, and a
-# recognised exception's meaning is the cause while its frame stays in the title. Importing this package registers the catalog's finding IDs
-# (area ``log``). Nothing here prints.
+# recognised exception's meaning is the cause while its frame stays in the title. candidates.py ranks
+# what a message that names no cause could mean, from the labelled threads (threads.toml, priors.py);
+# attempts.py reads a job torchelastic restarted attempt by attempt. Importing this package registers
+# the catalog's finding IDs (area ``log``). Nothing here prints.
 
 from __future__ import annotations
 
