@@ -1,0 +1,169 @@
+"""The job as a Trace Event Format document (trace.json): what Perfetto UI and chrome://tracing open."""
+
+# One process per rank ("rank N on host"; its pid is the rank + 1, since trace viewers treat pid 0
+# as the idle process), sorted by rank. Its tracks (threads): the stalls it was in (tid 1: the late
+# rank's span carries its line and verdict, a waiting rank's span links to it with a flow arrow), its
+# collectives (tid 10 and up: one per lane, so that overlapping calls never mis-nest), and instants
+# for a raise, an exit or a kill. Timestamps are microseconds since the earliest event
+# (otherData.origin_epoch_s says when that was). Bounded: every stall is kept (stalls.json already
+# keeps 200 whole and sums up the rest), at most MAX_WAITING_DRAWN waiting ranks of a stall get their
+# own span (the others are named in its arguments), and the collectives of each rank are its last
+# ones, at most MAX_COLLECTIVE_SPANS over the whole job (the recorder's ring is the other bound).
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from distdoctor import __version__
+from distdoctor.core.report import format_ranks
+from distdoctor.timeline.collectives import Span, lanes, spans
+from distdoctor.timeline.material import Material
+
+MAX_COLLECTIVE_SPANS = 200_000
+MIN_PER_RANK = 64
+MAX_WAITING_DRAWN = 64
+STALL_TID, FAULT_TID, COLLECTIVE_TID = 1, 2, 10
+_FAULT_NAMES = {"raise": "raised", "exit": "exited", "kill": "killed"}
+
+
+def pid_of(rank: int) -> int:
+    return rank + 1
+
+
+def collective_spans(material: Material) -> dict[int, list[Span]]:
+    """Each rank's collectives, within the job's budget (the most recent of each rank)."""
+    ranks = sorted(material.entries)
+    if not ranks:
+        return {}
+    per_rank = max(MIN_PER_RANK, MAX_COLLECTIVE_SPANS // len(ranks))
+    out = {}
+    for rank in ranks:
+        dumped = material.dumped_at.get(rank)
+        out[rank] = spans(rank, material.entries[rank], material.completed.get(rank, {}),
+                          int(dumped * 1e9) if dumped else None, per_rank)
+    return out
+
+
+def origin_s(material: Material, collectives: dict[int, list[Span]]) -> float:
+    times = [s["start"] for s in material.stalls] + [f.time for f in material.faults]
+    times += [items[0].start_ns / 1e9 for items in collectives.values() if items]
+    return min(times) if times else 0.0
+
+
+def build_trace(material: Material) -> dict[str, Any]:
+    """The trace document (a dict ready for json.dump)."""
+    collectives = collective_spans(material)
+    origin = origin_s(material, collectives)
+    events: list[dict[str, Any]] = []
+    ranks = sorted(set(material.ranks) | set(collectives))
+    for rank in ranks:
+        events += _process(rank, material.ranks[rank].host if rank in material.ranks else "", bool(collectives.get(rank)))
+    for rank, items in collectives.items():
+        events += _collective_events(rank, items, origin)
+    events += _stall_events(material, origin)
+    for fault in material.faults:
+        events.append({"name": f"{_FAULT_NAMES.get(fault.kind, fault.kind)}: {fault.text[:120]}", "cat": "fault",
+                       "ph": "i", "s": "p", "ts": _us(fault.time - origin), "pid": pid_of(fault.rank), "tid": FAULT_TID,
+                       "args": {"rank": fault.rank, "what": fault.kind, "detail": fault.text}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"producer": f"distdoctor {__version__}", "origin_epoch_s": round(origin, 6),
+                          "origin_utc": _utc(origin), "ranks": len(ranks), "stalls": len(material.stalls),
+                          "stalls_summarized": (material.omitted or {}).get("omitted", 0),
+                          "collectives": sum(len(v) for v in collectives.values()),
+                          "lacks": list(material.lacks)}}
+
+
+def _utc(epoch: float) -> str:
+    try:
+        return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return ""
+
+
+def _us(seconds: float) -> float:
+    return round(seconds * 1e6, 3)
+
+
+def _process(rank: int, host: str, has_collectives: bool) -> list[dict[str, Any]]:
+    pid = pid_of(rank)
+    name = f"rank {rank} on {host}" if host else f"rank {rank}"
+    out = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}},
+           {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": rank}},
+           {"name": "thread_name", "ph": "M", "pid": pid, "tid": STALL_TID, "args": {"name": "stalls"}},
+           {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": STALL_TID, "args": {"sort_index": 0}},
+           {"name": "thread_name", "ph": "M", "pid": pid, "tid": FAULT_TID, "args": {"name": "faults"}},
+           {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": FAULT_TID, "args": {"sort_index": 1}}]
+    if not has_collectives:
+        out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": COLLECTIVE_TID,
+                    "args": {"name": "collectives: no flight-recorder dump of this rank"}})
+    return out
+
+
+def _collective_events(rank: int, items: list[Span], origin: float) -> list[dict[str, Any]]:
+    pid = pid_of(rank)
+    placed = lanes([(s.start_ns, s.end_ns if s.end_ns > s.start_ns else s.start_ns + 1) for s in items])
+    out: list[dict[str, Any]] = []
+    for lane in sorted(set(placed)):
+        out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": COLLECTIVE_TID + lane,
+                    "args": {"name": "collectives" + (f" (overlapping, {lane + 1})" if lane else "")}})
+        out.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": COLLECTIVE_TID + lane,
+                    "args": {"sort_index": 2 + lane}})
+    for span, lane in zip(items, placed):
+        seq = f" #{span.seq}" if span.seq is not None else ""
+        out.append({"name": f"{span.op}{seq}", "cat": "p2p" if span.p2p else "collective", "ph": "X",
+                    "ts": _us(span.start_ns / 1e9 - origin), "dur": _us((span.end_ns - span.start_ns) / 1e9),
+                    "pid": pid, "tid": COLLECTIVE_TID + lane,
+                    "args": {"group": span.group, "seq": span.seq, "sizes": span.sizes, "dtypes": span.dtypes,
+                             "state": span.state, "end": span.end}})
+    return out
+
+
+def _stall_events(material: Material, origin: float) -> list[dict[str, Any]]:
+    stalls = sorted(material.stalls, key=lambda s: s["start"])
+    end_of_record = max([s["start"] + (s["seconds"] or 0) for s in stalls] + [max(material.dumped_at.values(), default=0)])
+    per_rank: dict[int, list[tuple[dict[str, Any], str, float]]] = {}
+    for stall in stalls:
+        length = stall["seconds"] if stall["seconds"] is not None else max(0.0, end_of_record - stall["start"])
+        for rank in stall["late"]:
+            per_rank.setdefault(rank, []).append((stall, "late", length))
+        for rank in stall["waiting"][:MAX_WAITING_DRAWN]:
+            if rank not in stall["late"]:
+                per_rank.setdefault(rank, []).append((stall, "waiting", length))
+    track: dict[tuple[int, int], int] = {}   # (rank, episode) -> the tid its span is on
+    out: list[dict[str, Any]] = []
+    for rank, items in per_rank.items():
+        placed = lanes([(s["start"], s["start"] + max(length, 1e-6)) for s, _, length in items])
+        for lane in sorted(set(placed) - {0}):
+            out.append({"name": "thread_name", "ph": "M", "pid": pid_of(rank), "tid": 100 + lane,
+                        "args": {"name": f"stalls (overlapping, {lane + 1})"}})
+        for (stall, role, length), lane in zip(items, placed):
+            tid = STALL_TID if lane == 0 else 100 + lane
+            track[(rank, stall["episode"])] = tid
+            out.append(_stall_span(rank, stall, role, length, tid, origin))
+    for rank, items in per_rank.items():
+        for stall, role, length in items:
+            late_tid = track.get((stall["late"][0], stall["episode"])) if stall["late"] else None
+            if role != "waiting" or late_tid is None:
+                continue
+            flow = {"name": "waits for the late rank", "cat": "stall", "id": stall["episode"] * 1_000_003 + rank,
+                    "ts": round(_us(stall["start"] - origin) + min(_us(length) / 2, 1000.0), 3)}
+            out.append({**flow, "ph": "s", "pid": pid_of(rank), "tid": track[(rank, stall["episode"])]})
+            out.append({**flow, "ph": "f", "bp": "e", "pid": pid_of(stall["late"][0]), "tid": late_tid})
+    return out
+
+
+def _stall_span(rank: int, stall: dict[str, Any], role: str, length: float, tid: int, origin: float) -> dict[str, Any]:
+    late = stall["late"]
+    op = f"{stall['op']} #{stall['seq']}" if stall["op"] and stall["seq"] is not None else stall["op"] or "a collective"
+    args = {"episode": stall["episode"], "verdict": stall["verdict"], "cause": stall["cause"], "title": stall["title"],
+            "where": stall["where"], "op": stall["op"], "seq": stall["seq"], "group": stall["group"],
+            "seconds": stall["seconds"], "late_ranks": format_ranks(late),
+            "waiting_ranks": format_ranks(stall["waiting"]), "open": stall["seconds"] is None, "role": role}
+    if role == "late":
+        name = f"late {length:.1f} s" + (f" at {stall['where']}" if stall["where"] else "") + \
+               (f" ({stall['verdict']})" if stall["verdict"] else "")
+    else:
+        name = f"waiting {length:.1f} s for rank{'s' if len(late) != 1 else ''} {format_ranks(late) or '?'} in {op}"
+    return {"name": name, "cat": "stall", "ph": "X", "ts": _us(stall["start"] - origin), "dur": _us(max(length, 1e-6)),
+            "pid": pid_of(rank), "tid": tid, "args": args}
