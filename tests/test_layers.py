@@ -20,10 +20,11 @@ ALLOWED = {
     "machine": {"core", "machine"},
     "checks": {"core", "machine", "checks"},
     "diagnosis": {"core", "diagnosis"},
+    "timeline": {"core", "diagnosis", "timeline"},
     "explain": {"core", "diagnosis", "explain"},
     "lint": {"core", "lint"},
     "world": {"core", "machine", "checks", "world"},
-    "embedded": {"core", "machine", "checks", "world", "diagnosis", "embedded"},
+    "embedded": {"core", "machine", "checks", "world", "diagnosis", "timeline", "embedded"},
     "stacks": {"core", "machine", "diagnosis", "stacks"},
     "bench": {"core", "machine", "checks", "world", "bench"},
 }

@@ -158,7 +158,7 @@ def bench(
     timeout: Annotated[float, typer.Option("--timeout", min=1.0, help="The whole run's deadline in seconds; past it the report is partial (exit 3).", rich_help_panel=POLICY_PANEL)] = 120.0,
     compare: Annotated[Optional[Path], typer.Option("--compare", help="A saved `bench --format json` report: figures worse by more than --tolerance are errors (exit 1).", rich_help_panel=POLICY_PANEL)] = None,
     tolerance: Annotated[float, typer.Option("--tolerance", min=0.0, max=0.99, help="Allowed loss against --compare, as a fraction (0.2 = 20 %).", rich_help_panel=POLICY_PANEL)] = 0.2,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="rich, json or markdown.", rich_help_panel=OUTPUT_PANEL)] = "rich",
+    fmt: Annotated[str, typer.Option("--format", "-f", help="rich, json, markdown or html (the link matrix as a heatmap).", rich_help_panel=OUTPUT_PANEL)] = "rich",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.", rich_help_panel=OUTPUT_PANEL)] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every detail line.", rich_help_panel=OUTPUT_PANEL)] = False,
     rank: Annotated[Optional[int], typer.Option("--rank", help="This process's rank, as RANK would set it (for worlds started by hand).", rich_help_panel=WORLD_PANEL)] = None,
@@ -179,8 +179,8 @@ def bench(
     from distdoctor.bench.settings import BACKENDS, BenchSettings  # loaded only when this path runs
     from distdoctor.bench.sizes import OPS, SizeError, parse_ops, parse_size, parse_sizes  # loaded only when this path runs
     started = command_started()  # the deadline counts from distdoctor's own start, as check's does
-    if fmt not in ("rich", "json", "markdown"):
-        fail_usage(f"--format: expected rich, json or markdown, got {fmt!r}")
+    if fmt not in ("rich", "json", "markdown", "html"):
+        fail_usage(f"--format: expected rich, json, markdown or html, got {fmt!r}")
     if backend is not None and backend not in BACKENDS:
         fail_usage(f"--backend: expected {' or '.join(BACKENDS)}, got {backend!r}")
     if nproc is not None and nproc < 1:
@@ -370,6 +370,47 @@ def guard(
         os.execve(program, command, env)
     except OSError as exc:
         fail_usage(f"cannot run {command[0]}: {exc.strerror or exc}")
+
+
+@app.command()
+def trace(
+    inputs: Annotated[list[Path], typer.Argument(help="A guard's --report-dir (one per host, if each host wrote its own), or flight-recorder dumps (files or folders: torch's TORCH_FR_DUMP_TEMP_FILE <prefix><rank>, pickle or JSON).", show_default=False, metavar="DIR_OR_DUMP...")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write the trace (default: DIR/trace.json for one directory, else ./trace.json).", rich_help_panel=OUTPUT_PANEL)] = None,
+    html: Annotated[Optional[Path], typer.Option("--html", metavar="FILE", help="Also write the HTML report of the run (the stall timeline, the straggler profile, the guard's findings) here.", rich_help_panel=OUTPUT_PANEL)] = None,
+) -> None:
+    """Draw a guarded run as a timeline: trace.json for Perfetto UI (ui.perfetto.dev, "Open trace file") or chrome://tracing.
+
+    One process per rank, its collectives from the flight recorder, its stalls (the late rank's line
+    and verdict; the waiting ranks linked to it), and its faults. The guard writes the same file
+    (and report.html) in its --report-dir at the end of a run with a stall. Exit codes: 0 written;
+    2 unreadable input, no evidence in it, or an unwritable output. See docs/report.md.
+    """
+    from distdoctor.timeline.material import InputError, read_material  # each command loads only its own logic
+    from distdoctor.timeline.trace import build_trace  # each command loads only its own logic
+
+    try:
+        material = read_material(list(inputs))
+    except InputError as exc:
+        fail_usage(str(exc))
+    if not material.ranks and not material.entries and not material.stalls:
+        fail_usage(f"no evidence to draw in {', '.join(map(str, inputs))}: neither stalls.json, rank snapshots nor "
+                   "flight-recorder dumps (was the guard run with --report-dir?)")
+    target = output if output is not None else (inputs[0] / "trace.json" if len(inputs) == 1 and inputs[0].is_dir()
+                                                 else Path("trace.json"))
+    document = build_trace(material)
+    emit(json.dumps(document, separators=(",", ":")), target)
+    if html is not None:
+        from distdoctor.core.html import render_html  # loaded only when a page is asked for
+        from distdoctor.timeline.job_report import job_report
+
+        emit(render_html(job_report(material), title="distdoctor: the run"), html)
+    facts = document["otherData"]
+    typer.echo(f"{target}: {facts['ranks']} rank{'s' if facts['ranks'] != 1 else ''}, {facts['stalls']} stall"
+               f"{'s' if facts['stalls'] != 1 else ''}, {facts['collectives']} collectives"
+               + (f"; {html} written" if html is not None else "")
+               + "; open it in ui.perfetto.dev (Open trace file) or chrome://tracing")
+    for lack in material.lacks:
+        typer.echo(f"  lacks: {lack}")
 
 
 STACKS_PANEL = "What to look at"

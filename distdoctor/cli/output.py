@@ -31,7 +31,11 @@ def render_report(report: Any, fmt: str, output: Path | None, *, verbose: bool, 
     if report.about is None:
         report.about = report_facts()
 
-    if fmt == "rich" and output is not None:
+    if fmt == "html":
+        from distdoctor.core.html import render_html  # loaded only when a page is asked for
+
+        emit(render_html(report, verbose=verbose), output)
+    elif fmt == "rich" and output is not None:
 
         buffer = io.StringIO()
         render(report, "rich", buffer, verbose=verbose, quiet=quiet)
@@ -43,7 +47,11 @@ def render_report(report: Any, fmt: str, output: Path | None, *, verbose: bool, 
 def render_bench_report(report: Any, fmt: str, output: Path | None, verbose: bool) -> None:
     from distdoctor.bench.render import render_bench  # loaded only when this path runs
 
-    if fmt == "rich" and output is not None:
+    if fmt == "html":
+        from distdoctor.core.html import render_html  # loaded only when a page is asked for
+
+        emit(render_html(report, title="distdoctor bench", verbose=verbose), output)
+    elif fmt == "rich" and output is not None:
 
         buffer = io.StringIO()
         render_bench(report, "rich", buffer, verbose=verbose)

@@ -9,9 +9,9 @@
 from __future__ import annotations
 
 import html
+import sys
 from typing import Any, Mapping
 
-from distdoctor import __version__
 from distdoctor.core import html_pictures as pictures
 from distdoctor.core.findings import Finding, Severity
 from distdoctor.core.render import about_line, summary_line
@@ -47,6 +47,11 @@ svg text{font:11px system-ui,sans-serif;fill:#1d2330}svg .late-label{fill:#b71c1
 """
 
 
+def producer_version() -> str:
+    """distdoctor's version, read from the package already loaded (core imports nothing above it)."""
+    return str(getattr(sys.modules.get("distdoctor"), "__version__", "unknown"))
+
+
 def escape(value: Any) -> str:
     """Any value as HTML text: <, >, &, quotes escaped (a log's text never becomes markup)."""
     return html.escape("" if value is None else str(value), quote=True)
@@ -55,6 +60,7 @@ def escape(value: Any) -> str:
 def render_html(report: Report, *, title: str = "distdoctor report", verbose: bool = False) -> str:
     """The whole page."""
     status = report.status
+    __version__ = producer_version()
     parts = [f"{HEAD_MARK} {escape(__version__)} -->", '<html lang="en"><head><meta charset="utf-8">',
              f'<meta name="generator" content="distdoctor {escape(__version__)}">',
              '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; style-src \'unsafe-inline\'; '

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from distdoctor.core.redact import scrub
 from distdoctor.core.report import Report, WorldSummary, build_report
 from distdoctor.timeline.material import Material
 from distdoctor.timeline.trace import collective_spans, origin_s
@@ -41,8 +42,9 @@ def job_report(material: Material) -> Report:
     }
     report = build_report(material.findings, [{"name": "timeline", "stage": "collective", "status": "pass",
                                                "duration_s": 0.0}],
-                          world=WorldSummary(size=world, launcher="guard", ranks_reported=tuple(ranks)))
-    report.data = {"timeline": timeline}
+                          world=WorldSummary(size=world, launcher="guard", ranks_reported=tuple(ranks)),
+                          duration_s=length)
+    report.data = {"timeline": scrub(timeline, [])}  # lines of code and titles: secrets out, as in the findings
     return report
 
 

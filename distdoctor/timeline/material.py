@@ -30,6 +30,7 @@ MAX_STALLS = 10_000              # stalls.json keeps 200 whole; a foreign one is
 MAX_FINDINGS = 500
 COLLECTIVES_SCHEMA = "distdoctor.collectives/1"
 TIMELINE_DIR = "timeline"
+DRAWN = ("trace.json", "report.html")
 _TRAILING_NUMBER = re.compile(r"(\d{1,7})(?:\.(?:json|pkl|pickle))?$")
 _STATUS_FAULTS = {"raised": "raise", "exited": "exit", "killed": "kill"}
 
@@ -107,8 +108,8 @@ def _walk(root: Path) -> Iterator[Path]:
     for folder, dirs, files in os.walk(root):
         dirs.sort()
         for name in sorted(files):
-            if name.startswith("."):
-                continue  # the guard's temporary files (.name.PID.tmp): a write in progress
+            if name.startswith(".") or name in DRAWN:
+                continue  # the guard's temporary files (.name.PID.tmp), and the pictures drawn from the rest
             full = Path(folder) / name
             try:
                 if stat.S_ISREG(full.stat().st_mode):
@@ -149,8 +150,7 @@ def _read_file(path: Path, material: Material) -> None:
         try:
             obj = json.loads(data.decode("utf-8"))
         except (ValueError, RecursionError):
-            if name not in ("trace.json",):
-                material.lack(f"{name}: not complete JSON (a job killed while writing it?)")
+            material.lack(f"{name}: not complete JSON (a job killed while writing it?)")
             return
     _take(path, obj, material, info.st_mtime)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from distdoctor import __version__
+from distdoctor.core.html import producer_version
 from distdoctor.core.report import format_ranks
 from distdoctor.timeline.collectives import Span, lanes, spans
 from distdoctor.timeline.material import Material
@@ -66,8 +66,10 @@ def build_trace(material: Material) -> dict[str, Any]:
         events.append({"name": f"{_FAULT_NAMES.get(fault.kind, fault.kind)}: {fault.text[:120]}", "cat": "fault",
                        "ph": "i", "s": "p", "ts": _us(fault.time - origin), "pid": pid_of(fault.rank), "tid": FAULT_TID,
                        "args": {"rank": fault.rank, "what": fault.kind, "detail": fault.text}})
+    # Metadata first, then every event in time order: each track's timestamps only go forward.
+    events = [e for e in events if e["ph"] == "M"] + sorted((e for e in events if e["ph"] != "M"), key=lambda e: e["ts"])
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"producer": f"distdoctor {__version__}", "origin_epoch_s": round(origin, 6),
+            "otherData": {"producer": f"distdoctor {producer_version()}", "origin_epoch_s": round(origin, 6),
                           "origin_utc": _utc(origin), "ranks": len(ranks), "stalls": len(material.stalls),
                           "stalls_summarized": (material.omitted or {}).get("omitted", 0),
                           "collectives": sum(len(v) for v in collectives.values()),
