@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from distdoctor.core.findings import Finding
+from distdoctor.core.redact import redact_text
 from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis.flight_recorder import is_pickle, load_pickled
 
@@ -285,6 +286,10 @@ def _take_report(obj: Mapping[str, Any], material: Material) -> None:
 
 
 def _finish(material: Material) -> None:
+    for stall in material.stalls:  # lines of code and exception messages: secrets out, as in every report
+        stall["title"], stall["where"] = redact_text(stall["title"]), redact_text(stall["where"])
+    for fault in material.faults:
+        fault.text = redact_text(fault.text)
     if not material.stalls and material.omitted is None:
         material.lack("no stalls.json: no stall past the hang timeout was recorded (or the guard ran without --report-dir)")
     if not material.entries:

@@ -2,7 +2,7 @@
 
 # One process per rank ("rank N on host"; its pid is the rank + 1, since trace viewers treat pid 0
 # as the idle process), sorted by rank. Its tracks (threads): the stalls it was in (tid 1: the late
-# rank's span carries its line and verdict, a waiting rank's span links to it with a flow arrow), its
+# rank's span carries its line and verdict, a flow arrow links it to each waiting rank's span), its
 # collectives (tid 10 and up: one per lane, so that overlapping calls never mis-nest), and instants
 # for a raise, an exit or a kill. Timestamps are microseconds since the earliest event
 # (otherData.origin_epoch_s says when that was). Bounded: every stall is kept (stalls.json already
@@ -23,6 +23,7 @@ from distdoctor.timeline.material import Material
 MAX_COLLECTIVE_SPANS = 200_000
 MIN_PER_RANK = 64
 MAX_WAITING_DRAWN = 64
+WAIT_OFFSET_US = 1.0   # a waiting rank's span starts this much after the late rank's (see _stall_events)
 STALL_TID, FAULT_TID, COLLECTIVE_TID = 1, 2, 10
 _FAULT_NAMES = {"raise": "raised", "exit": "exited", "kill": "killed"}
 
@@ -104,6 +105,7 @@ def _process(rank: int, host: str, has_collectives: bool) -> list[dict[str, Any]
 
 def _collective_events(rank: int, items: list[Span], origin: float) -> list[dict[str, Any]]:
     pid = pid_of(rank)
+    origin_ns = int(origin * 1e9)  # integer nanoseconds: a slice ends exactly where the next call begins
     placed = lanes([(s.start_ns, s.end_ns if s.end_ns > s.start_ns else s.start_ns + 1) for s in items])
     out: list[dict[str, Any]] = []
     for lane in sorted(set(placed)):
@@ -114,7 +116,7 @@ def _collective_events(rank: int, items: list[Span], origin: float) -> list[dict
     for span, lane in zip(items, placed):
         seq = f" #{span.seq}" if span.seq is not None else ""
         out.append({"name": f"{span.op}{seq}", "cat": "p2p" if span.p2p else "collective", "ph": "X",
-                    "ts": _us(span.start_ns / 1e9 - origin), "dur": _us((span.end_ns - span.start_ns) / 1e9),
+                    "ts": (span.start_ns - origin_ns) / 1000, "dur": (span.end_ns - span.start_ns) / 1000,
                     "pid": pid, "tid": COLLECTIVE_TID + lane,
                     "args": {"group": span.group, "seq": span.seq, "sizes": span.sizes, "dtypes": span.dtypes,
                              "state": span.state, "end": span.end}})
@@ -135,7 +137,7 @@ def _stall_events(material: Material, origin: float) -> list[dict[str, Any]]:
     track: dict[tuple[int, int], int] = {}   # (rank, episode) -> the tid its span is on
     out: list[dict[str, Any]] = []
     for rank, items in per_rank.items():
-        placed = lanes([(s["start"], s["start"] + max(length, 1e-6)) for s, _, length in items])
+        placed = lanes([(s["start"], s["start"] + max(length, 2e-6)) for s, _, length in items])
         for lane in sorted(set(placed) - {0}):
             out.append({"name": "thread_name", "ph": "M", "pid": pid_of(rank), "tid": 100 + lane,
                         "args": {"name": f"stalls (overlapping, {lane + 1})"}})
@@ -148,10 +150,14 @@ def _stall_events(material: Material, origin: float) -> list[dict[str, Any]]:
             late_tid = track.get((stall["late"][0], stall["episode"])) if stall["late"] else None
             if role != "waiting" or late_tid is None:
                 continue
-            flow = {"name": "waits for the late rank", "cat": "stall", "id": stall["episode"] * 1_000_003 + rank,
-                    "ts": round(_us(stall["start"] - origin) + min(_us(length) / 2, 1000.0), 3)}
-            out.append({**flow, "ph": "s", "pid": pid_of(rank), "tid": track[(rank, stall["episode"])]})
-            out.append({**flow, "ph": "f", "bp": "e", "pid": pid_of(stall["late"][0]), "tid": late_tid})
+            # An arrow from the late rank's span to each span it holds up. Chrome's DevTools binds a flow's
+            # ends to the events of the same ts, pid, tid and cat (and needs two distinct ts), Perfetto to
+            # the slice enclosing the ts: the waiting spans start 1 us after the late one, at the arrow's end.
+            start = _us(stall["start"] - origin)
+            flow = {"name": "holds up", "cat": "stall", "id": stall["episode"] * 1_000_003 + rank}
+            out.append({**flow, "ph": "s", "ts": start, "pid": pid_of(stall["late"][0]), "tid": late_tid})
+            out.append({**flow, "ph": "f", "bp": "e", "ts": start + WAIT_OFFSET_US, "pid": pid_of(rank),
+                        "tid": track[(rank, stall["episode"])]})
     return out
 
 
@@ -167,5 +173,6 @@ def _stall_span(rank: int, stall: dict[str, Any], role: str, length: float, tid:
                (f" ({stall['verdict']})" if stall["verdict"] else "")
     else:
         name = f"waiting {length:.1f} s for rank{'s' if len(late) != 1 else ''} {format_ranks(late) or '?'} in {op}"
-    return {"name": name, "cat": "stall", "ph": "X", "ts": _us(stall["start"] - origin), "dur": _us(max(length, 1e-6)),
-            "pid": pid_of(rank), "tid": tid, "args": args}
+    offset = WAIT_OFFSET_US if role == "waiting" else 0.0
+    return {"name": name, "cat": "stall", "ph": "X", "ts": _us(stall["start"] - origin) + offset,
+            "dur": max(_us(length) - offset, 1.0), "pid": pid_of(rank), "tid": tid, "args": args}
