@@ -25,7 +25,7 @@ from distdoctor.diagnosis.flight_recorder import is_pickle, load_pickled
 
 MAX_FILES = 20_000               # 4,096 ranks leave a snapshot, a dump and a timeline file each
 MAX_DUMP_BYTES = 64 << 20
-MAX_JSON_BYTES = 32 << 20
+MAX_JSON_BYTES = 128 << 20       # stalls.json at 4,096 ranks: 200 episodes of 4,095 waiting ranks, indented
 MAX_ENTRIES = 20_000             # per dump: far above any recorder ring the guard sets (2,000)
 MAX_STALLS = 10_000              # stalls.json keeps 200 whole; a foreign one is read this far
 MAX_FINDINGS = 500
@@ -76,7 +76,10 @@ class Material:
     files: int = 0
 
     def rank(self, rank: int) -> RankFacts:
-        return self.ranks.setdefault(rank, RankFacts(rank))
+        facts = self.ranks.get(rank)
+        if facts is None:
+            facts = self.ranks[rank] = RankFacts(rank)
+        return facts
 
     def lack(self, text: str) -> None:
         if text not in self.lacks and len(self.lacks) < 50:

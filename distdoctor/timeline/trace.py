@@ -164,15 +164,17 @@ def _stall_events(material: Material, origin: float) -> list[dict[str, Any]]:
 def _stall_span(rank: int, stall: dict[str, Any], role: str, length: float, tid: int, origin: float) -> dict[str, Any]:
     late = stall["late"]
     op = f"{stall['op']} #{stall['seq']}" if stall["op"] and stall["seq"] is not None else stall["op"] or "a collective"
+    if "late_text" not in stall:  # once per stall, not per span: 4,096 ranks make a long list
+        stall["late_text"], stall["waiting_text"] = format_ranks(late), format_ranks(stall["waiting"])
     args = {"episode": stall["episode"], "verdict": stall["verdict"], "cause": stall["cause"], "title": stall["title"],
             "where": stall["where"], "op": stall["op"], "seq": stall["seq"], "group": stall["group"],
-            "seconds": stall["seconds"], "late_ranks": format_ranks(late),
-            "waiting_ranks": format_ranks(stall["waiting"]), "open": stall["seconds"] is None, "role": role}
+            "seconds": stall["seconds"], "late_ranks": stall["late_text"], "waiting_ranks": stall["waiting_text"],
+            "open": stall["seconds"] is None, "role": role}
     if role == "late":
         name = f"late {length:.1f} s" + (f" at {stall['where']}" if stall["where"] else "") + \
                (f" ({stall['verdict']})" if stall["verdict"] else "")
     else:
-        name = f"waiting {length:.1f} s for rank{'s' if len(late) != 1 else ''} {format_ranks(late) or '?'} in {op}"
+        name = f"waiting {length:.1f} s for rank{'s' if len(late) != 1 else ''} {stall['late_text'] or '?'} in {op}"
     offset = WAIT_OFFSET_US if role == "waiting" else 0.0
     return {"name": name, "cat": "stall", "ph": "X", "ts": _us(stall["start"] - origin) + offset,
             "dur": max(_us(length) - offset, 1.0), "pid": pid_of(rank), "tid": tid, "args": args}

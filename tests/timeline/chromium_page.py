@@ -145,3 +145,43 @@ class Page:
                           session=self.session)
         data = self.browser.call("Page.captureScreenshot", {"format": "png"}, session=self.session)["data"]
         path.write_bytes(base64.b64decode(data))
+
+
+# Chrome's own reader of the Trace Event Format: the trace engine of DevTools' Performance panel,
+# shipped inside Chromium (devtools://devtools/bundled/models/trace/trace.js). Loading a trace.json
+# with it is what "Load profile" in the Performance panel does; Perfetto UI needs the network.
+_MODEL_JS = """(async () => {
+  const Trace = await import("./models/trace/trace.js");
+  const doc = JSON.parse(%s);
+  const model = Trace.TraceModel.Model.createWithAllHandlers();
+  await model.parse(doc.traceEvents, {metadata: {}, isFreshRecording: false});
+  const data = model.parsedTrace(0).data;
+  const threads = [];
+  for (const [pid, proc] of data.Renderer.processes) {
+    for (const [tid, thread] of proc.threads) {
+      threads.push({pid, tid, name: thread.name, entries: (thread.entries || []).map(e => [e.name, e.ts, e.dur || 0])});
+    }
+  }
+  return JSON.stringify({
+    processes: [...data.Meta.processNames.entries()].map(([pid, e]) => [pid, e.args.name]),
+    threads,
+    flows: data.Flows.flows.map(flow => flow.map(e => [e.pid, e.tid, e.name])),
+    bounds: data.Meta.traceBounds,
+  });
+})()"""
+
+
+def devtools_model(browser: Browser, trace_text: str) -> dict[str, Any]:
+    """What Chrome's DevTools trace engine reads from a trace: processes, threads with their entries, flows."""
+    target = browser.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+    session = browser.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+    browser.call("Page.enable", session=session)
+    browser.call("Runtime.enable", session=session)
+    browser.events.clear()
+    browser.call("Page.navigate", {"url": "devtools://devtools/bundled/trace_app.html"}, session=session)
+    browser.wait_for("Page.loadEventFired", session, browser.timeout)
+    result = browser.call("Runtime.evaluate", {"expression": _MODEL_JS % json.dumps(trace_text), "awaitPromise": True,
+                                               "returnByValue": True}, session=session)
+    if "exceptionDetails" in result:
+        raise RuntimeError(f"DevTools' trace engine failed on the trace: {result['exceptionDetails']}")
+    return json.loads(result["result"]["value"])

@@ -9,6 +9,7 @@ Perfetto's maintainers ask for pid > 0 (0 is the idle process) and never a negat
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from typing import Any
 
@@ -112,6 +113,7 @@ def _nesting(slices: dict[tuple[int, int], list[tuple[float, float, str]]]) -> l
 
 def _flows(flows: dict, slices: dict) -> list[str]:
     out = []
+    enclosing = {track: _enclosing_index(items) for track, items in slices.items()}
     for key, ends in flows.items():
         if "s" not in ends or "f" not in ends:
             out.append(f"flow {key}: start and finish must both be there ({sorted(ends)})")
@@ -120,7 +122,20 @@ def _flows(flows: dict, slices: dict) -> list[str]:
             out.append(f"flow {key}: finishes before it starts")
         for ph in ("s", "f"):
             event = ends[ph]
-            track = (event["pid"], event["tid"])
-            if not any(a <= event["ts"] <= b for a, b, _ in slices.get(track, ())):
-                out.append(f"flow {key}: its {ph!r} at {event['ts']} is in no slice of track {track}")
+            starts, reach = enclosing.get((event["pid"], event["tid"]), ([], []))
+            at = bisect.bisect_right(starts, event["ts"]) - 1
+            if at < 0 or reach[at] < event["ts"]:
+                out.append(f"flow {key}: its {ph!r} at {event['ts']} is in no slice of track {(event['pid'], event['tid'])}")
     return out
+
+
+def _enclosing_index(items: list[tuple[float, float, str]]) -> tuple[list[float], list[float]]:
+    """Slices' starts in order, and the furthest end of any slice up to each: a ts is inside a slice
+    when the furthest end of the slices starting at or before it reaches it."""
+    ordered = sorted(items)
+    starts, reach, furthest = [], [], float("-inf")
+    for start, end, _ in ordered:
+        furthest = max(furthest, end)
+        starts.append(start)
+        reach.append(furthest)
+    return starts, reach
