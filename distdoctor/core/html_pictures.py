@@ -81,7 +81,7 @@ def stacks_section(jobs: list[Any]) -> str:
         more = (f'<p class="muted">{len(ordered) - MAX_GROUP_ROWS} more groups in the JSON report.</p>'
                 if len(ordered) > MAX_GROUP_ROWS else "")
         out.append(f"<h3>job {escape(job.get('job'))}: {len(snaps)} rank{'s' if len(snaps) != 1 else ''}"
-                   f"{escape(' on ' + ', '.join(map(str, job.get('nodes') or ())[:8])) if job.get('nodes') else ''}</h3>"
+                   f"{escape(' on ' + ', '.join(list(map(str, job.get('nodes') or ()))[:8])) if job.get('nodes') else ''}</h3>"
                    "<table><tr><th>ranks</th><th>how many</th><th></th><th>state</th><th>waits in</th><th>at</th></tr>"
                    + "".join(rows) + "</table>" + more)
     out.append('<p class="muted">The fewest first: the odd ranks out (in red) are usually the ones to look at.</p>')
@@ -119,7 +119,21 @@ def bench_section(bench: Mapping[str, Any], findings: list[Finding]) -> str:
     if not pairs:
         return ""
     size = bench.get("world_size") if isinstance(bench.get("world_size"), int) else max(max(p["a"], p["b"]) for p in pairs) + 1
-    return "<h2>Links between ranks</h2>" + link_heatmap(pairs, size, slow_pairs(findings))
+    return "<h2>Links between ranks</h2>" + link_heatmap(pairs, size, slow_pairs(findings)) + sweep_table(bench)
+
+
+def sweep_table(bench: Mapping[str, Any]) -> str:
+    """The collectives' bandwidth per size, as the terminal's table has it."""
+    rows = [r for r in bench.get("sweep") or () if isinstance(r, Mapping)][:400]
+    if not rows:
+        return ""
+    cells = "".join(
+        f"<tr><td>{escape(r.get('op'))}</td><td class=\"num\">{escape(r.get('size'))}</td>"
+        f"<td class=\"num\">{escape(r.get('time_us'))}</td><td class=\"num\">{escape(r.get('algbw_gbs'))}</td>"
+        f"<td class=\"num\">{escape(r.get('busbw_gbs'))}</td><td>{'ok' if r.get('correct') else escape('WRONG on ' + str(r.get('wrong_ranks')))}</td></tr>"
+        for r in rows)
+    return ("<h3>Collectives</h3><table><tr><th>op</th><th>bytes</th><th>time (us)</th><th>algbw (GB/s)</th>"
+            f"<th>busbw (GB/s)</th><th>result</th></tr>{cells}</table>")
 
 
 def slow_pairs(findings: list[Finding]) -> set[tuple[Any, Any]]:
@@ -155,23 +169,24 @@ def link_heatmap(pairs: list[Mapping[str, Any]], size: int, slow: set[tuple[Any,
                 cells[key] = (held[0], held[1], True)
     values = [v[0] for v in cells.values()]
     top, median = max(values) or 1.0, statistics.median(values)
+    cell = max(CELL, min(44, 560 // bins))
     left, head = 54, 30
-    side = left + bins * CELL + 230
-    out = [f'<svg role="img" aria-label="link matrix" viewBox="0 0 {side} {head + bins * CELL + 40}" '
+    side = left + bins * cell + 230
+    out = [f'<svg role="img" aria-label="link matrix" viewBox="0 0 {side} {head + bins * cell + 40}" '
            f'width="{min(side, 1100)}" xmlns="http://www.w3.org/2000/svg">']
     label = lambda i: (f"{i * size // bins}" if bins == size else f"{i * size // bins}-{(i + 1) * size // bins - 1}")  # noqa: E731
     for i in range(0, bins, max(1, bins // 16)):
-        out.append(f'<text x="{left - 4}" y="{head + i * CELL + 9}" text-anchor="end">{escape(label(i))}</text>')
-        out.append(f'<text x="{left + i * CELL + 5}" y="{head - 6}" text-anchor="middle">{escape(label(i))}</text>')
+        out.append(f'<text x="{left - 4}" y="{head + i * cell + cell / 2 + 4:.1f}" text-anchor="end">{escape(label(i))}</text>')
+        out.append(f'<text x="{left + i * cell + cell / 2:.1f}" y="{head - 6}" text-anchor="middle">{escape(label(i))}</text>')
     for (i, j), (bw, pair, marked) in sorted(cells.items()):
         shade = 0.15 + 0.85 * bw / top
         fill = f"rgb({int(255 - 200 * shade)},{int(255 - 120 * shade)},{int(255 - 40 * shade)})"
         stroke = ' stroke="#d32f2f" stroke-width="2"' if marked else ""
         title = (f"ranks {pair['a']} and {pair['b']}: {bw:.3g} GB/s, {pair.get('lat_us')} us latency "
                  f"({pair.get('host_a')} - {pair.get('host_b')})" + (" — named slow by the findings below" if marked else ""))
-        out.append(f'<rect x="{left + j * CELL}" y="{head + i * CELL}" width="{CELL - 1}" height="{CELL - 1}" fill="{fill}"{stroke}>'
+        out.append(f'<rect x="{left + j * cell}" y="{head + i * cell}" width="{cell - 1}" height="{cell - 1}" fill="{fill}"{stroke}>'
                    f"<title>{escape(title)}</title></rect>")
-    legend_x = left + bins * CELL + 16
+    legend_x = left + bins * cell + 16
     out.append(f'<text x="{legend_x}" y="{head + 10}">darker: faster (top {top:.3g} GB/s)</text>')
     out.append(f'<text x="{legend_x}" y="{head + 26}">median {median:.3g} GB/s</text>')
     out.append(f'<rect x="{legend_x}" y="{head + 36}" width="10" height="10" fill="#fff" stroke="#d32f2f" stroke-width="2"/>'
