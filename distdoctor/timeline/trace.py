@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 from typing import Any
 
 from distdoctor.core.html import producer_version
@@ -47,9 +48,10 @@ def collective_spans(material: Material) -> dict[int, list[Span]]:
 
 
 def origin_s(material: Material, collectives: dict[int, list[Span]]) -> float:
-    times = [s["start"] for s in material.stalls] + [f.time for f in material.faults]
-    times += [items[0].start_ns / 1e9 for items in collectives.values() if items]
-    return min(times) if times else 0.0
+    """The earliest event, rounded down to a whole microsecond (so that every ts is >= 0, exactly)."""
+    times_us = [math.floor(s["start"] * 1e6) for s in material.stalls] + [math.floor(f.time * 1e6) for f in material.faults]
+    times_us += [items[0].start_ns // 1000 for items in collectives.values() if items]
+    return min(times_us) / 1e6 if times_us else 0.0
 
 
 def build_trace(material: Material) -> dict[str, Any]:
@@ -85,7 +87,7 @@ def _utc(epoch: float) -> str:
 
 
 def _us(seconds: float) -> float:
-    return round(seconds * 1e6, 3)
+    return max(0.0, round(seconds * 1e6, 3))  # a float's last bit never makes a ts negative
 
 
 def _process(rank: int, host: str, has_collectives: bool) -> list[dict[str, Any]]:
@@ -105,7 +107,7 @@ def _process(rank: int, host: str, has_collectives: bool) -> list[dict[str, Any]
 
 def _collective_events(rank: int, items: list[Span], origin: float) -> list[dict[str, Any]]:
     pid = pid_of(rank)
-    origin_ns = int(origin * 1e9)  # integer nanoseconds: a slice ends exactly where the next call begins
+    origin_ns = round(origin * 1e6) * 1000  # integer nanoseconds: a slice ends exactly where the next call begins
     placed = lanes([(s.start_ns, s.end_ns if s.end_ns > s.start_ns else s.start_ns + 1) for s in items])
     out: list[dict[str, Any]] = []
     for lane in sorted(set(placed)):
