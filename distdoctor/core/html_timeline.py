@@ -17,8 +17,9 @@ MAX_RANK_LANES = 32
 MAX_LANES = 40
 MAX_STALLS_DRAWN = 2000
 MAX_PROFILE_ROWS = 20
-WIDTH, LABEL_W, LANE_H, TOP = 1120, 190, 20, 28
-LATE, WAITING, FAULT = "#d32f2f", "#f2b35d", "#4a148c"
+WIDTH, LABEL_W, LANE_H, TOP = 1120, 190, 24, 28
+BAR_H, STRIP_H = 13, 6   # a stall's bar, and under it the rank's collectives per slice of time
+LATE, WAITING, FAULT, ACTIVE = "#d32f2f", "#f2b35d", "#4a148c", "#8ea4c8"
 
 
 def escape(value: Any) -> str:
@@ -35,27 +36,36 @@ def stall_timeline(timeline: Mapping[str, Any]) -> str:
     length = float(timeline.get("length_s") or 0.0) or 1.0
     drawn = sorted(stalls, key=lambda s: -_seconds(s))[:MAX_STALLS_DRAWN]
     lanes = plan_lanes(timeline, stalls, faults)
-    height = TOP + LANE_H * len(lanes) + 34
+    activity = timeline.get("activity") if isinstance(timeline.get("activity"), Mapping) else {}
+    top = TOP + (LANE_H if activity.get("all") else 0)
+    height = top + LANE_H * len(lanes) + 34
     plot_w = WIDTH - LABEL_W - 12
     x = lambda t: LABEL_W + max(0.0, min(1.0, t / length)) * plot_w  # noqa: E731
     out = [f'<svg role="img" aria-label="stall timeline" viewBox="0 0 {WIDTH} {height}" width="100%" '
            f'xmlns="http://www.w3.org/2000/svg">']
     out += _axis(length, x, height)
+    if activity.get("all"):
+        out.append(f'<text x="{LABEL_W - 6}" y="{TOP + 15}" text-anchor="end">collectives, all ranks</text>')
+        out += _strip(activity["all"], TOP + LANE_H - 4, LANE_H - 6, plot_w, "collectives enqueued by all ranks")
     index = {rank: i for i, lane in enumerate(lanes) for rank in lane["ranks"]}
+    per_rank = activity.get("per_rank") if isinstance(activity.get("per_rank"), Mapping) else {}
     for i, lane in enumerate(lanes):
-        y = TOP + i * LANE_H
+        y = top + i * LANE_H
         label_class = ' class="late-label"' if lane["late_s"] > 0 else ""
         mark = "▲ " if lane["late_s"] > 0 else ""
         out.append(f'<rect x="{LABEL_W}" y="{y}" width="{plot_w}" height="{LANE_H - 2}" fill="{"#f7f8fa" if i % 2 else "#fff"}"/>')
         out.append(f'<text x="{LABEL_W - 6}" y="{y + 13}" text-anchor="end"{label_class}><title>{escape(lane["title"])}'
                    f'</title>{escape(mark + short(lane["label"], 30))}</text>')
+        counts = per_rank.get(str(lane["ranks"][0])) if len(lane["ranks"]) == 1 else None
+        if isinstance(counts, list):
+            out += _strip(counts, y + LANE_H - 3, STRIP_H, plot_w, f"collectives enqueued by {lane['label']}")
     for stall in drawn:
-        out += _bars(stall, lanes, index, x)
+        out += _bars(stall, lanes, index, x, top)
     for fault in faults[:2000]:
         lane = index.get(fault.get("rank"))
         if lane is None:
             continue
-        cx, cy = x(float(fault.get("at_s") or 0)), TOP + lane * LANE_H + 9
+        cx, cy = x(float(fault.get("at_s") or 0)), top + lane * LANE_H + 9
         text = f"rank {fault.get('rank')} {fault.get('kind')} at {float(fault.get('at_s') or 0):.1f} s: {fault.get('text')}"
         out.append(f'<path d="M{cx - 5:.1f},{cy - 5} l10,10 m0,-10 l-10,10" stroke="{FAULT}" stroke-width="2.5">'
                    f"<title>{escape(text)}</title></path>")
@@ -63,7 +73,8 @@ def stall_timeline(timeline: Mapping[str, Any]) -> str:
     caption = (f"{len(stalls)} stall{'s' if len(stalls) != 1 else ''} over {length:.1f} s"
                + (f"; the {len(drawn)} longest drawn" if len(drawn) < len(stalls) else "")
                + ". Red: the late rank (▲ marks its lane), amber: ranks waiting for it, ✕: a rank that raised, exited "
-               "or was killed. Hover a bar for the line, the verdict and the seconds.")
+               "or was killed, grey: collectives enqueued (from the flight recorder). Hover a bar for the line, the "
+               "verdict and the seconds.")
     return (f'<figure>{"".join(out)}<figcaption>{escape(caption)}</figcaption></figure>')
 
 
@@ -103,7 +114,23 @@ def _clock(t: float) -> str:
     return f"{t:g}s"
 
 
-def _bars(stall: Mapping[str, Any], lanes: list[dict[str, Any]], index: Mapping[int, int], x: Any) -> list[str]:
+def _strip(counts: list[Any], bottom: float, height: float, plot_w: float, what: str) -> list[str]:
+    """Columns of height by count, one per slice of the record (the grey of the timeline)."""
+    values = [c if isinstance(c, int) and c > 0 else 0 for c in counts[:1000]]
+    top = max(values, default=0)
+    if not top:
+        return []
+    step = plot_w / len(values)
+    out = []
+    for i, count in enumerate(values):
+        if count:
+            h = max(1.0, height * count / top)
+            out.append(f'<rect x="{LABEL_W + i * step:.1f}" y="{bottom - h:.1f}" width="{max(step - 0.3, 0.5):.2f}" '
+                       f'height="{h:.1f}" fill="{ACTIVE}"/>')
+    return [f"<g><title>{escape(what)} (darker, taller: more per slice of time)</title>{''.join(out)}</g>"]
+
+
+def _bars(stall: Mapping[str, Any], lanes: list[dict[str, Any]], index: Mapping[int, int], x: Any, top: float) -> list[str]:
     start, seconds = float(stall.get("start_s") or 0.0), _seconds(stall)
     late = [r for r in stall.get("late") or () if isinstance(r, int)]
     waiting = [r for r in stall.get("waiting") or () if isinstance(r, int)]
@@ -125,9 +152,9 @@ def _bars(stall: Mapping[str, Any], lanes: list[dict[str, Any]], index: Mapping[
             roles[index[rank]] = "late"
     out = []
     for lane, role in sorted(roles.items()):
-        y = TOP + lane * LANE_H + 2
+        y = top + lane * LANE_H + 2
         color, text = (LATE, late_text) if role == "late" else (WAITING, wait_text)
-        out.append(f'<rect x="{x0:.1f}" y="{y}" width="{width:.1f}" height="{LANE_H - 6}" rx="2" fill="{color}">'
+        out.append(f'<rect x="{x0:.1f}" y="{y}" width="{width:.1f}" height="{BAR_H}" rx="2" fill="{color}">'
                    f"<title>{escape(text)}</title></rect>")
         if role == "late" and width > 70:
             out.append(f'<text x="{x0 + 4:.1f}" y="{y + 11}" fill="#fff" style="fill:#fff">{escape(short(str(where), int(width / 6.5)))}</text>')

@@ -12,14 +12,16 @@ from typing import Any
 
 from distdoctor.core.redact import scrub
 from distdoctor.core.report import Report, WorldSummary, build_report
+from distdoctor.timeline.collectives import Span
 from distdoctor.timeline.material import Material
 from distdoctor.timeline.trace import collective_spans, origin_s
 
 SCHEMA = "distdoctor.timeline/1"
 
 
-def job_report(material: Material) -> Report:
-    collectives = collective_spans(material)
+def job_report(material: Material, collectives: dict[int, list[Span]] | None = None) -> Report:
+    """The run as a Report; `collectives` as build_trace drew them (computed again when not given)."""
+    collectives = collective_spans(material) if collectives is None else collectives
     origin = origin_s(material, collectives)
     ranks = sorted(set(material.ranks) | set(collectives))
     world = material.world_size or (max(ranks) + 1 if ranks else None)
@@ -38,6 +40,7 @@ def job_report(material: Material) -> Report:
         "faults": [{"rank": f.rank, "kind": f.kind, "at_s": round(f.time - origin, 3), "text": f.text}
                    for f in sorted(material.faults, key=lambda f: f.time)],
         "collectives": {str(r): len(v) for r, v in collectives.items()},
+        "activity": _activity(collectives, origin, length),
         "lacks": list(material.lacks),
     }
     report = build_report(material.findings, [{"name": "timeline", "stage": "collective", "status": "pass",
@@ -53,3 +56,23 @@ def _stall(stall: dict[str, Any], origin: float) -> dict[str, Any]:
             "late": stall["late"], "waiting": stall["waiting"], "where": stall["where"], "op": stall["op"],
             "seq": stall["seq"], "group": stall["group"], "verdict": stall["verdict"], "cause": stall["cause"],
             "title": stall["title"], "action": stall["action"]}
+
+
+ACTIVITY_BUCKETS = 240
+ACTIVITY_RANKS = 32   # per rank while the timeline has a lane per rank; beyond, all ranks summed only
+
+
+def _activity(collectives: dict[int, list[Any]], origin: float, length: float) -> dict[str, Any]:
+    """Collectives enqueued per slice of the record (ACTIVITY_BUCKETS of them): per rank, and all summed."""
+    total = [0] * ACTIVITY_BUCKETS
+    per_rank: dict[str, list[int]] = {}
+    width = (length or 1.0) / ACTIVITY_BUCKETS
+    for rank, items in collectives.items():
+        counts = [0] * ACTIVITY_BUCKETS
+        for span in items:
+            at = int((span.start_ns / 1e9 - origin) / width)
+            counts[min(max(at, 0), ACTIVITY_BUCKETS - 1)] += 1
+        total = [a + b for a, b in zip(total, counts)]
+        if len(collectives) <= ACTIVITY_RANKS:
+            per_rank[str(rank)] = counts
+    return {"buckets": ACTIVITY_BUCKETS, "all": total, "per_rank": per_rank} if collectives else {}

@@ -31,6 +31,7 @@ MAX_STALLS = 10_000              # stalls.json keeps 200 whole; a foreign one is
 MAX_FINDINGS = 500
 COLLECTIVES_SCHEMA = "distdoctor.collectives/1"
 TIMELINE_DIR = "timeline"
+FR_DIR = "flight_recorder"
 DRAWN = ("trace.json", "report.html")
 _TRAILING_NUMBER = re.compile(r"(\d{1,7})(?:\.(?:json|pkl|pickle))?$")
 _STATUS_FAULTS = {"raised": "raise", "exited": "exit", "killed": "kill"}
@@ -97,8 +98,8 @@ def read_material(inputs: list[str | Path]) -> Material:
         path = Path(raw)
         if not path.exists():
             raise InputError(f"{raw}: no such file or directory")
-        files = _walk(path) if path.is_dir() else iter([path])
-        for file in files:
+        files = list(_walk(path)) if path.is_dir() else [path]
+        for file in _without_superseded(files):
             if material.files >= MAX_FILES:
                 material.lack(f"more than {MAX_FILES} files: the rest were not read")
                 break
@@ -106,6 +107,22 @@ def read_material(inputs: list[str | Path]) -> Material:
             _read_file(file, material)
     _finish(material)
     return material
+
+
+def _without_superseded(files: list[Path]) -> list[Path]:
+    """A rank's end-of-run collectives (timeline/rank<R>.json) hold its recorder's newest entries, and the
+    trace draws the newest: its stall-time dump (flight_recorder/<prefix><R>) is then not read. At 4,096
+    ranks that is gigabytes of pickles rank 0 does not unpickle at its exit."""
+    ended = {f.stem[4:] for f in files if f.parent.name == TIMELINE_DIR and re.fullmatch(r"rank\d+", f.stem)}
+    if not ended:
+        return files
+    out = []
+    for file in files:
+        match = _TRAILING_NUMBER.search(file.name)
+        if file.parent.name == FR_DIR and match and match.group(1) in ended:
+            continue
+        out.append(file)
+    return out
 
 
 def _walk(root: Path) -> Iterator[Path]:

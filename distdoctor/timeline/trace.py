@@ -54,9 +54,9 @@ def origin_s(material: Material, collectives: dict[int, list[Span]]) -> float:
     return min(times_us) / 1e6 if times_us else 0.0
 
 
-def build_trace(material: Material) -> dict[str, Any]:
-    """The trace document (a dict ready for json.dump)."""
-    collectives = collective_spans(material)
+def build_trace(material: Material, collectives: dict[int, list[Span]] | None = None) -> dict[str, Any]:
+    """The trace document (a dict ready for json.dump); `collectives` from collective_spans, when at hand."""
+    collectives = collective_spans(material) if collectives is None else collectives
     origin = origin_s(material, collectives)
     events: list[dict[str, Any]] = []
     ranks = sorted(set(material.ranks) | set(collectives))

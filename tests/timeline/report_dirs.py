@@ -73,3 +73,13 @@ def steady_dumps(ranks: int, calls: int, every_s: float = 0.1, gap: tuple[int, f
             t += every_s + (gap[1] if gap and seq == gap[0] else 0.0)
         out[rank] = dump(items, calls)
     return out
+
+
+def write_end_collectives(root: Path, rank: int, content: dict[str, Any], host: str = "node-a") -> None:
+    """timeline/rank<R>.json as a rank leaves it at the end of a run with a stall (embedded.guard.evidence)."""
+    folder = root / "timeline"
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = [{**e, "process_group": list(e["process_group"])} for e in content["entries"]]
+    (folder / f"rank{rank}.json").write_text(json.dumps({
+        "schema": "distdoctor.collectives/1", "rank": rank, "host": host, "pid": 1000 + rank,
+        "written_at": T0 + 3600, "flight_recorder": {**content, "entries": entries}}))

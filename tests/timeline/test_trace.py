@@ -11,7 +11,7 @@ import pytest
 
 from distdoctor.timeline.material import read_material
 from distdoctor.timeline.trace import MAX_COLLECTIVE_SPANS, MAX_WAITING_DRAWN, build_trace
-from report_dirs import T0, entry, dump, snapshot, stall, steady_dumps, write_dir
+from report_dirs import T0, entry, dump, snapshot, stall, steady_dumps, write_dir, write_end_collectives
 from trace_format import problems
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,6 +55,17 @@ def test_the_recorder_s_own_completion_times_are_used_where_it_has_them(tmp_path
     assert spans["all_reduce #2"]["ts"] == pytest.approx(1e6) and spans["all_reduce #2"]["dur"] == pytest.approx(130_000)
     assert spans["all_reduce #2"]["args"]["end"] == "duration"
     assert spans["all_reduce #3"]["args"]["end"] == "pending at the dump"  # seq 3 > last completed 2
+
+
+def test_a_rank_s_end_of_run_collectives_replace_its_stall_time_dump(tmp_path):
+    # The stall-time dump holds calls 1-20; the end of the run left the newest, 15-40 (the ring moved on).
+    root = write_dir(tmp_path / "R", ranks=2, stalls=[stall(1, 1, [0], 0.5, 1.0)], dumps=steady_dumps(2, 20))
+    end = steady_dumps(1, 40)[0]
+    write_end_collectives(root, 1, {**end, "entries": end["entries"][14:]})
+    trace = build_trace(read_material([root]))
+    assert problems(trace) == []
+    seqs = {pid: sorted(e["args"]["seq"] for e in events(trace, cat="collective", pid=pid)) for pid in (1, 2)}
+    assert seqs[1] == list(range(1, 21)) and seqs[2] == list(range(15, 41))
 
 
 def test_overlapping_calls_get_lanes_of_their_own(tmp_path):

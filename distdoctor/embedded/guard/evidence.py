@@ -85,14 +85,14 @@ _ENTRY_KEYS = ("record_id", "pg_id", "process_group", "thread_id", "thread_name"
                "duration_ms", "input_sizes", "input_dtypes", "state", "retired", "is_p2p")
 
 
-def finish(report_dir: str | None, rank: int, flight: Any, saw_stalls: bool) -> None:
+def finish(report_dir: str | None, rank: int, world: int, flight: Any, saw_stalls: bool) -> None:
     """The end of a guarded run: a rank that was in a stall leaves its collectives; rank 0 then draws
     the run (trace.json, report.html). Never raises: a picture that cannot be drawn is said in one line."""
     if not report_dir:
         return
     try:
         if saw_stalls:
-            _leave_collectives(Path(report_dir), rank, flight)
+            _leave_collectives(Path(report_dir), rank, flight, _kept(world))
         if rank == 0 and (saw_stalls or (Path(report_dir) / "stalls.json").exists()):
             _await_collectives(Path(report_dir), time.monotonic() + END_WAIT_S)
             draw(Path(report_dir))
@@ -104,14 +104,22 @@ def finish(report_dir: str | None, rank: int, flight: Any, saw_stalls: bool) -> 
             pass
 
 
-def _leave_collectives(root: Path, rank: int, flight: Any) -> None:
+def _kept(world: int) -> int:
+    """How many of its newest entries a rank leaves: what the trace draws of it (timeline.trace's budget)."""
+    from distdoctor.timeline.trace import MAX_COLLECTIVE_SPANS, MIN_PER_RANK  # only at the end of a run with a stall
+
+    return max(MIN_PER_RANK, MAX_COLLECTIVE_SPANS // max(1, world))
+
+
+def _leave_collectives(root: Path, rank: int, flight: Any, kept: int) -> None:
     from distdoctor.diagnosis.flight_recorder import load_pickled  # only at the end of a run with a stall
 
     raw = flight.torch_dump() if flight is not None else None
     if not raw:
         return
     dump = load_pickled(raw)
-    entries = [{k: e.get(k) for k in _ENTRY_KEYS if k in e} for e in dump.get("entries") or () if isinstance(e, dict)]
+    entries = [{k: e.get(k) for k in _ENTRY_KEYS if k in e} for e in (dump.get("entries") or [])[-kept:]
+               if isinstance(e, dict)]
     document = {"schema": "distdoctor.collectives/1", "rank": rank, "host": socket.gethostname(), "pid": os.getpid(),
                 "written_at": time.time(), "flight_recorder": {"version": dump.get("version"),
                                                                "pg_config": dump.get("pg_config"),
@@ -140,8 +148,9 @@ def draw(root: Path) -> None:
     from distdoctor.core.html import render_html  # the pictures' code loads only at the end of a run with a stall
     from distdoctor.timeline.job_report import job_report
     from distdoctor.timeline.material import read_material
-    from distdoctor.timeline.trace import build_trace
+    from distdoctor.timeline.trace import build_trace, collective_spans
 
     material = read_material([root])
-    _write(root / "trace.json", json.dumps(build_trace(material), separators=(",", ":")).encode())
-    _write(root / "report.html", render_html(job_report(material), title="distdoctor guard: the run").encode())
+    collectives = collective_spans(material)
+    _write(root / "trace.json", json.dumps(build_trace(material, collectives), separators=(",", ":")).encode())
+    _write(root / "report.html", render_html(job_report(material, collectives), title="distdoctor guard: the run").encode())
