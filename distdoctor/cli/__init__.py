@@ -378,7 +378,7 @@ def trace(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write the trace (default: DIR/trace.json for one directory, else ./trace.json).", rich_help_panel=OUTPUT_PANEL)] = None,
     html: Annotated[Optional[Path], typer.Option("--html", metavar="FILE", help="Also write the HTML report of the run (the stall timeline, the straggler profile, the guard's findings) here.", rich_help_panel=OUTPUT_PANEL)] = None,
 ) -> None:
-    """Draw a guarded run as a timeline: trace.json for Perfetto UI (ui.perfetto.dev, "Open trace file") or chrome://tracing.
+    """Draw a guarded run as a timeline: trace.json for Perfetto UI (ui.perfetto.dev, "Open trace file").
 
     One process per rank, its collectives from the flight recorder, its stalls (the late rank's line
     and verdict; the waiting ranks linked to it), and its faults. The guard writes the same file
@@ -408,7 +408,7 @@ def trace(
     typer.echo(f"{target}: {facts['ranks']} rank{'s' if facts['ranks'] != 1 else ''}, {facts['stalls']} stall"
                f"{'s' if facts['stalls'] != 1 else ''}, {facts['collectives']} collectives"
                + (f"; {html} written" if html is not None else "")
-               + "; open it in ui.perfetto.dev (Open trace file) or chrome://tracing")
+               + "; open it in ui.perfetto.dev (Open trace file)")
     for lack in material.lacks:
         typer.echo(f"  lacks: {lack}")
 

@@ -1,4 +1,4 @@
-"""The job as a Trace Event Format document (trace.json): what Perfetto UI and chrome://tracing open."""
+"""The job as a Trace Event Format document (trace.json): what Perfetto UI (and chrome://tracing) opens."""
 
 # One process per rank ("rank N on host"; its pid is the rank + 1, since trace viewers treat pid 0
 # as the idle process), sorted by rank. Its tracks (threads): the stalls it was in (tid 1: the late
