@@ -176,3 +176,21 @@ def test_chrome_s_devtools_trace_engine_reads_the_trace(tmp_path, browser):
     assert [e[0] for e in stalls[3]] == ["late 4.5 s at train.py:14 (job.E002)"]
     assert sum(len(t["entries"]) for t in model["threads"] if t["name"] == "collectives") == 90
     assert sorted(tuple(tuple(end[:2]) for end in flow) for flow in model["flows"]) == [((3, 1), (1, 1)), ((3, 1), (2, 1))]
+
+
+def test_explain_reads_a_report_directory_the_same_with_its_pictures_beside_it(tmp_path):
+    from distdoctor.core.html import render_html
+    from distdoctor.explain import explain_files
+    from distdoctor.timeline.job_report import job_report
+
+    root = write_dir(tmp_path / "R", ranks=2, stalls=[stall(1, 1, [0], 1.0, 2.0, title="NCCL error: unhandled system error")],
+                     dumps=steady_dumps(2, 20))
+    before = [(f.id, f.title) for f in explain_files([str(root)]).findings]
+    material = read_material([root])
+    (root / "trace.json").write_text(json.dumps(build_trace(material)))
+    (root / "report.html").write_text(render_html(job_report(material)))
+    write_end_collectives(root, 0, steady_dumps(1, 30)[0])
+    after = explain_files([str(root)])
+    assert [(f.id, f.title) for f in after.findings] == before
+    kinds = {c["name"].rsplit("/", 1)[-1]: c.get("reason", "") for c in after.checks}
+    assert "distdoctor timeline (not read)" in kinds["trace.json"] and "HTML report (not read)" in kinds["report.html"]
