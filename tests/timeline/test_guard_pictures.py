@@ -106,3 +106,21 @@ def test_a_healthy_run_draws_nothing(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:]
     assert not (tmp_path / "trace.json").exists() and not (tmp_path / "report.html").exists()
     assert not (tmp_path / "timeline").exists()
+
+
+def test_without_the_recorder_the_picture_says_what_it_lacks(tmp_path, browser):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    result, _ = guarded_run(script, ["1"], tmp_path, "--hang-timeout", "3", nproc=2, timeout=180,
+                            env={"TORCH_FR_BUFFER_SIZE": "0"})
+    assert result.returncode == 0, result.stdout[-3000:]
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert problems(trace) == []
+    assert [e["pid"] for e in trace["traceEvents"] if e.get("cat") == "stall" and e["ph"] == "X"
+            and e["args"]["role"] == "late"] == [2]
+    assert not [e for e in trace["traceEvents"] if e.get("cat") == "collective"]
+    assert any("no flight-recorder dump" in x for x in trace["otherData"]["lacks"])
+    page = browser.open(tmp_path / "report.html")
+    assert page.errors() == []
+    lacks = page.evaluate("[...document.querySelectorAll('.lacks li')].map(li => li.textContent)")
+    assert any("collectives are not drawn" in x for x in lacks)

@@ -91,10 +91,10 @@ def finish(report_dir: str | None, rank: int, world: int, flight: Any, saw_stall
     if not report_dir:
         return
     try:
-        if saw_stalls:
-            _leave_collectives(Path(report_dir), rank, flight, _kept(world))
+        left = saw_stalls and _leave_collectives(Path(report_dir), rank, flight, _kept(world))
         if rank == 0 and (saw_stalls or (Path(report_dir) / "stalls.json").exists()):
-            _await_collectives(Path(report_dir), time.monotonic() + END_WAIT_S)
+            if left:  # without a recorder here (an old torch, TORCH_FR_BUFFER_SIZE=0), none will come
+                _await_collectives(Path(report_dir), time.monotonic() + END_WAIT_S)
             draw(Path(report_dir))
     except Exception as exc:  # the pictures are a convenience: the run's evidence is already written
         try:
@@ -111,12 +111,13 @@ def _kept(world: int) -> int:
     return max(MIN_PER_RANK, MAX_COLLECTIVE_SPANS // max(1, world))
 
 
-def _leave_collectives(root: Path, rank: int, flight: Any, kept: int) -> None:
+def _leave_collectives(root: Path, rank: int, flight: Any, kept: int) -> bool:
+    """timeline/rank<R>.json: this rank's newest `kept` recorder entries; False when it has no recorder."""
     from distdoctor.diagnosis.flight_recorder import load_pickled  # only at the end of a run with a stall
 
     raw = flight.torch_dump() if flight is not None else None
     if not raw:
-        return
+        return False
     dump = load_pickled(raw)
     entries = [{k: e.get(k) for k in _ENTRY_KEYS if k in e} for e in (dump.get("entries") or [])[-kept:]
                if isinstance(e, dict)]
@@ -124,7 +125,7 @@ def _leave_collectives(root: Path, rank: int, flight: Any, kept: int) -> None:
                 "written_at": time.time(), "flight_recorder": {"version": dump.get("version"),
                                                                "pg_config": dump.get("pg_config"),
                                                                "pg_status": dump.get("pg_status"), "entries": entries}}
-    _write(root / "timeline" / f"rank{rank}.json", (json.dumps(document, default=str) + "\n").encode())
+    return _write(root / "timeline" / f"rank{rank}.json", (json.dumps(document, default=str) + "\n").encode()) is not None
 
 
 def _await_collectives(root: Path, deadline: float) -> None:
