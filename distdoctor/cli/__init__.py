@@ -340,7 +340,7 @@ def explain(
 def guard(
     command: Annotated[list[str], typer.Argument(help="The launcher line, after --: torchrun ... train.py, python train.py, srun ...", show_default=False)],
     hang_timeout: Annotated[Optional[float], typer.Option("--hang-timeout", help="Seconds a collective (DDP's and FSDP's too) may stay incomplete before the stall is diagnosed and reported (default 120; DISTDOCTOR_HANG_TIMEOUT).")] = None,
-    report_dir: Annotated[Optional[Path], typer.Option("--report-dir", help="Write stalls.json (every stall of the run), the guard's JSON reports, each rank's snapshot and flight-recorder dump here (DISTDOCTOR_REPORT_DIR).")] = None,
+    report_dir: Annotated[Optional[Path], typer.Option("--report-dir", help="Write stalls.json (every stall of the run), the guard's JSON reports, each rank's snapshot and flight-recorder dump here, and after a run with a stall the run drawn: trace.json (Perfetto UI) and report.html (DISTDOCTOR_REPORT_DIR).")] = None,
     verify: Annotated[Optional[str], typer.Option("--verify", help="sample (default: the first 8 collectives of each group, then samples costing at most 1 % of the time), all, or off.")] = None,
     on_hang: Annotated[Optional[str], typer.Option("--on-hang", help="auto (default: end the job only when it cannot finish; a live rank outside the collective is reported and watched until the process group's own timeout), exit (end the job at the first verdict) or report (never end it). DISTDOCTOR_GUARD_ON_HANG.")] = None,
 ) -> None:
