@@ -29,7 +29,7 @@ import os  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Annotated, Optional  # noqa: E402
+from typing import Annotated, Any, Optional  # noqa: E402
 
 import typer  # noqa: E402
 
@@ -332,8 +332,21 @@ def explain(
         report = explain_files(files, silence=config.silence)
     except LogInputError as exc:
         fail_usage(str(exc))
+    if config.format == "html":
+        add_guard_timeline(report, files)
     render_report(report, config.format, output, verbose=verbose, quiet=False)
     raise typer.Exit(report.exit_code(config.fail_level))
+
+
+def add_guard_timeline(report: Any, inputs: list[str]) -> None:
+    """A guard's --report-dir among explain's inputs: the page draws its run too (the stall timeline)."""
+    dirs = [Path(i) for i in inputs if i != "-" and (Path(i) / "stalls.json").is_file()]
+    if not dirs:
+        return
+    from distdoctor.timeline.job_report import job_report  # loaded only when a page of a guarded run is asked for
+    from distdoctor.timeline.material import read_material
+
+    report.data = {**(report.data or {}), "timeline": job_report(read_material(dirs)).data["timeline"]}
 
 
 @app.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

@@ -49,6 +49,16 @@ def test_explain_writes_a_page_that_names_the_cause(tmp_path, browser):
     assert page.evaluate("document.querySelectorAll('.card b').length") == 0  # the log's markup stays text
 
 
+def test_explain_of_a_guard_s_report_directory_draws_its_run(tmp_path, browser):
+    from report_dirs import stall, write_dir
+
+    root = write_dir(tmp_path / "reports", ranks=4, stalls=[stall(1, 3, [0, 1, 2], 1.0, 4.0)])
+    done = distdoctor(tmp_path, "explain", str(root), "--format", "html", "-o", "explain.html")
+    assert done.returncode in (0, 1), done.stderr
+    page = opened(browser, tmp_path / "explain.html")
+    assert page.evaluate("document.querySelector('.late-label').lastChild.textContent") == "▲ rank 3 on node-a"
+
+
 @pytest.mark.multiproc
 def test_stacks_writes_its_ranks_grouped_with_the_late_one_first(tmp_path, browser):
     with hung_job(tmp_path, "sleep", 3) as job:
