@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent("""\
     slow = int(sys.argv[1])
     for step in range(40):
         if rank == slow and step == 10:
-            time.sleep(4.5)  # a checkpoint written to slow storage  # LINE:late
+            time.sleep(8)  # a checkpoint written to slow storage  # LINE:late
         model(torch.randn(8, 16)).sum().backward()
         time.sleep(0.01)
     dist.destroy_process_group()
@@ -46,7 +46,7 @@ def straggler_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("pictures")
     script = root / "train.py"
     script.write_text(SCRIPT)
-    result, _ = guarded_run(script, ["2"], root, "--hang-timeout", "3", nproc=4, timeout=240)
+    result, _ = guarded_run(script, ["2"], root, "--hang-timeout", "5", nproc=4, timeout=240)
     return root, script, result
 
 
@@ -102,7 +102,7 @@ def test_chrome_s_devtools_trace_engine_reads_the_run(straggler_run, browser):
 def test_a_healthy_run_draws_nothing(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    result, _ = guarded_run(script, ["-1"], tmp_path, "--hang-timeout", "3", nproc=2, timeout=180)
+    result, _ = guarded_run(script, ["-1"], tmp_path, "--hang-timeout", "5", nproc=2, timeout=180)
     assert result.returncode == 0, result.stdout[-3000:]
     assert not (tmp_path / "trace.json").exists() and not (tmp_path / "report.html").exists()
     assert not (tmp_path / "timeline").exists()
@@ -111,7 +111,7 @@ def test_a_healthy_run_draws_nothing(tmp_path):
 def test_without_the_recorder_the_picture_says_what_it_lacks(tmp_path, browser):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    result, _ = guarded_run(script, ["1"], tmp_path, "--hang-timeout", "3", nproc=2, timeout=180,
+    result, _ = guarded_run(script, ["1"], tmp_path, "--hang-timeout", "5", nproc=2, timeout=180,
                             env={"TORCH_FR_BUFFER_SIZE": "0"})
     assert result.returncode == 0, result.stdout[-3000:]
     trace = json.loads((tmp_path / "trace.json").read_text())
