@@ -12,6 +12,7 @@ from fnmatch import fnmatchcase
 from typing import Any, Iterable, Mapping, Sequence
 
 from distdoctor.core.findings import Finding, Severity
+from distdoctor.core.rank_groups import hosts_text, ranges_text, ranks_label, where_text
 from distdoctor.core.redact import scrub
 
 SCHEMA = "distdoctor.report/1"
@@ -35,33 +36,22 @@ class WorldSummary:
 
 
 def format_ranks(ranks: Iterable[int]) -> str:
-    """[0, 1, 2, 3, 5, 7, 8] -> '0-3, 5, 7-8'."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ", ".join(parts)
+    """[0, 1, 2, 3, 5, 7, 8] -> '0-3, 5, 7-8'; bounded at scale ('0, 2, 4, …, 4094 (2048 ranks)'),
+    see core.rank_groups."""
+    return ranges_text(ranks)
 
 
 def format_where(finding: Finding) -> str:
-    """Where a finding was seen: 'ranks 0-7 on node-a; rank 8 on node-b'."""
+    """Where a finding was seen: 'ranks 0-7 on node-a; rank 8 on node-b' (bounded: a few hosts by
+    name, the rest counted)."""
     where = finding.data.get("where") if finding.data else None
     if isinstance(where, Mapping) and where:
-        chunks = []
-        for host, ranks in sorted(where.items(), key=lambda kv: min(kv[1]) if kv[1] else -1):
-            label = "rank" if len(ranks) == 1 else "ranks"
-            chunks.append(f"{label} {format_ranks(ranks)} on {host}" if ranks else f"on {host}")
-        return "; ".join(chunks)
+        return where_text(where)
     bits = []
     if finding.ranks:
-        bits.append(("rank " if len(finding.ranks) == 1 else "ranks ") + format_ranks(finding.ranks))
+        bits.append(ranks_label(finding.ranks))
     if finding.hosts:
-        bits.append("on " + ", ".join(finding.hosts))
+        bits.append("on " + hosts_text(finding.hosts))
     return " ".join(bits)
 
 

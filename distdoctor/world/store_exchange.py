@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from distdoctor.core.progress import PROGRESS
 from distdoctor.core.context import WorldError
+from distdoctor.core.rank_groups import ranks_label
 from distdoctor.world.checkin import (
     CHECKS,
     CLAIM_GRACE_S,
@@ -84,8 +85,7 @@ class GroupFailedElsewhere(Exception):
     def __init__(self, backend: str, failures: Mapping[int, str]) -> None:
         self.backend = backend
         self.failures = dict(failures)
-        ranks = ", ".join(str(r) for r in sorted(self.failures))
-        super().__init__(f"rank{'s' if len(self.failures) > 1 else ''} {ranks} could not create the {backend} group")
+        super().__init__(f"{ranks_label(self.failures)} could not create the {backend} group")
 
 
 @dataclass
