@@ -46,8 +46,9 @@ class RootFlow:
             skip = ("skipped: the gloo process group cannot form, as these ranks' local findings show: "
                     + "; ".join(blockers["gloo"]))
         decision = {"skip": skip, "accepted": accepted, "size": world.size,
-                    **nccl_decision(checkins, self.config, blockers["nccl"])}
+                    **nccl_decision(checkins, self.config, blockers["nccl"]), **self._stage_deadline(checkins, world.size)}
         world.decide(decision)
+        self._apply_stage_deadline(decision)
         self.progress.expected = accepted
         self._stage("collective", skip_reason=skip)
         self._testing_hang("gather")
@@ -118,6 +119,12 @@ class RootFlow:
         # Rank 0 names the ranks cut off by their deadline in its own word on the cut-off
         # (_mark_stuck); theirs would say it a second time.
         named = {r for f in findings if f.id == RUN_DEADLINE.id for r in f.ranks}
+        native = {0: self.native_summary()}
+        if checkins:
+            native.update({r: p.get("native") for r, p in checkins.accepted.items() if r != 0 and 0 <= r < checkins.expected})
+        native.update({r: res.get("native") for r, res in self.progress.remote.items()
+                       if isinstance(res, Mapping) and res.get("native") is not None})
+        findings += self._native_finding(native)
         for rank, result in sorted(self.progress.remote.items()):
             if not isinstance(result, Mapping):
                 continue

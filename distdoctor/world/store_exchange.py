@@ -38,6 +38,8 @@ from distdoctor.world.checkin import (
     first_line,
     integer,
     list_of,
+    number,
+    obj,
     optional,
     poll_cap,
     text,
@@ -140,8 +142,10 @@ def _devices(value: Any) -> bool:
 
 DECISION = ({"skip": optional(text(4096)), "accepted": list_of(integer(0, MAX_RANK), MAX_RANK),
              "size": integer(1, MAX_RANK), "nccl": optional(boolean), "nccl_reason": optional(text(4096)),
-             "devices": optional(_devices)}, ("accepted", "size"))
-RESULTS = {"checks": CHECKS, "findings": FINDINGS, "incomplete": optional(boolean), "stuck_check": optional(text(256))}
+             "devices": optional(_devices), "check_timeout_s": optional(number),
+             "deadline_note": optional(text(1024))}, ("accepted", "size"))
+RESULTS = {"checks": CHECKS, "findings": FINDINGS, "incomplete": optional(boolean), "stuck_check": optional(text(256)),
+           "native": optional(obj())}
 GROUP_FAILURE = {"rank": integer(0, MAX_RANK), "error": text(4000)}
 
 
@@ -176,6 +180,10 @@ class World:
         self.lost: str | None = None
         self._lock = threading.Lock()
         self.protocol = CheckInProtocol(self._store, size=spec.world_size, lock=self._lock, clock=clock)
+        # What this rank is doing in the collective stage now, in words (a check cut off by its
+        # deadline says it), and why the stage's checks have the deadline they have.
+        self.step = ""
+        self.deadline_note = ""
 
     @property
     def store(self) -> Any:
@@ -357,10 +365,13 @@ class World:
             return existing
         timeout = timedelta(seconds=max(timeout_s, 0.5))
         outcome: dict[str, Any] = {}
+        self.step = f"forming the {backend} process group (torch's init_process_group)"
+        self._mark_quietly(f"pg/{backend}/entered")
 
         def create() -> None:
             try:
                 outcome["group"] = self._create_group(backend, timeout)
+                self._mark_quietly(f"pg/{backend}/formed")
             except BaseException as exc:  # handed to the waiting thread below
                 outcome["error"] = exc
 
@@ -375,12 +386,17 @@ class World:
             if failed:
                 raise GroupFailedElsewhere(backend, failed)
             delay = min(delay * 2, poll_cap(self.size))
+        self.step = ""
         if "error" in outcome:
             exc = outcome["error"]
             try:
                 self.report_group_failure(backend, first_line(exc))
             except Exception:
                 pass  # the store is gone too; the others find out by their own timeout
+            try:
+                exc.distdoctor_progress = self.group_progress(backend)  # which ranks got how far: the report says
+            except (AttributeError, TypeError):
+                pass
             raise exc
         group = outcome["group"]
         with self._lock:
@@ -406,6 +422,46 @@ class World:
         if not isinstance(self.raw_store, TCPStore):
             return self.raw_store
         return TCPStore(self.connect_host, self.raw_store.port, is_master=False, timeout=timeout)
+
+    def _mark_quietly(self, key: str) -> None:
+        try:
+            self.protocol.mark(key, self.rank)
+        except Exception:
+            pass  # a mark is evidence for the report only; the group's own outcome decides
+
+    def group_progress(self, backend: str, wait_s: float = 0.5) -> str:
+        """How far the world got in forming this group, in words: which ranks had not started it
+        (still in an earlier check, or late) and which had started but not finished. '' when the
+        store cannot tell within ``wait_s`` (its client is held by a stuck call)."""
+        if not self._lock.acquire(timeout=wait_s):
+            return ""
+        self._lock.release()
+        try:
+            entered = self.protocol.marked(f"pg/{backend}/entered")
+            formed = self.protocol.marked(f"pg/{backend}/formed")
+        except Exception:
+            return ""
+        everyone = set(self.decision.get("accepted") or range(self.size))
+        absent, forming = sorted(everyone - entered), sorted(entered - formed)
+        parts = []
+        if absent:
+            parts.append(f"{ranks_label(absent)} had not started forming it (still in an earlier check, or late)")
+        if forming:
+            parts.append(f"{ranks_label(forming)} had started and were waiting in torch's init_process_group "
+                         "(store reads, then connections to every other rank)")
+        if entered and not absent and not forming:
+            parts.append("every rank had formed it")
+        return "; ".join(parts)
+
+    def now_doing(self) -> str:
+        """What this rank's collective stage is doing now, and how far the others are: for a
+        check cut off by its deadline (bounded: '' when the store cannot answer at once)."""
+        step = self.step
+        if not step:
+            return ""
+        backend = "nccl" if "nccl" in step else "gloo"
+        progress = self.group_progress(backend, wait_s=0.2) if "process group" in step else ""
+        return step + (f": {progress}" if progress else "")
 
     def report_group_failure(self, backend: str, message: str) -> None:
         self.put(f"pgfail/{backend}/{self.rank}", {"rank": self.rank, "error": message[:2000]})
