@@ -103,11 +103,14 @@ def said_alike(items: Iterable[tuple[int, str]], say: Callable[[str, str, list[i
     """(rank, text) pairs -> lines, ranks whose texts differ only in numbers (a port, a time) said
     once as ranges with the first one's text (``say(label, text, ranks)``; 'ranks 1-1023 failed
     with ... (rank 1's words; the others' differ only in numbers)'), within ``budget`` lines."""
+    items = list(items)
+    # A few ranks are each said with their own words; only many are grouped by shape.
+    key_of = (lambda text: text) if len(items) <= budget else shape
     first: dict[str, tuple[int, str]] = {}
     alike: dict[str, bool] = {}
     keyed = []
     for rank, text in items:
-        key = shape(text)
+        key = key_of(text)
         if key not in first:
             first[key], alike[key] = (rank, text), True
         alike[key] = alike[key] and text == first[key][1]

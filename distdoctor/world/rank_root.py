@@ -45,12 +45,17 @@ class RootFlow:
         if skip is None and blockers["gloo"]:
             skip = ("skipped: the gloo process group cannot form, as these ranks' local findings show: "
                     + "; ".join(blockers["gloo"]))
+        deadline = self._stage_deadline(checkins, world.size)
+        if skip is None and "collective" in self.config.stages:
+            skip = self._no_time_for_collectives(deadline)
         decision = {"skip": skip, "accepted": accepted, "size": world.size,
-                    **nccl_decision(checkins, self.config, blockers["nccl"]), **self._stage_deadline(checkins, world.size)}
+                    **nccl_decision(checkins, self.config, blockers["nccl"]), **deadline}
         world.decide(decision)
         self._apply_stage_deadline(decision)
         self.progress.expected = accepted
         self._stage("collective", skip_reason=skip)
+        if self.out_of_time:
+            self.runner.state.incomplete = True
         self._testing_hang("gather")
         others = [r for r in accepted if r != 0]
         self._enter_stage("collective")
@@ -80,7 +85,8 @@ class RootFlow:
         if not_done:
             detail.append(f"{ranks_text(not_done).capitalize()} never reported the end of the collective stage.")
         if cut_off:
-            detail.append(f"{ranks_text(cut_off).capitalize()} were cut off by their deadline inside it"
+            detail.append(f"{ranks_text(cut_off).capitalize()} {'was' if len(cut_off) == 1 else 'were'} cut off by "
+                          "their deadline inside it"
                           + (f" (in {', '.join(stuck_checks)})." if stuck_checks else "."))
         self.runner.state.incomplete = False  # re-marked below with the ranks named
         self.runner.state.findings = [f for f in self.runner.state.findings if f.id != RUN_DEADLINE.id]

@@ -45,7 +45,7 @@ from distdoctor.core.runner import Runner
 from distdoctor.world.checkin import malformed_finding
 from distdoctor.world.kinds import NATIVE_OUTPUT, STORE_ENTRY_MALFORMED, STORE_UNREACHABLE
 from distdoctor.world.native_output import NativeOutput, merged_lines
-from distdoctor.world.stage_deadline import collective_check_s
+from distdoctor.world.stage_deadline import collective_check_s, stage_need_s
 from distdoctor.world.watchdog import MIN_WORLD_S, Watchdog, flush_std_streams, too_little_time
 from distdoctor.world.rank_cutoff import CutoffFlow
 from distdoctor.world.rank_member import MemberFlow
@@ -132,6 +132,7 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
         self.native: NativeOutput | None = None
         # Why the collective checks have the deadline they have (rank 0's decision says).
         self.deadline_note = ""
+        self.out_of_time = False
 
     def _enter_stage(self, stage: str) -> None:
         self.progress.stage = stage
@@ -338,7 +339,23 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
 
         spread = arrival_spread(checkins.arrivals)
         check_s = collective_check_s(self.config.check_timeout, spread, size)
-        return {"check_timeout_s": check_s, "deadline_note": why(check_s, self.config.check_timeout, spread, size)}
+        return {"check_timeout_s": check_s, "deadline_note": why(check_s, self.config.check_timeout, spread, size),
+                "need_s": round(stage_need_s(spread, size), 1), "spread_s": round(spread, 1)}
+
+    def _no_time_for_collectives(self, deadline: Mapping[str, Any]) -> str | None:
+        """Rank 0: the skip reason when the world's start-up left too little of the run's deadline
+        for the collective stage at this world's scale (named, instead of a stage cut off midway)."""
+        left = self.work_deadline - self.clock()
+        need = max(float(deadline["need_s"]), MIN_WORLD_S)
+        if left >= need:
+            return None
+        started = self.clock() - self.started
+        why = (f"the world's start-up had taken {started:.1f}s (its ranks checked in over {deadline['spread_s']:g}s), "
+               f"and forming the group of {self.ctx.world_size or '?'} ranks here needs about {need:g}s")
+        reason, finding = too_little_time("collective", left, need, self.config.timeout, why=why)
+        self.runner.state.findings.append(finding)
+        self.out_of_time = True  # the report is partial: marked once the stage is skipped
+        return reason
 
     def _blocked(self) -> str | None:
         """Why this rank cannot join the world at all: a critical local finding (not silenced)."""

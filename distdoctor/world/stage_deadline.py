@@ -35,6 +35,12 @@ def collective_check_s(check_timeout: float, spread_s: float, size: int) -> floa
     return round(max(check_timeout, check_timeout / 2 + spread_s + PER_RANK_S * max(size, 1)), 1)
 
 
+def stage_need_s(spread_s: float, size: int) -> float:
+    """What the stage needs beyond a small world's few tenths of a second: the ranks' spread and
+    their share of forming the group (a run whose deadline leaves less skips the stage, saying so)."""
+    return spread_s + PER_RANK_S * max(size, 1)
+
+
 def why(check_s: float, check_timeout: float, spread_s: float, size: int) -> str:
     """In words, for the report: why the stage's checks had the deadline they had."""
     if check_s <= check_timeout:
