@@ -110,3 +110,27 @@ def test_the_collective_deadline_follows_the_spread_and_the_size():
     assert arrival_spread([Arrival(0, 1, 2.0), Arrival(1, 1, 19.5), Arrival(1, 2, 40.0)]) == 17.5  # first claims
     assert stage_need_s(5.0, 32) == pytest.approx(8.2)
     assert "32 ranks checked in over 5.0 s" in why(13.2, 10.0, 5.0, 32)
+
+
+def test_a_group_that_does_not_form_says_which_ranks_had_not_started_and_which_waited():
+    torch_dist = pytest.importorskip("torch.distributed")
+    from distdoctor.checks.collective import pg_failure
+    from distdoctor.world.store_exchange import World
+    from distdoctor.world.store_open import WorldSpec
+
+    store = torch_dist.HashStore()
+    worlds = [World(WorldSpec(r, 48, "127.0.0.1", 29500, "rank0", "distdoctor/t", "manual"), store) for r in range(48)]
+    for world in worlds[:40]:
+        world._mark_quietly("pg/gloo/entered")
+    for world in worlds[:10]:
+        world._mark_quietly("pg/gloo/formed")
+    said = worlds[0].group_progress("gloo")
+    assert said == ("ranks 40-47 had not started forming it (still in an earlier check, or late); ranks 10-39 had "
+                    "started and were waiting in torch's init_process_group (store reads, then connections to every "
+                    "other rank)")
+    worlds[0].step = "forming the gloo process group (torch's init_process_group)"
+    assert worlds[0].now_doing().startswith("forming the gloo process group (torch's init_process_group): ranks 40-47")
+    error = RuntimeError("wait timeout after 8000ms, keys: /pg/gloo/0//cpu//0/1")
+    error.distdoctor_progress = said
+    finding = pg_failure(error, "gloo", 8.0, 8.0)
+    assert finding.id == "coll.C001" and "When it gave up: ranks 40-47 had not started" in finding.detail
