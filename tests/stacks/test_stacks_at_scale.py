@@ -84,3 +84,23 @@ def test_a_rank_whose_main_thread_ran_is_read_with_py_spy_again():
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_watch_groups_the_rows_of_a_large_job_by_state_and_line():
+    from distdoctor.stacks.watch import Row, Screen
+    from distdoctor.stacks.watch_view import changes, grouped_rows
+
+    def row(rank: int) -> Row:
+        if rank == 1:
+            return Row("job", 1, "vm", 1001, "idle for 8 s", "idle", 0.0, "`time.sleep(3600)` at train.py:49", "error")
+        return Row("job", rank, f"node-{rank // 8}", 1000 + rank, f"in `backward` for {8 + rank % 2} s",
+                   "in `backward`", 1.0, "`loss.backward()` at train.py:55")
+
+    screen = Screen(100.0, tuple(row(r) for r in range(4096)), {}, 3)
+    groups = grouped_rows(screen.rows)
+    assert [sorted(r.rank for r in g)[:2] for g in groups] == [[0, 2], [1]]
+    lines = changes(None, screen)
+    assert len(lines) == 2 and "ranks 0, 2-4095 (4095 PIDs) on node-0, …, node-511 (512 hosts)" in lines[0]
+    assert "rank 1 (PID 1001) on vm: idle for 8 s" in lines[1] and lines[1].endswith("[error]")
+    small = Screen(100.0, tuple(row(r) for r in range(4)), {}, 3)
+    assert len(grouped_rows(small.rows)) == 4 and len(changes(None, small)) == 4  # a small job: a row per rank
