@@ -163,3 +163,18 @@ def test_verbose_check_rows_fold_per_rank_reads_that_differ_only_in_numbers():
     rows = check_rows(checks)
     assert [(c["status"], n) for c, n in rows] == [("pass", 4095), ("fail", 0)]
     assert check_rows(checks[:3]) == [(c, 0) for c in checks[:3]]  # a small job: one row per check
+
+
+def test_a_finding_on_each_of_4096_ranks_is_folded_into_one_that_keeps_each_in_the_json():
+    from distdoctor.checks.collective import WRONG_VALUES
+
+    per_rank = [WRONG_VALUES(f"gloo all_reduce delivered wrong values on rank {r}", ranks=[r], hosts=[host(r)],
+                             detail=f"sum of (rank+1) is [{r}], expected 8390656 everywhere", check="collective.all_reduce")
+                for r in range(4096)]
+    report = build_report(per_rank, world=WorldSummary(size=4096, launcher="mp_spawn"))
+    (folded,) = report.findings
+    assert folded.ranks == tuple(range(4096)) and "(and 4095 alike, on ranks 1-4095)" in folded.title
+    assert len(folded.data["alike"]) == 4096 and folded.data["alike"][7]["ranks"] == [7]
+    assert_bounded(*rendered(report))
+    few = build_report(per_rank[:3], world=WorldSummary(size=3, launcher="mp_spawn"))
+    assert len(few.findings) == 3  # a small world keeps one finding per rank
