@@ -133,8 +133,10 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
         # Why the collective checks have the deadline they have (rank 0's decision says).
         self.deadline_note = ""
         self.out_of_time = False
+        self.stage_started: dict[str, float] = {}
 
     def _enter_stage(self, stage: str) -> None:
+        self.stage_started.setdefault(stage, self.clock())  # a cut-off report says where the time went
         self.progress.stage = stage
         PROGRESS.set_stage(stage)
 
