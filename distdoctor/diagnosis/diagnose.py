@@ -337,26 +337,28 @@ def _first_failure(snaps: Sequence[RankSnapshot]) -> Finding | None:
                            consequences=[s.rank for s in others if _consequence_text(s)]))
 
 
-def _consequence_text(snap: RankSnapshot) -> str:
+def _outcome_text(snap: RankSnapshot) -> str:
+    """A peer's own end, without its rank ('failed with X', 'exited with code 1'); '' when none."""
     if snap.error is not None:
-        return f"rank {snap.rank} {'failed' if snap.error.consequence else 'also raised'} with {snap.error.describe()}"
+        return f"{'failed' if snap.error.consequence else 'also raised'} with {snap.error.describe()}"
     if snap.status in (KILLED, EXITED) and snap.exit_code not in (None, 0):
-        return f"rank {snap.rank} {_exit_text(snap)}"
-    if _blocked(snap):
-        return _waiters_text([snap])
+        return _exit_text(snap)
     return ""
 
 
+def _consequence_text(snap: RankSnapshot) -> str:
+    outcome = _outcome_text(snap)
+    if outcome:
+        return f"rank {snap.rank} {outcome}"
+    return _waiters_text([snap]) if _blocked(snap) else ""
+
+
 def _consequences_text(others: Sequence[RankSnapshot]) -> str:
-    """What the other ranks did afterwards, ranks with the same outcome (but for numbers) said once."""
-    items = []
-    for snap in others:
-        text = _consequence_text(snap)
-        if text:  # "rank 7 failed with ...": the rank is said by the group's label
-            items.append((snap.rank, text[len(f"rank {snap.rank} "):] if text.startswith(f"rank {snap.rank} ") else text))
-    plain = [(r, t) for r, t in items if not t.startswith(("wait", "rank", "ranks"))]
-    lines = said_alike(plain, lambda label, text, ranks: f"{label} {text}", rest="with other outcomes")
-    waiting = [s for s in others if _blocked(s) and s.error is None]
+    """What the other ranks did afterwards: ranks with the same outcome (but for numbers) said once,
+    the ranks still waiting by place."""
+    outcomes = [(s.rank, text) for s in others if (text := _outcome_text(s))]
+    lines = said_alike(outcomes, lambda label, text, ranks: f"{label} {text}", rest="with other outcomes")
+    waiting = [s for s in others if not _outcome_text(s) and _blocked(s)]
     if waiting:
         lines.append(_waiters_text(waiting))
     return "; ".join(lines)
