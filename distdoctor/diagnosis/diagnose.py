@@ -169,15 +169,6 @@ def _op_text(group: str, op: PendingOp | None) -> str:
     return f"{op.describe() if op else 'a collective'} of {group_label(group)}"
 
 
-MAX_LISTED = 16  # ranks described one by one in a detail line; a 1024-rank job names the rest by count
-
-
-def _listed(parts: list[str]) -> str:
-    if len(parts) <= MAX_LISTED:
-        return "; ".join(parts)
-    return "; ".join(parts[:MAX_LISTED]) + f"; … and {len(parts) - MAX_LISTED} more ranks"
-
-
 def _ranks_of(snaps: Iterable[RankSnapshot], capital: bool = False) -> str:
     """'rank 3', 'ranks 0-31, 33-4095': the ranks as ranges (bounded at any world size)."""
     return ranks_label([s.rank for s in snaps], capital=capital)
