@@ -11,7 +11,8 @@ from distdoctor.core.kinds import RUN_DEADLINE, RUN_INTERRUPTED
 from distdoctor.core.findings import Finding
 from distdoctor.machine.probes import call_with_deadline
 from distdoctor.core.stages import CROSS_RANK_STAGES
-from distdoctor.core.report import EXIT_INCOMPLETE, Report, format_ranks
+from distdoctor.core.rank_groups import ranks_label
+from distdoctor.core.report import EXIT_INCOMPLETE, Report
 from distdoctor.world.watchdog import running_checks
 from distdoctor.world.checkin import FINAL
 from distdoctor.world.rank_state import EMIT_WAIT_S, GOODBYE_ON_EXPIRE_S, INTERRUPT_FINAL_WAIT_S, STORE_READ_S
@@ -132,14 +133,14 @@ class CutoffFlow:
         data = {"stage": stage, "running": running}
         if signame:
             return RUN_INTERRUPTED(
-                f"The {stage} stage was interrupted by {signame} on ranks {format_ranks(stuck)}{doing}",
+                f"The {stage} stage was interrupted by {signame} on {ranks_label(stuck)}{doing}",
                 detail=f"distdoctor received {signame} {self.clock() - self.started:.1f}s after it started, "
                 f"in the {stage} stage{during}; the report is partial.",
                 ranks=stuck, check="signal", data={**data, "signal": signame},
             )
         spent = self._stage_times()
         return RUN_DEADLINE(
-            f"The {stage} stage did not finish before the run's deadline on ranks {format_ranks(stuck)}{doing}",
+            f"The {stage} stage did not finish before the run's deadline on {ranks_label(stuck)}{doing}",
             detail=f"The watchdog ended the run {self.config.timeout:g}s after distdoctor started, "
             f"in the {stage} stage{during}; the report is partial."
             + (f" Where the time went on this rank: {spent}." if spent else ""),
