@@ -56,12 +56,13 @@ def ranks_label(ranks: Iterable[int], *, capital: bool = False, limit: int | Non
     return f"{word} {ranges_text(ranks, limit)}"
 
 
-def hosts_text(hosts: Iterable[str], limit: int = MAX_HOSTS) -> str:
-    """'node-a, node-b'; past ``limit`` hosts: 'node-000, node-001, node-002, …, node-511 (512 hosts)'."""
+def hosts_text(hosts: Iterable[str], limit: int = MAX_HOSTS, *, count: bool = True) -> str:
+    """'node-a, node-b'; past ``limit`` hosts: 'node-000, node-001, node-002, …, node-511 (512 hosts)'
+    (without the count when the caller says it)."""
     names = list(dict.fromkeys(str(h) for h in hosts))
     if len(names) <= limit:
         return ", ".join(names)
-    return ", ".join(names[:max(limit - 1, 1)]) + f", …, {names[-1]} ({len(names)} hosts)"
+    return ", ".join(names[:max(limit - 1, 1)]) + f", …, {names[-1]}" + (f" ({len(names)} hosts)" if count else "")
 
 
 def group_ranks(items: Iterable[tuple[int, K]]) -> list[tuple[K, list[int]]]:
@@ -133,7 +134,7 @@ def where_text(per_host: Mapping[str, Iterable[int]], budget: int = MAX_HOSTS) -
     if len(chunks) <= budget:
         return "; ".join(f"{ranks_label(r)} on {h}" if r else f"on {h}" for h, r in chunks)
     everyone = [r for _, rs in chunks for r in rs]
-    return f"{ranks_label(everyone)} on {len(chunks)} hosts ({hosts_text([h for h, _ in chunks])})"
+    return f"{ranks_label(everyone)} on {len(chunks)} hosts ({hosts_text([h for h, _ in chunks], count=False)})"
 
 
 _NUMBER = re.compile(r"\d+(\.\d+)?")

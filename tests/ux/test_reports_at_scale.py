@@ -178,3 +178,22 @@ def test_a_finding_on_each_of_4096_ranks_is_folded_into_one_that_keeps_each_in_t
     assert_bounded(*rendered(report))
     few = build_report(per_rank[:3], world=WorldSummary(size=3, launcher="mp_spawn"))
     assert len(few.findings) == 3  # a small world keeps one finding per rank
+
+
+def test_a_list_over_its_budget_keeps_the_largest_group_and_the_odd_ones_and_counts_the_rest():
+    groups = [(f"place {i}", [i]) for i in range(20)] + [("the many", list(range(20, 4096)))]
+    said, rest = rank_groups.within_budget(groups, 8)
+    assert ("the many", list(range(20, 4096))) in said and len(said) == 7
+    assert len(rest) == 20 - 6
+    lines = rank_groups.grouped_lines(groups, lambda key, ranks: f"{rank_groups.ranks_label(ranks)} at {key}")
+    assert len(lines) == 8 and lines[-1].startswith("… and 14 more ranks (")
+
+
+def test_texts_differing_only_in_numbers_are_one_group_only_when_many():
+    say = lambda label, text, ranks: f"{label}: {text}"  # noqa: E731
+    few = rank_groups.said_alike([(1, "+5.1s"), (3, "+7.2s")], say)
+    assert few == ["rank 1: +5.1s", "rank 3: +7.2s"]  # a small list keeps each rank's own words
+    many = rank_groups.said_alike([(r, f"+{r}.0s") for r in range(100)], say)
+    assert many == ["ranks 0-99: +0.0s (rank 0's words; the others' differ only in numbers)"]
+    assert rank_groups.where_text({"a": [0, 1], "b": [2]}) == "ranks 0-1 on a; rank 2 on b"
+    assert rank_groups.where_text({f"n{i}": [i] for i in range(10)}) == "ranks 0-9 on 10 hosts (n0, n1, n2, …, n9)"
