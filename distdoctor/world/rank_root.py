@@ -49,7 +49,8 @@ class RootFlow:
         if skip is None and "collective" in self.config.stages:
             skip = self._no_time_for_collectives(deadline)
         decision = {"skip": skip, "accepted": accepted, "size": world.size,
-                    **nccl_decision(checkins, self.config, blockers["nccl"]), **deadline}
+                    **nccl_decision(checkins, self.config, blockers["nccl"]),
+                    "check_timeout_s": deadline["check_timeout_s"], "deadline_note": deadline["deadline_note"]}
         world.decide(decision)
         self._apply_stage_deadline(decision)
         self.progress.expected = accepted

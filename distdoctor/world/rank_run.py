@@ -341,8 +341,11 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
 
         spread = arrival_spread(checkins.arrivals)
         check_s = collective_check_s(self.config.check_timeout, spread, size)
+        startups = sorted(p["startup_s"] for p in checkins.accepted.values()
+                          if isinstance(p.get("startup_s"), (int, float)) and not isinstance(p.get("startup_s"), bool))
         return {"check_timeout_s": check_s, "deadline_note": why(check_s, self.config.check_timeout, spread, size),
-                "need_s": round(stage_need_s(spread, size), 1), "spread_s": round(spread, 1)}
+                "need_s": round(stage_need_s(spread, size), 1), "spread_s": round(spread, 1),
+                "startup_s": [startups[0], startups[-1]] if startups else None}
 
     def _no_time_for_collectives(self, deadline: Mapping[str, Any]) -> str | None:
         """Rank 0: the skip reason when the world's start-up left too little of the run's deadline
@@ -352,8 +355,10 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
         if left >= need:
             return None
         started = self.clock() - self.started
-        why = (f"the world's start-up had taken {started:.1f}s (its ranks checked in over {deadline['spread_s']:g}s), "
-               f"and forming the group of {self.ctx.world_size or '?'} ranks here needs about {need:g}s")
+        each = deadline.get("startup_s")
+        ranks = f"; each rank took {each[0]:.1f}-{each[1]:.1f}s from its start to its check-in" if each else ""
+        why = (f"the world's start-up had taken {started:.1f}s (its ranks checked in over {deadline['spread_s']:g}s"
+               f"{ranks}), and forming the group of {self.ctx.world_size or '?'} ranks here needs about {need:g}s")
         reason, finding = too_little_time("collective", left, need, self.config.timeout, why=why)
         self.runner.state.findings.append(finding)
         self.out_of_time = True  # the report is partial: marked once the stage is skipped
