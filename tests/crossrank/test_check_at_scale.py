@@ -134,3 +134,20 @@ def test_a_group_that_does_not_form_says_which_ranks_had_not_started_and_which_w
     error.distdoctor_progress = said
     finding = pg_failure(error, "gloo", 8.0, 8.0)
     assert finding.id == "coll.C001" and "When it gave up: ranks 40-47 had not started" in finding.detail
+
+
+def test_a_start_up_that_leaves_too_little_time_skips_the_collectives_naming_it():
+    from distdoctor.core.config import Config
+    from distdoctor.world.rank_run import RankRun
+
+    now = [1000.0]
+    run = RankRun(Config(timeout=60.0), env={"RANK": "0", "WORLD_SIZE": "32", "MASTER_ADDR": "127.0.0.1",
+                                             "MASTER_PORT": "29500"}, argv=[], clock=lambda: now[0], started=1000.0,
+                  watchdog=False)
+    now[0] = 1000.0 + 50.0  # the start-up took 50 of the 60 s: 4 s of working time are left
+    reason = run._no_time_for_collectives({"need_s": 8.2, "spread_s": 5.0, "startup_s": [38.0, 49.5]})
+    assert reason is not None and "too little for the collective stage" in reason and run.out_of_time
+    (finding,) = [f for f in run.runner.state.findings if f.id == "core.E005"]
+    assert "start-up had taken 50.0s" in finding.detail and "each rank took 38.0-49.5s" in finding.detail
+    now[0] = 1000.0 + 10.0
+    assert run._no_time_for_collectives({"need_s": 8.2, "spread_s": 5.0, "startup_s": None}) is None
