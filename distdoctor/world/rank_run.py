@@ -269,6 +269,7 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
             world.check_in({**checkin_payload(self.ctx, self.runner), "blocked": self._blocked(),
                             "native": self.native_summary(), "startup_s": round(self.clock() - self.started, 3)},
                            self.work_deadline)
+            world.open_clients_soon(self.deadline)
         except (AttributeError, TypeError, NotImplementedError) as exc:
             # An interface this torch lacks (world.store_api makes up for those it knows): not the
             # network, and nothing about the user's set-up.

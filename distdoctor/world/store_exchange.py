@@ -46,7 +46,11 @@ from distdoctor.world.checkin import (
 )
 from distdoctor.world.checkin import decode as protocol_decode
 from distdoctor.world.checkin import encode as protocol_encode
+from distdoctor.world.store_clients import SpareClients, connect_delay
 from distdoctor.world.store_open import WorldSpec, open_store
+
+# How much longer than its own delay a rank waits for its spare clients before opening one at once.
+SPARE_WAIT_S = 1.0
 
 
 # -- wire format (the check-in protocol's, with the world's error) ------------------------------
@@ -184,6 +188,7 @@ class World:
         # deadline says it), and why the stage's checks have the deadline they have.
         self.step = ""
         self.deadline_note = ""
+        self.spares = SpareClients(self._new_client, spec.rank)
 
     @property
     def store(self) -> Any:
@@ -334,7 +339,7 @@ class World:
         if left <= 0 or self.raw_store is None:
             return None
         try:
-            client = PrefixStore(self.spec.namespace, self._group_store(timedelta(seconds=left)))
+            client = PrefixStore(self.spec.namespace, self._group_store(timedelta(seconds=left), "final"))
             client.wait(["final"], timedelta(seconds=max(until - self.clock(), 0.01)))
             raw = client.get("final")
         except Exception:
@@ -414,14 +419,30 @@ class World:
             return dist.group.WORLD
         return dist.new_group(backend=backend, timeout=timeout)
 
-    def _group_store(self, timeout: timedelta) -> Any:
-        """A second client of the same store for the process group (any other store: itself)."""
+    def _group_store(self, timeout: timedelta, name: str = "group") -> Any:
+        """Another client of the same store, for the process group or the final-word watcher (any
+        other store: itself); the one opened after the check-in when it is ready (store_clients)."""
+        if not self._is_tcp_store():
+            return self.raw_store
+        return self.spares.take(name, timeout, wait_s=connect_delay(self.rank) + SPARE_WAIT_S)
+
+    def _is_tcp_store(self) -> bool:
         # torch at use, as everywhere in this module (see _tcp_store).
         from torch.distributed import TCPStore
 
-        if not isinstance(self.raw_store, TCPStore):
-            return self.raw_store
+        return isinstance(self.raw_store, TCPStore)
+
+    def _new_client(self, timeout: timedelta) -> Any:
+        # torch at use, as everywhere in this module (see _tcp_store).
+        from torch.distributed import TCPStore
+
         return TCPStore(self.connect_host, self.raw_store.port, is_master=False, timeout=timeout)
+
+    def open_clients_soon(self, deadline: float) -> None:
+        """After the check-in: this rank's extra clients opened in the background, at its own
+        moment, so that the ranks' connects make no burst that stalls the store (store_clients)."""
+        if self.raw_store is not None and self._is_tcp_store():
+            self.spares.open_soon(timedelta(seconds=max(deadline - self.clock(), 1.0)))
 
     def _mark_quietly(self, key: str) -> None:
         try:
@@ -487,6 +508,7 @@ class World:
             except Exception:
                 pass
         self.process_groups.clear()
+        self.spares.discard()
         self.store = None
         self.raw_store = None
 

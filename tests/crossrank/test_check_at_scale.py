@@ -151,3 +151,29 @@ def test_a_start_up_that_leaves_too_little_time_skips_the_collectives_naming_it(
     assert "start-up had taken 50.0s" in finding.detail and "each rank took 38.0-49.5s" in finding.detail
     now[0] = 1000.0 + 10.0
     assert run._no_time_for_collectives({"need_s": 8.2, "spread_s": 5.0, "startup_s": None}) is None
+
+
+def test_a_ranks_extra_store_clients_are_opened_at_its_own_moment_and_handed_out_once():
+    import time as clock
+    from datetime import timedelta
+
+    from distdoctor.world.store_clients import SLOT_S, SpareClients, connect_delay
+
+    assert connect_delay(0) == 0 and connect_delay(3) == 3 * SLOT_S and connect_delay(64) == 0
+    opened: list[tuple[float, timedelta]] = []
+
+    class Client:
+        def __init__(self, timeout):
+            self.timeout = timeout
+            opened.append((clock.monotonic(), timeout))
+
+        def set_timeout(self, timeout):
+            self.timeout = timeout
+
+    spares = SpareClients(Client, rank=5)
+    began = clock.monotonic()
+    spares.open_soon(timedelta(seconds=30))
+    group = spares.take("group", timedelta(seconds=8), wait_s=2.0)
+    assert group.timeout == timedelta(seconds=8) and len(opened) == 2
+    assert opened[0][0] - began >= connect_delay(5) - 0.01  # not before its slot
+    assert spares.take("group", timedelta(seconds=3)).timeout == timedelta(seconds=3) and len(opened) == 3  # a new one
