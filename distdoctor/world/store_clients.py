@@ -10,7 +10,8 @@
 # watcher's — and every rank used to open them at the same moment, the start of the collective
 # stage: at 32 ranks under torchrun, the first collective check then waited 5 s, twice.
 # So each rank opens them right after its check-in (while rank 0 still waits for the others),
-# in a background thread, at a moment of its own: slot (rank mod SLOTS) of SLOT_S seconds.
+# in a background thread, at a moment of its own: slot (rank mod SLOTS) of SLOT_S seconds; and in
+# a world of more than BURST_FREE ranks its first client waits for the same slot (World.open).
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from datetime import timedelta
 from typing import Any, Callable
 
 SLOT_S, SLOTS = 0.02, 64   # rank r connects (r mod 64) x 20 ms after its check-in: 1.3 s at most
+# A world this small cannot make a burst that stalls the store (24 connects at once were measured
+# harmless): its ranks' first connects are not delayed.
+BURST_FREE = 16
 NAMES = ("group", "final")
 
 

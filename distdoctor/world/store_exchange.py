@@ -46,7 +46,7 @@ from distdoctor.world.checkin import (
 )
 from distdoctor.world.checkin import decode as protocol_decode
 from distdoctor.world.checkin import encode as protocol_encode
-from distdoctor.world.store_clients import SpareClients, connect_delay
+from distdoctor.world.store_clients import BURST_FREE, SpareClients, connect_delay
 from distdoctor.world.store_open import WorldSpec, open_store
 
 # How much longer than its own delay a rank waits for its spare clients before opening one at once.
@@ -220,6 +220,10 @@ class World:
     @classmethod
     def open(cls, spec: WorldSpec, deadline: float, clock: Callable[[], float] = time.monotonic,
              probes: Any = None, seen: list | None = None) -> "World":
+        if spec.world_size > BURST_FREE and not (spec.store_host == "rank0" and spec.rank == 0):
+            # A large world's ranks reach this point together (torchrun starts them at once):
+            # each connects at its own slot, bounded by the deadline (store_clients).
+            time.sleep(min(connect_delay(spec.rank), max(deadline - clock() - 1.0, 0.0)))
         store, hosted, host = open_store(spec, deadline, clock, probes, seen)
         return cls(spec, store, hosted=hosted, clock=clock, connect_host=host)
 
