@@ -2,6 +2,7 @@
 
     python benchmarks/bench_stacks.py                 # 8 ranks, 5 runs of each, both jobs
     python benchmarks/bench_stacks.py --ranks 4 --quick --json
+    python benchmarks/bench_stacks.py --ranks 64 --modes sleep   # the 64-rank hung job (target 3 s)
 
 For each mode of `tests/stacks/jobs/train.py` — `sleep` (DDP on gloo: rank 1 sleeps, the others
 wait in the gradient all-reduce) and `busy` (every rank computes, ~0.3 s a step on an idle core;
@@ -11,7 +12,8 @@ the subject — `distdoctor stacks --format json LAUNCHER_PID`, a whole command 
 every run checked (hung: rank 1 named as job.E002; busy: no error or warning, job.I001) — and the
 baseline — `py-spy dump --pid P` on each rank one after another, what one does by hand. Each
 figure's note says how many times the ranks were read (the most reads of a rank, median over the
-runs). Targets: at most 3 s for the hung job, 6 s for the busy one. The jobs are ended by their
+runs). Targets: at most 3 s for the hung job, 6 s for the busy one, at 8 ranks and at 64 (a 64-rank
+job takes about two minutes to start on a 2-core machine and ~15 GiB; run it under the heavy lock). The jobs are ended by their
 PIDs afterwards, whatever happens. Figures are printed, not asserted.
 """
 

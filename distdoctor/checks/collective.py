@@ -302,10 +302,15 @@ def pg_failure(exc: BaseException, backend: str, elapsed: float, timeout: float,
         )
     timed_out = bool(_TIMEOUT_WORDS.search(message)) or elapsed >= timeout * 0.95
     kind = PG_TIMED_OUT if timed_out else PG_FAILED
+    # Which ranks got how far (world.store_exchange marks entering and forming the group), and why
+    # the deadline was what it was: a slow stage says what was slow.
+    progress = getattr(exc, "distdoctor_progress", "")
+    note = getattr(getattr(ctx, "world", None), "deadline_note", "") if ctx is not None else ""
     return kind(
         f"The {backend} process group " + ("was not formed within " + f"{timeout:g}s" if timed_out else f"failed: {message}"),
-        detail=f"{type(exc).__name__}: {message}",
-        data={"backend": backend, "elapsed_s": round(elapsed, 4)},
+        detail=f"{type(exc).__name__}: {message}" + (f"\nWhen it gave up: {progress}." if progress else "")
+        + (f"\nThe deadline: {note}." if note and timed_out else ""),
+        data={"backend": backend, "elapsed_s": round(elapsed, 4), **({"progress": progress} if progress else {})},
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 from distdoctor.core.context import CheckContext
 from distdoctor.core.findings import Finding
 from distdoctor.core.registry import SkipCheck, check, finding_kind
+from distdoctor.core.rank_groups import MAX_LINES, hosts_text, ranks_label, said_alike
 from distdoctor.core.report import format_ranks
 
 RANK_MISSING = finding_kind(
@@ -136,7 +137,7 @@ def _describe_groups(groups: Mapping[str, list[int]], payloads: Mapping[int, Map
     for value, ranks in sorted(groups.items(), key=lambda kv: kv[1][0]):
         hosts = _hosts(payloads, ranks)
         label = "rank" if len(ranks) == 1 else "ranks"
-        parts.append(f"{value} on {label} {format_ranks(ranks)}" + (f" ({', '.join(hosts)})" if hosts else ""))
+        parts.append(f"{value} on {label} {format_ranks(ranks)}" + (f" ({hosts_text(hosts)})" if hosts else ""))
     return "; ".join(parts)
 
 
@@ -196,7 +197,8 @@ def all_ranks_checked_in(ctx: CheckContext):
         return
     accepted = checkins.accepted
     hosts = missing_rank_hosts(missing, accepted)
-    where = "; ".join(f"rank {r} expected on {h}" for r, h in sorted(hosts.items()))
+    where = "; ".join(said_alike(((r, h) for r, h in sorted(hosts.items())),
+                                 lambda label, host, ranks: f"{label} expected on {host}"))
     yield RANK_MISSING(
         f"{len(missing)} of {checkins.expected} ranks never checked in: {_ranks(missing)}",
         detail=f"Rank 0 waited {checkins.waited_s:.1f}s for WORLD_SIZE={checkins.expected} ranks; "
@@ -214,10 +216,11 @@ def all_ranks_checked_in(ctx: CheckContext):
 def collision_findings(checkins: Any, only_ranks: Iterable[int] | None = None) -> list[Finding]:
     """Ranks claimed by more than one process, naming every claimant's PID and host."""
     wanted = set(only_ranks) if only_ranks is not None else None
+    duplicates = {r: c for r, c in sorted(checkins.duplicates.items()) if wanted is None or r in wanted}
+    if len(duplicates) > MAX_LINES:
+        return [_collisions_at_scale(checkins, duplicates)]
     out = []
-    for rank, claims in sorted(checkins.duplicates.items()):
-        if wanted is not None and rank not in wanted:
-            continue
+    for rank, claims in duplicates.items():
         claimants = [checkins.payloads.get((rank, c)) or {} for c in claims]
         names = [f"PID {p.get('pid', '?')} on {p.get('host', '?')}" for p in claimants]
         out.append(
@@ -236,6 +239,24 @@ def collision_findings(checkins: Any, only_ranks: Iterable[int] | None = None) -
     return out
 
 
+def _collisions_at_scale(checkins: Any, duplicates: Mapping[int, list[int]]) -> Finding:
+    """Many ranks claimed twice (a second job on the same MASTER_PORT): one finding, ranks grouped."""
+    ranks = sorted(duplicates)
+    claimants = {r: [checkins.payloads.get((r, c)) or {} for c in claims] for r, claims in duplicates.items()}
+    hosts = list(dict.fromkeys(str(p.get("host")) for ps in claimants.values() for p in ps if p.get("host")))
+    lines = said_alike(((r, f"claimed by {len(ps)} processes on {hosts_text(dict.fromkeys(str(p.get('host', '?')) for p in ps))}")
+                        for r, ps in claimants.items()), lambda label, text, group: f"{label} {text}")
+    return RANK_COLLISION(
+        f"{ranks_label(ranks, capital=True)} are each claimed by more than one process",
+        detail="\n".join(lines) + "\nThe first to check in for each rank took part in the collective stage; the "
+        "others were kept out, since a real job's collectives would pair them up at random and hang or corrupt "
+        "data (every claimant's PID and host: --format json).",
+        ranks=ranks, hosts=hosts,
+        data={"ranks": ranks, "claimants": {str(r): [{"pid": p.get("pid"), "host": p.get("host")} for p in ps]
+                                            for r, ps in claimants.items()}},
+        check="rendezvous.unique_ranks")
+
+
 @check(stage="rendezvous", tags=("rendezvous",), emits=(RANK_COLLISION, RANK_OUT_OF_RANGE, NODE_RANK_COLLISION))
 def unique_ranks(ctx: CheckContext):
     """Each rank is claimed by exactly one process, inside the world, and node ranks are unique per host."""
@@ -247,8 +268,9 @@ def unique_ranks(ctx: CheckContext):
         yield RANK_OUT_OF_RANGE(
             f"{_ranks(outside).capitalize()} checked in, but rank 0's WORLD_SIZE is {checkins.expected}",
             detail=f"Rank 0 expects ranks 0..{checkins.expected - 1}; "
-            + "; ".join(f"rank {r}: PID {p.get('pid', '?')} on {p.get('host', '?')}, WORLD_SIZE="
-                        f"{_launch(p).get('world_size')}" for r, p in sorted(payloads.items())),
+            + "; ".join(said_alike(((r, f"PID {p.get('pid', '?')} on {p.get('host', '?')}, WORLD_SIZE="
+                                        f"{_launch(p).get('world_size')}") for r, p in sorted(payloads.items())),
+                                   lambda label, text, ranks: f"{label}: {text}")),
             ranks=outside,
             hosts=_hosts(payloads, outside),
             data={"ranks": outside, "world_size": checkins.expected},
@@ -361,7 +383,8 @@ def gpu_mapping(ctx: CheckContext):
         if len(ranks) < 2:
             continue
         ranks = sorted(ranks)
-        hows = "; ".join(f"rank {r}: {accepted[r]['device'].get('how', '?')}" for r in ranks)
+        hows = "; ".join(said_alike(((r, str(accepted[r]['device'].get('how', '?'))) for r in ranks),
+                                    lambda label, how, group: f"{label}: {how}"))
         yield DUPLICATE_GPU(
             f"{_ranks(ranks).capitalize()} are bound to the same GPU {uuid}",
             detail=f"{hows}. Two ranks on one GPU share its memory and serialize its work; NCCL refuses "
@@ -386,7 +409,8 @@ def arrival_spread(ctx: CheckContext):
         ranks = [a.rank for a in late]
         yield LATE_CHECKIN(
             f"{_ranks(ranks).capitalize()} checked in {max(a.seen_s for a in late) - middle:.1f}s after most ranks",
-            detail="; ".join(f"rank {a.rank}: +{a.seen_s - middle:.1f}s" for a in late)
+            detail="; ".join(said_alike(((a.rank, f"+{a.seen_s - middle:.1f}s") for a in late),
+                                        lambda label, text, group: f"{label}: {text}"))
             + f" (median arrival at {middle:.1f}s; a straggler is more than {limit:.1f}s late).",
             ranks=ranks,
             hosts=_hosts(checkins.accepted, ranks),

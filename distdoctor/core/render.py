@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 from distdoctor.core.findings import Finding, Severity
+from distdoctor.core.rank_groups import shape
 from distdoctor.core.report import Report, format_ranks, format_where
 
 _STYLE = {
@@ -81,16 +82,40 @@ def render_rich(report: Report, console: Console, *, verbose: bool = False, quie
         console.print()
     if verbose:
         console.print(Text("Checks", style="bold underline"))
-        for check in report.checks:
+        for check, alike in check_rows(report.checks):
             reason = f" — {check['reason']}" if check.get("reason") else ""
             ranks = f" [ranks {format_ranks(check['ranks'])}]" if check.get("ranks") else ""
+            more = f" … and {alike} more alike (--format json lists each)" if alike else ""
             console.print(
-                f"  {check['status']:<7} {escape(check['name'])} ({check['stage']}, {check['duration_s']:.3f}s){escape(ranks)}{escape(reason)}",
+                f"  {check['status']:<7} {escape(check['name'])} ({check['stage']}, {check['duration_s']:.3f}s){escape(ranks)}{escape(reason)}{more}",
                 highlight=False,
             )
         console.print()
     style = {"ok": "bold green", "warning": "bold yellow", "error": "bold red", "incomplete": "bold magenta"}[report.status]
     console.print(Text(summary_line(report), style=style))
+
+
+# Checks listed one by one under --verbose; past it, checks whose name and reason differ only in
+# numbers (`stacks`' "read rank 17 (PID 4858) on vm" per rank) are one line with a count.
+MAX_CHECK_ROWS = 64
+# Detail lines of one finding in the Markdown report (the JSON has all of them).
+MAX_MD_DETAIL_LINES = 40
+
+
+def check_rows(checks: list[dict]) -> list[tuple[dict, int]]:
+    """(check, how many more alike were folded into it), in the checks' order."""
+    if len(checks) <= MAX_CHECK_ROWS:
+        return [(c, 0) for c in checks]
+    rows: list[list] = []
+    index: dict[tuple, int] = {}
+    for check in checks:
+        key = (check.get("status"), check.get("stage"), shape(str(check.get("name", ""))), shape(str(check.get("reason") or "")))
+        if key in index:
+            rows[index[key]][1] += 1
+        else:
+            index[key] = len(rows)
+            rows.append([check, 0])
+    return [(c, n) for c, n in rows]
 
 
 def _render_finding(console: Console, finding: Finding, *, verbose: bool) -> None:
@@ -146,7 +171,10 @@ def render_markdown(report: Report, *, title: str = "distdoctor report") -> str:
         if details:
             lines += ["<details><summary>Details</summary>", ""]
             for f in details:
-                lines += [f"**{f.id}** — {_md_escape(f.title)}", "", "```", f.detail, "```", ""]
+                detail = f.detail.splitlines()
+                if len(detail) > MAX_MD_DETAIL_LINES:
+                    detail = detail[:MAX_MD_DETAIL_LINES] + [f"…({len(detail) - MAX_MD_DETAIL_LINES} more lines: --format json)"]
+                lines += [f"**{f.id}** — {_md_escape(f.title)}", "", "```", "\n".join(detail), "```", ""]
             lines += ["</details>", ""]
     else:
         lines += ["No findings.", ""]

@@ -12,6 +12,7 @@ from fnmatch import fnmatchcase
 from typing import Any, Iterable, Mapping, Sequence
 
 from distdoctor.core.findings import Finding, Severity
+from distdoctor.core.rank_groups import MAX_LINES, hosts_text, ranges_text, ranks_label, shape, where_text
 from distdoctor.core.redact import scrub
 
 SCHEMA = "distdoctor.report/1"
@@ -35,33 +36,22 @@ class WorldSummary:
 
 
 def format_ranks(ranks: Iterable[int]) -> str:
-    """[0, 1, 2, 3, 5, 7, 8] -> '0-3, 5, 7-8'."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ", ".join(parts)
+    """[0, 1, 2, 3, 5, 7, 8] -> '0-3, 5, 7-8'; bounded at scale ('0, 2, 4, …, 4094 (2048 ranks)'),
+    see core.rank_groups."""
+    return ranges_text(ranks)
 
 
 def format_where(finding: Finding) -> str:
-    """Where a finding was seen: 'ranks 0-7 on node-a; rank 8 on node-b'."""
+    """Where a finding was seen: 'ranks 0-7 on node-a; rank 8 on node-b' (bounded: a few hosts by
+    name, the rest counted)."""
     where = finding.data.get("where") if finding.data else None
     if isinstance(where, Mapping) and where:
-        chunks = []
-        for host, ranks in sorted(where.items(), key=lambda kv: min(kv[1]) if kv[1] else -1):
-            label = "rank" if len(ranks) == 1 else "ranks"
-            chunks.append(f"{label} {format_ranks(ranks)} on {host}" if ranks else f"on {host}")
-        return "; ".join(chunks)
+        return where_text(where)
     bits = []
     if finding.ranks:
-        bits.append(("rank " if len(finding.ranks) == 1 else "ranks ") + format_ranks(finding.ranks))
+        bits.append(ranks_label(finding.ranks))
     if finding.hosts:
-        bits.append("on " + ", ".join(finding.hosts))
+        bits.append("on " + hosts_text(finding.hosts))
     return " ".join(bits)
 
 
@@ -99,7 +89,33 @@ def merge_findings(findings: Iterable[Finding]) -> list[Finding]:
         if covered >= set(merged.ranks) and (len(per_host) > 1 or (per_host and len(merged.ranks) > 1)):
             merged = merged.with_(data={**merged.data, "where": per_host})
         out.append(merged)
-    return sorted(out, key=lambda f: (-int(f.severity), f.id, min(f.ranks) if f.ranks else -1))
+    return sorted(fold_alike(out), key=lambda f: (-int(f.severity), f.id, min(f.ranks) if f.ranks else -1))
+
+
+def fold_alike(findings: list[Finding], budget: int = MAX_LINES) -> list[Finding]:
+    """Findings that differ only in numbers (a rank's own "... on rank 17", its port, its time) are
+    one finding when there are more than ``budget`` of them: a check that fails on 4,096 ranks
+    reads as one finding naming them as ranges, not 4,096. Its data keeps each one ("alike")."""
+    groups: dict[tuple, list[Finding]] = {}
+    for finding in findings:
+        key = (finding.id, finding.check, shape(finding.title), shape(finding.detail), finding.remediation)
+        groups.setdefault(key, []).append(finding)
+    out = []
+    for members in groups.values():
+        if len(members) <= budget:
+            out += members
+            continue
+        first = members[0]
+        ranks = sorted({r for f in members for r in f.ranks})
+        others = sorted({r for f in members[1:] for r in f.ranks} - set(first.ranks))
+        alike = [{"title": f.title, "detail": f.detail, "ranks": list(f.ranks), "hosts": list(f.hosts)} for f in members]
+        out.append(first.with_(
+            title=f"{first.title} (and {len(members) - 1} alike" + (f", on {ranks_label(others)}" if others else "") + ")",
+            detail=f"{first.detail}\n({len(members)} findings alike, differing only in numbers: --format json has each)"
+            .lstrip("\n"),
+            ranks=tuple(ranks), hosts=tuple(dict.fromkeys(h for f in members for h in f.hosts)),
+            data={**first.data, "alike": alike}))
+    return out
 
 
 def split_silenced(findings: Sequence[Finding], patterns: Iterable[str]) -> tuple[list[Finding], list[Finding]]:

@@ -90,6 +90,19 @@ def _consume(value: Any) -> list[Finding]:
     return items
 
 
+def _now_doing(ctx: CheckContext) -> str:
+    """What a cross-rank world says this rank was doing ('' when it cannot say at once): a check
+    cut off by its deadline names the step and the ranks that were slow."""
+    describe = getattr(ctx.world, "now_doing", None)
+    if not callable(describe):
+        return ""
+    try:
+        text = describe()
+    except Exception:
+        return ""
+    return text if isinstance(text, str) else ""
+
+
 class Runner:
     def __init__(
         self,
@@ -147,9 +160,11 @@ class Runner:
         if alive:
             run_deadline_hit = self.remaining() <= 0
             reason = "the run's deadline passed" if run_deadline_hit else f"still running after {limit:g}s"
+            doing = _now_doing(ctx)
             finding = CHECK_TIMED_OUT(
                 f"Check {check.name} did not finish within {limit:g}s",
-                detail=f"Stage {check.stage}: {reason}; what it verifies is unknown.",
+                detail=f"Stage {check.stage}: {reason}; what it verifies is unknown."
+                + (f" When it was cut off, this rank was {doing}." if doing else ""),
                 check=check.name,
                 data={"timeout_s": limit, "stage": check.stage},
             )

@@ -22,6 +22,8 @@ from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
 from distdoctor.core.findings import Finding
+from distdoctor.core.rank_groups import (MAX_LINES, as_ranges, group_ranks, grouped_lines, ranks_label, said_alike, shape,
+                                         within_budget)
 from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis import kinds
 from distdoctor.diagnosis.frames import is_user_file
@@ -167,30 +169,33 @@ def _op_text(group: str, op: PendingOp | None) -> str:
     return f"{op.describe() if op else 'a collective'} of {group_label(group)}"
 
 
-MAX_LISTED = 16  # ranks described one by one in a detail line; a 1024-rank job names the rest by count
-
-
-def _listed(parts: list[str]) -> str:
-    if len(parts) <= MAX_LISTED:
-        return "; ".join(parts)
-    return "; ".join(parts[:MAX_LISTED]) + f"; … and {len(parts) - MAX_LISTED} more ranks"
+def _ranks_of(snaps: Iterable[RankSnapshot], capital: bool = False) -> str:
+    """'rank 3', 'ranks 0-31, 33-4095': the ranks as ranges (bounded at any world size)."""
+    return ranks_label([s.rank for s in snaps], capital=capital)
 
 
 def _waiters_text(waiting: Sequence[RankSnapshot]) -> str:
     """What the waiting ranks are in; ranks in the same call at the same line are said once
-    (`ranks 0, 2-3 wait in ...`), so a 64-rank job reads as one line per place."""
+    (`ranks 0, 2-3 wait in ...`), so a 4,096-rank job reads as one line per place, a few places
+    at most (the largest and the odd ones; the rest counted)."""
     places: dict[tuple[str, str], list[tuple[int, float | None]]] = {}
+    texts: dict[tuple[str, str], str] = {}
     for snap in waiting:
         group, op = _waiting_op(snap)
         if not snap.waiting and snap.error is not None:
             text = (f"failed in {_op_text(group, op)}{_where(snap)} with {snap.error.type}: {snap.error.message}")[:400]
-            places.setdefault(("failed", text), []).append((snap.rank, None))
+            texts.setdefault(("failed", shape(text)), text)
+            places.setdefault(("failed", shape(text)), []).append((snap.rank, None))
             continue
         age = op.age_s if op is not None else None
-        places.setdefault(("waits", f"{_op_text(group, op)}{_where(snap)}"), []).append((snap.rank, age))
-    parts = [_place_text(verb, text, members) for (verb, text), members in places.items()]
-    if len(parts) > MAX_LISTED:
-        return "; ".join(parts[:MAX_LISTED]) + f"; … and {len(parts) - MAX_LISTED} more places"
+        text = f"{_op_text(group, op)}{_where(snap)}"
+        texts.setdefault(("waits", text), text)
+        places.setdefault(("waits", text), []).append((snap.rank, age))
+    groups = group_ranks((rank, key) for key, members in places.items() for rank, _ in members)
+    said, rest = within_budget(groups, MAX_LINES)
+    parts = [_place_text(key[0], texts[key], places[key]) for key, _ in said]
+    if rest:
+        parts.append(f"… and {len(rest)} more ranks ({format_ranks(rest)}) in other places")
     return "; ".join(parts)
 
 
@@ -203,6 +208,17 @@ def _place_text(verb: str, text: str, members: list[tuple[int, float | None]]) -
     since = f" for up to {max(ages):.1f} s" if ages else ""
     label = f"ranks {format_ranks(ranks)}"
     return f"{label} wait in {text}{since}" if verb == "waits" else f"{label} {text}"
+
+
+def _state_text(snap: RankSnapshot) -> str:
+    """One rank's state in a few words, for the JSON's ranks-per-state (every rank, as ranges)."""
+    if _blocked(snap):
+        group, op = _waiting_op(snap)
+        verb = "waits in" if snap.waiting else "failed in"
+        return f"{verb} {_op_text(group, op)}{_where(snap)}"
+    if snap.status == RUNNING:
+        return "running, not in a collective" + _where(snap)
+    return _exit_text(snap)
 
 
 def _progress_text(snap: RankSnapshot, group: str = DEFAULT_GROUP) -> str:
@@ -235,8 +251,30 @@ def _stack_lines(snap: RankSnapshot, limit: int = 8) -> list[str]:
     return [f"rank {snap.rank}'s stack (innermost last):", *lines]
 
 
+MAX_STACKS = 2  # distinct stacks shown in one finding (the ranks sharing each are named)
+
+
+def _stacks_lines(snaps: Sequence[RankSnapshot]) -> list[str]:
+    """The stacks of these ranks, each distinct stack once (the first MAX_STACKS), with who shares it."""
+    by_stack = group_ranks((s.rank, tuple((f.file, f.line, f.function) for f in s.stack)) for s in snaps if s.stack)
+    first = {s.rank: s for s in snaps}
+    lines: list[str] = []
+    for _, ranks in by_stack[:MAX_STACKS]:
+        own = _stack_lines(first[ranks[0]])
+        if len(ranks) > 1:
+            own[0] = f"{ranks_label(ranks)}' stack (innermost last):"
+        lines += own
+    if len(by_stack) > MAX_STACKS:
+        lines.append(f"… and {len(by_stack) - MAX_STACKS} more distinct stacks (--format json has every rank's)")
+    return lines
+
+
 def _data(snaps: Sequence[RankSnapshot], **extra: Any) -> dict[str, Any]:
-    return {**extra, "snapshots": [s.to_dict() for s in snaps]}
+    """What a finding carries: every rank's snapshot, and every rank's state as ranges
+    ({"waits in all_reduce #12 ...": [[0, 31], [33, 4095]], ...}), complete at any size."""
+    states = group_ranks((s.rank, _state_text(s)) for s in snaps)
+    return {**extra, "states": {text: as_ranges(ranks) for text, ranks in states},
+            "snapshots": [s.to_dict() for s in snaps]}
 
 
 def _hosts(snaps: Iterable[RankSnapshot]) -> list[str]:
@@ -265,8 +303,7 @@ def _first_failure(snaps: Sequence[RankSnapshot]) -> Finding | None:
     timed = [f for f in failed if f[0] is not None]
     first = min(timed, key=lambda f: (f[0], f[1], f[2].rank))[2] if timed else min(failed, key=lambda f: (f[1], f[2].rank))[2]
     others = [s for s in snaps if s.rank != first.rank]
-    consequences = [_consequence_text(s) for s in others]
-    detail_tail = [c for c in consequences if c]
+    detail_tail = _consequences_text(others)
     if first.error is not None and not first.error.consequence:
         error = first.error
         title = f"Rank {first.rank} raised {error.type}: {error.message}"[:300]
@@ -284,21 +321,38 @@ def _first_failure(snaps: Sequence[RankSnapshot]) -> Finding | None:
                  + " without an error this source could read"]
         kind = kinds.MISSING
     if detail_tail:
-        lines.append("then, as a consequence: " + _listed(detail_tail))
+        lines.append("then, as a consequence: " + detail_tail)
     lines += _stack_lines(first)
     return kind(title, detail="\n".join(lines), ranks=[first.rank], hosts=_hosts([first]),
                 data=_data(snaps, first_rank=first.rank,
                            consequences=[s.rank for s in others if _consequence_text(s)]))
 
 
-def _consequence_text(snap: RankSnapshot) -> str:
+def _outcome_text(snap: RankSnapshot) -> str:
+    """A peer's own end, without its rank ('failed with X', 'exited with code 1'); '' when none."""
     if snap.error is not None:
-        return f"rank {snap.rank} {'failed' if snap.error.consequence else 'also raised'} with {snap.error.describe()}"
+        return f"{'failed' if snap.error.consequence else 'also raised'} with {snap.error.describe()}"
     if snap.status in (KILLED, EXITED) and snap.exit_code not in (None, 0):
-        return f"rank {snap.rank} {_exit_text(snap)}"
-    if _blocked(snap):
-        return _waiters_text([snap])
+        return _exit_text(snap)
     return ""
+
+
+def _consequence_text(snap: RankSnapshot) -> str:
+    outcome = _outcome_text(snap)
+    if outcome:
+        return f"rank {snap.rank} {outcome}"
+    return _waiters_text([snap]) if _blocked(snap) else ""
+
+
+def _consequences_text(others: Sequence[RankSnapshot]) -> str:
+    """What the other ranks did afterwards: ranks with the same outcome (but for numbers) said once,
+    the ranks still waiting by place."""
+    outcomes = [(s.rank, text) for s in others if (text := _outcome_text(s))]
+    lines = said_alike(outcomes, lambda label, text, ranks: f"{label} {text}", rest="with other outcomes")
+    waiting = [s for s in others if not _outcome_text(s) and _blocked(s)]
+    if waiting:
+        lines.append(_waiters_text(waiting))
+    return "; ".join(lines)
 
 
 # -- 2-4. a rank that left, went silent or is late -------------------------------------------------
@@ -309,11 +363,11 @@ def _left_early(snaps: Sequence[RankSnapshot]) -> Finding | None:
     if not waiting or not left:
         return None
     group, op = _waiting_op(waiting[0])
-    leavers = "; ".join(f"rank {s.rank} {_exit_text(s)}" + (f" ({_progress_text(s, group)})" if _progress_text(s, group) else "")
-                        + _where(s) for s in left)
-    title = (f"Rank{'s' if len(left) > 1 else ''} {', '.join(str(s.rank) for s in left)} left the job while "
-             f"rank{'s' if len(waiting) > 1 else ''} {', '.join(str(s.rank) for s in waiting)} still "
-             f"wait{'' if len(waiting) > 1 else 's'} in {_op_text(group, op)}")
+    leavers = "; ".join(said_alike(
+        ((s.rank, _exit_text(s) + (f" ({_progress_text(s, group)})" if _progress_text(s, group) else "") + _where(s))
+         for s in left), lambda label, text, ranks: f"{label} {text}"))
+    title = (f"{_ranks_of(left, capital=True)} left the job while "
+             f"{_ranks_of(waiting)} still wait{'' if len(waiting) > 1 else 's'} in {_op_text(group, op)}")
     detail = "\n".join([leavers, _waiters_text(waiting)])
     return kinds.UNEVEN(title, detail=detail, ranks=[s.rank for s in left], hosts=_hosts(left),
                         data=_data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None,
@@ -329,10 +383,11 @@ def _missing(snaps: Sequence[RankSnapshot]) -> Finding | None:
     if not waiting or not silent:
         return None
     group, op = _waiting_op(waiting[0])
-    title = (f"Rank{'s' if len(silent) > 1 else ''} {', '.join(str(s.rank) for s in silent)} "
+    title = (f"{_ranks_of(silent, capital=True)} "
              f"{'did not answer' if all(s.status not in (KILLED, EXITED) for s in silent) else 'ended'} while the others wait in {_op_text(group, op)}")
-    lines = [f"rank {s.rank}{' on ' + s.host if s.host else ''} {_exit_text(s)}"
-             + (f" ({'; '.join(s.notes)})" if s.notes else "") for s in silent]
+    lines = said_alike(((s.rank, f"{' on ' + s.host if s.host else ''} {_exit_text(s)}"
+                             + (f" ({'; '.join(s.notes)})" if s.notes else "")) for s in silent),
+                           lambda label, text, ranks: f"{label}{text}")
     lines.append(_waiters_text(waiting))
     return kinds.MISSING(title, detail="\n".join(lines), ranks=[s.rank for s in silent], hosts=_hosts(silent),
                          data=_data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None,
@@ -345,24 +400,26 @@ def _straggler(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Finding
     if not waiting or not idle:
         return None
     group, op = _waiting_op(waiting[0])
-    late = ", ".join(str(s.rank) for s in idle)
-    title = (f"Rank{'s' if len(idle) > 1 else ''} {late} {'have' if len(idle) > 1 else 'has'} not arrived at "
+    title = (f"{_ranks_of(idle, capital=True)} {'have' if len(idle) > 1 else 'has'} not arrived at "
              f"{_op_text(group, op)}" + (f": at {idle[0].where.describe()}" if idle[0].where else ""))
-    lines = []
-    for snap in idle:
-        progress = _progress_text(snap, group)
-        lines.append(f"rank {snap.rank}{' on ' + snap.host if snap.host else ''} is not in a collective"
-                     + (f", at {snap.where.describe()}" if snap.where else
-                        " (its stack has no frame of your code)" if snap.stack else " (where in your code is not known)")
-                     + (f" for {snap.still_s:.1f} s" if snap.still_s else "")
-                     + (f" ({progress})" if progress else ""))
+    lines = said_alike(((snap.rank, _outside_text(snap, group)) for snap in idle),
+                           lambda label, text, ranks: f"{label}{text}")
     lines.append(_waiters_text(waiting) + (f" (the first waited {waited_s:.1f} s)" if waited_s else ""))
     lines += _thread_lines(snaps)
-    for snap in idle:
-        lines += _stack_lines(snap)
+    lines += _stacks_lines(idle)
     return kinds.STRAGGLER(title, detail="\n".join(lines), ranks=[s.rank for s in idle], hosts=_hosts(idle),
                            data=_data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None,
                                       late=[s.rank for s in idle], waiting=[s.rank for s in waiting]))
+
+
+def _outside_text(snap: RankSnapshot, group: str) -> str:
+    """' on node-b is not in a collective, at `time.sleep(3600)` at train.py:41 for 5.0 s (...)'"""
+    progress = _progress_text(snap, group)
+    return (f"{' on ' + snap.host if snap.host else ''} is not in a collective"
+            + (f", at {snap.where.describe()}" if snap.where else
+               " (its stack has no frame of your code)" if snap.stack else " (where in your code is not known)")
+            + (f" for {snap.still_s:.1f} s" if snap.still_s else "")
+            + (f" ({progress})" if progress else ""))
 
 
 # -- 5-6. what the ranks are in ------------------------------------------------------------------
@@ -396,9 +453,11 @@ def _mismatch(snaps: Sequence[RankSnapshot]) -> Finding | None:
             if len(set(values.values())) < 2 or (field == "sizes" and _sizes_may_differ(ops.values())):
                 continue
             odd = _odd(values)
-            lines = [f"rank {r}: {ops[r].describe()}" for r in sorted(ops)]
+            lines = grouped_lines(group_ranks((r, op.describe()) for r, op in ops.items()),
+                                  lambda text, ranks: f"{ranks_label(ranks)}: {text}")
             title = f"{ops[min(ops)].op} #{seq} of {group_label(group)} differs in {field} across ranks: " + \
-                "; ".join(f"rank {r}: {_field_text(field, ops[r])}" for r in sorted(ops))
+                "; ".join(grouped_lines(group_ranks((r, _field_text(field, op)) for r, op in ops.items()),
+                                        lambda text, ranks: f"{ranks_label(ranks)}: {text}", budget=4))
             return kind(title[:400], detail="\n".join(lines), ranks=odd,
                         hosts=_hosts(s for s in snaps if s.rank in odd),
                         data=_data(snaps, group=group, seq=seq, field=field))
@@ -429,10 +488,11 @@ def _diverged(snaps: Sequence[RankSnapshot]) -> Finding | None:
     for group, ops in sorted(at.items()):
         if len({op.seq for op in ops.values()}) > 1:
             odd = _odd({r: op.seq for r, op in ops.items()})
-            lines = [f"rank {r} waits in {ops[r].describe()}" for r in sorted(ops)]
+            by_op = group_ranks((r, op.describe()) for r, op in ops.items())
+            lines = grouped_lines(by_op, lambda text, ranks: f"{ranks_label(ranks)} wait{'s' if len(ranks) == 1 else ''} in {text}")
             return kinds.MISMATCH(
                 f"Ranks wait at different collectives of {group_label(group)}: "
-                + "; ".join(f"rank {r} in {ops[r].describe()}" for r in sorted(ops)),
+                + "; ".join(grouped_lines(by_op, lambda text, ranks: f"{ranks_label(ranks)} in {text}", budget=4)),
                 detail="\n".join(lines + ["one rank issued collectives the others did not (a rank-dependent branch, an extra step)"]),
                 ranks=odd, hosts=_hosts(s for s in snaps if s.rank in odd), data=_data(snaps, group=group))
     return None
@@ -469,6 +529,8 @@ def _unmatched_p2p(waiting: Sequence[RankSnapshot]) -> list[str]:
             continue
         if other.op not in POINT_TO_POINT or (other.peer in (None, rank) and other.receives == op.receives):
             lines.append(f"rank {rank} waits in {op.describe()} while rank {op.peer} waits in {other.describe()}")
+    if len(lines) > MAX_LINES:  # a cycle around thousands of ranks: the first pairs say what it is
+        lines = lines[:MAX_LINES - 1] + [f"… and {len(lines) - MAX_LINES + 1} more such pairs"]
     return lines
 
 
@@ -487,11 +549,11 @@ def _p2p_deadlock(snaps: Sequence[RankSnapshot], waiting: Sequence[RankSnapshot]
 
 def _thread_lines(snaps: Sequence[RankSnapshot]) -> list[str]:
     """Threads that died in ranks still alive (a data loader's prefetch thread behind a stall)."""
-    lines = []
+    items = []
     for snap in snaps:
         for error in snap.thread_errors[:4]:
             thread = f"its thread {error.thread!r}" if error.thread else "one of its threads"
-            lines.append(f"rank {snap.rank}: {thread} died with {error.type}"
-                         + (f" at {error.frame.describe()}" if error.frame else "")
-                         + (f": {error.message}" if error.message else ""))
-    return lines
+            items.append((snap.rank, f"{thread} died with {error.type}"
+                          + (f" at {error.frame.describe()}" if error.frame else "")
+                          + (f": {error.message}" if error.message else "")))
+    return said_alike(items, lambda label, text, ranks: f"{label}: {text}", rest="with other threads' errors")

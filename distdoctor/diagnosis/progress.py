@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from distdoctor.core.findings import Finding
+from distdoctor.core.rank_groups import MAX_LINES, said_alike
 from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis import kinds
 from distdoctor.diagnosis.diagnose import DEFAULT_GROUP, diagnose, group_label
@@ -43,8 +44,6 @@ CPU_FLOOR_S = 0.002
 CPU_SHARE = 0.01
 # Kernel states of a thread that is not on a CPU: sleeping, in uninterruptible (disk) sleep, idle.
 ASLEEP = frozenset("SDI")
-# Detail lines listing ranks one by one; a large job names the rest by count.
-_LISTED = 16
 
 
 # -- one rank, two looks ------------------------------------------------------------------------
@@ -194,6 +193,21 @@ class Motion:
         return f"rank {self.rank} could not be read"
 
 
+def motion_lines(motions: Sequence[Motion]) -> list[str]:
+    """Each rank's motion in words: one line per rank in a small job (MAX_LINES ranks or fewer),
+    else ranks that did the same (but for numbers: CPU seconds, spans) said once as ranges."""
+    if len(motions) <= MAX_LINES:
+        return [m.describe() for m in motions]
+
+    def said(label: str, text: str, ranks: list[int]) -> str:
+        if len(ranks) > 1:
+            text = text.replace("was read once", "were read once").replace("whether it moves", "whether they move")
+        return f"{label} {text}"
+
+    return said_alike(((m.rank, m.describe()[len(f"rank {m.rank} "):]) for m in motions), said,
+                      rest="in other states")
+
+
 def _readable(looks: Iterable[RankSnapshot]) -> list[RankSnapshot]:
     return [s for s in looks if s.status != UNKNOWN]
 
@@ -304,9 +318,7 @@ def _why_not(finding: Finding, motions: Mapping[int, Motion], history: Mapping[i
 def _still_lines(finding: Finding, motions: Mapping[int, Motion]) -> str:
     """The evidence over time, for a finding the looks prove."""
     shown = [motions[r] for r in sorted(motions) if motions[r].state in (STILL, MOVED)]
-    lines = [m.describe() for m in shown[:_LISTED]]
-    if len(shown) > _LISTED:
-        lines.append(f"… and {len(shown) - _LISTED} more ranks")
+    lines = motion_lines(shown)
     return "\n".join(["over time:", *(f"  {line}" for line in lines)]) if lines else ""
 
 
@@ -341,9 +353,7 @@ def _running(alive: Sequence[Motion]) -> Finding:
     looks = min(m.looks for m in alive)
     spans = [m.span_s for m in alive if m.span_s is not None]
     over = f" over {max(spans):.1f} s" if spans else ""
-    lines = [m.describe() for m in alive[:_LISTED]]
-    if len(alive) > _LISTED:
-        lines.append(f"… and {len(alive) - _LISTED} more ranks")
+    lines = motion_lines(alive)
     ranks = [m.rank for m in alive]
     return kinds.RUNNING(f"Running: every rank moved between reads ({'rank' if len(ranks) == 1 else 'ranks'} "
                          f"{format_ranks(ranks)}, {looks} reads or more{over})",
@@ -362,9 +372,7 @@ def _open(motions: Mapping[int, Motion], dropped: Sequence[tuple[Finding, str]],
         title = "One read alone cannot tell a busy job from a hung one"
     else:
         title = "The reads do not tell yet whether the job progresses or is stuck"
-    lines = [m.describe() for m in ordered[:_LISTED]]
-    if len(ordered) > _LISTED:
-        lines.append(f"… and {len(ordered) - _LISTED} more ranks")
+    lines = motion_lines(ordered)
     for finding, why in dropped:
         lines.append(f"the last read alone would say: {finding.title} — not named, because {why}")
     notes = sorted({n for m in ordered if m.latest for n in m.latest.notes if "cannot tell" in n})

@@ -6,10 +6,12 @@ from typing import Sequence
 
 from distdoctor.core.findings import Finding
 from distdoctor.core.registry import finding_kind
-from distdoctor.core.report import format_ranks
+from distdoctor.core.rank_groups import ranks_label, within_budget
 from distdoctor.diagnosis.snapshot import Frame, RankSnapshot
 
 _SHOWN_FRAMES = 10
+# Stacks described in the finding (the largest group and the odd ones); the rest are counted.
+_SHOWN_GROUPS = 4
 
 STACK_GROUPS = finding_kind(
     "stacks.I002", cause="unknown", title="Ranks grouped by identical main-thread stack",
@@ -30,8 +32,7 @@ def groups(snaps: Sequence[RankSnapshot]) -> list[list[RankSnapshot]]:
 
 
 def _ranks_text(members: Sequence[RankSnapshot]) -> str:
-    ranks = [s.rank for s in members]
-    return ("rank " if len(ranks) == 1 else "ranks ") + format_ranks(ranks)
+    return ranks_label(s.rank for s in members)
 
 
 def _frame_line(frame: Frame) -> str:
@@ -63,7 +64,12 @@ def stack_groups(snaps: Sequence[RankSnapshot], *, native: bool = False) -> Find
         odd = [s for g in found[1:] for s in g]
         title = (f"{_ranks_text(found[0])} share{'s' if len(found[0]) == 1 else ''} one stack; "
                  f"{_ranks_text(odd)} differ{'s' if len(odd) == 1 else ''}")
-    detail = [line for g in found for line in _describe(g)]
+    by_rank = {g[0].rank: g for g in found}
+    shown, rest = within_budget([(g[0].rank, [s.rank for s in g]) for g in found], _SHOWN_GROUPS)
+    detail = [line for first, _ in shown for line in _describe(by_rank[first])]
+    if rest:
+        detail.append(f"… and {len(found) - len(shown)} more distinct stacks, of {ranks_label(rest)} "
+                      "(--format json has every rank's)")
     if not native and not any(s.in_collective for g in found for s in g):
         detail.append(NCCL_NOTE)
     hosts = sorted({s.host for g in found for s in g if s.host})

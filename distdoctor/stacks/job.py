@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from distdoctor.core.findings import Finding
 from distdoctor.core.registry import finding_kind
+from distdoctor.core.rank_groups import ranks_label, said_alike
 from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis import kinds as job_kinds
 from distdoctor.diagnosis import progress
@@ -164,9 +165,9 @@ def judge(view: JobView, *, several: bool = False) -> list[Finding]:
     if ended:
         seen = any(look.stack for s in ended for look in view.looks(s.rank))
         when = "between reads" if seen else f"before {'its' if len(ended) == 1 else 'their'} stack could be read"
-        found.append(ENDED(f"{'Rank' if len(ended) == 1 else 'Ranks'} {format_ranks(s.rank for s in ended)} "
-                           f"ended {when}",
-                           detail="\n".join(f"rank {s.rank} (PID {s.pid}): {'; '.join(s.notes)}" for s in ended),
+        found.append(ENDED(f"{ranks_label((s.rank for s in ended), capital=True)} ended {when}",
+                           detail="\n".join(said_alike(((s.rank, f"(PID {s.pid}): {'; '.join(s.notes)}") for s in ended),
+                                                       lambda label, text, ranks: f"{label} {text}")),
                            ranks=[s.rank for s in ended], hosts=[s.host for s in ended if s.host]))
     if snaps and (unread or (not view.whole and view.world_size and len(snaps) < view.world_size)):
         # "Every rank waits" holds only for the ranks seen: a rank not seen may be the late one.

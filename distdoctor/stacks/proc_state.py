@@ -107,10 +107,10 @@ def read_clock(pid: int) -> Clock:
 def uses_gpu(pid: int) -> bool | None:
     """Whether the process has a GPU's device files or driver mapped (None: not readable)."""
     try:
-        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if any(name in line for name in _GPU_MAPS):
-                    return True
+        # One read and one search per name (a torch process maps ~2,700 regions: a scan line by
+        # line in Python cost 28 ms a rank, 1.8 s for 64 ranks on the sampler's main thread).
+        with open(f"/proc/{pid}/maps", "rb") as fh:
+            maps = fh.read()
     except OSError:
         return None
-    return False
+    return any(name.encode() in maps for name in _GPU_MAPS)

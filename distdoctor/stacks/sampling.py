@@ -23,7 +23,7 @@ from distdoctor.stacks.collective import DDP_TYPES, read_wait
 from distdoctor.stacks.sources import source_names_ddp
 from distdoctor.stacks.proc_state import ProcState, uses_gpu
 from distdoctor.stacks.procs import RankProcess
-from distdoctor.stacks.snapshots import Facts, RankView, Read, build, read_rank, python_frames
+from distdoctor.stacks.snapshots import Facts, RankView, Read, build, python_frames, read_rank, still_read
 
 MAX_PARALLEL = 16       # py-spy processes at once (64 ranks: four rounds)
 MAX_INFLIGHT = 1        # reads of one rank running at once (2 was measured slower on a loaded node)
@@ -130,6 +130,11 @@ class Sampler:
 
     def _read(self, track: Track, timeout_s: float, first: bool, beside_native: bool) -> Read:
         try:
+            previous = track.reads[-1] if track.reads else None
+            if previous is not None and not first:
+                still = still_read(track.proc, previous)  # its main thread did not run: no py-spy needed
+                if still is not None:
+                    return still
             return read_rank(track.proc, native=self.native and first, pyspy_path=self.pyspy_path,
                              timeout_s=timeout_s, started=track.started, local_types=not track.knows_model,
                              beside_native=beside_native)

@@ -4,6 +4,12 @@
 # JOBID --format json` per node of the job's allocation (--overlap: beside the job's own step,
 # without waiting for its CPUs). Each node reports the ranks of that job it runs, as snapshots;
 # here the jobs are merged across nodes and judged once, with every rank in view.
+#
+# A job of hundreds of nodes is read with a bounded fan-out: its nodes (squeue's node list,
+# expanded) in groups of NODES_PER_SRUN, one srun per group (--nodelist), MAX_SRUNS of them at
+# once. Every node reads its own ranks in parallel meanwhile; a group whose srun fails or hangs
+# costs only its own nodes (what the others answered is merged, the failure named), and no one
+# srun carries more than a group's reports through its pipe.
 
 from __future__ import annotations
 
@@ -12,16 +18,20 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterable, Mapping, Sequence
 
 from distdoctor.core.findings import Finding
 from distdoctor.core.registry import finding_kind
 from distdoctor.core.report import Report
+from distdoctor.machine.hostlist import expand_hostlist
 from distdoctor.stacks.job import JobView, merge
 from distdoctor.stacks.look import assemble
 from distdoctor.stacks.procs import NO_JOB
 
 SRUN_START_S = 60.0   # srun's own start-up on a busy controller, beyond the nodes' work
+NODES_PER_SRUN = 64   # nodes one srun reads (its pipe carries their reports)
+MAX_SRUNS = 8         # sruns at once: 512 nodes read in one wave
 _MAX_OUTPUT = 64 * 2**20
 # Judged again over the merged job: a node's own view of these is partial.
 _REJUDGED = ("job.", "stacks.I002", "stacks.W002", "stacks.W003")
@@ -92,30 +102,66 @@ def merge_reports(reports: list[Mapping[str, Any]], *, whole: bool) -> tuple[lis
     return jobs, findings, nodes
 
 
+def job_nodes(job_id: str, squeue: str | None = None) -> list[str]:
+    """The job's nodes (squeue's %N, expanded); [] when squeue cannot say (srun then reads them all)."""
+    program = squeue or shutil.which("squeue")
+    if program is None:
+        return []
+    try:
+        done = subprocess.run([program, "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True, timeout=30,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    lines = [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
+    try:
+        return list(dict.fromkeys(n for line in lines for n in expand_hostlist(line)))
+    except ValueError:
+        return []
+
+
+def node_groups(nodes: Sequence[str], size: int = NODES_PER_SRUN) -> list[list[str]]:
+    """The nodes in groups of at most ``size`` (one srun each); [[]] when the nodes are not known."""
+    nodes = list(nodes)
+    if len(nodes) <= size:
+        return [[]]  # one srun over the whole allocation
+    return [nodes[i:i + size] for i in range(0, len(nodes), size)]
+
+
+def _run_srun(argv: list[str], limit: float, program: str) -> tuple[str, str, int | None]:
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=limit, stdin=subprocess.DEVNULL)
+        return done.stdout[:_MAX_OUTPUT].decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace"), done.returncode
+    except subprocess.TimeoutExpired as exc:
+        return (exc.stdout or b"")[:_MAX_OUTPUT].decode("utf-8", "replace"), f"srun did not finish within {limit:g} s", None
+    except OSError as exc:
+        return "", f"cannot run {program}: {exc.strerror or exc}", None
+
+
 def look_slurm_job(job_id: str, *, native: bool = False, timeout_s: float = 10.0, span_s: float = 1.0,
-                   silence: Iterable[str] = (), srun: str | None = None) -> Report:
-    """Every node of SLURM job job_id looked at, one report."""
+                   silence: Iterable[str] = (), srun: str | None = None, squeue: str | None = None) -> Report:
+    """Every node of SLURM job job_id looked at (a bounded fan-out of sruns), one report."""
     started = time.monotonic()
     program = srun or shutil.which("srun")
     if program is None:
         failed = SRUN_FAILED("srun is not on PATH: --slurm-job needs it", detail="run this on a login or compute node of the cluster")
         return assemble([], [failed], started=started, silence=silence)
-    argv = srun_command(program, job_id, native=native, timeout_s=timeout_s, span_s=span_s)
-    # Each node reads its ranks in parallel within timeout_s; srun's start-up comes on top.
+    base = srun_command(program, job_id, native=native, timeout_s=timeout_s, span_s=span_s)
+    groups = node_groups(job_nodes(job_id, squeue))
+    argvs = [base if not group else [*base[:1], "--nodelist", ",".join(group), "--nodes", str(len(group)), *base[1:]]
+             for group in groups]
+    # Each node reads its ranks in parallel within timeout_s; srun's start-up comes on top, and
+    # the groups run MAX_SRUNS at a time.
     limit = timeout_s * 2 + SRUN_START_S
-    try:
-        done = subprocess.run(argv, capture_output=True, timeout=limit, stdin=subprocess.DEVNULL)
-        out, err, code = done.stdout[:_MAX_OUTPUT].decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace"), done.returncode
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"")[:_MAX_OUTPUT].decode("utf-8", "replace")
-        err, code = f"srun did not finish within {limit:g} s", None
-    except OSError as exc:
-        out, err, code = "", f"cannot run {program}: {exc.strerror or exc}", None
-    reports = json_objects(out)
-    jobs, findings, nodes = merge_reports(reports, whole=code == 0)
-    if code != 0:
+    with ThreadPoolExecutor(max_workers=min(MAX_SRUNS, len(argvs)), thread_name_prefix="distdoctor-srun") as pool:
+        answers = list(pool.map(lambda argv: _run_srun(argv, limit, program), argvs))
+    reports = [r for out, _, _ in answers for r in json_objects(out)]
+    jobs, findings, nodes = merge_reports(reports, whole=all(code == 0 for _, _, code in answers))
+    for argv, (out, err, code) in zip(argvs, answers):
+        if code == 0:
+            continue
         tail = "\n".join(err.strip().splitlines()[-8:])
         findings.append(SRUN_FAILED(f"srun {'exited with ' + str(code) if code is not None else 'failed'} for job {job_id}; "
-                                    f"{len(reports)} node report(s) read",
+                                    f"{len(json_objects(out))} node report(s) read",
                                     detail=f"{' '.join(argv)}\n{tail}"[:2000], data={"returncode": code}))
-    return assemble(jobs, findings, started=started, silence=silence, extra={"nodes": nodes, "slurm_job": job_id})
+    return assemble(jobs, findings, started=started, silence=silence,
+                    extra={"nodes": nodes, "slurm_job": job_id, "sruns": len(argvs)})

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psutil
 
 from distdoctor.core.findings import Finding
 from distdoctor.diagnosis.frames import display_path, is_user_file, user_frame, with_source
 from distdoctor.diagnosis.snapshot import EXITED, KILLED, RUNNING, UNKNOWN, Frame, RankSnapshot
+from distdoctor.machine.thread_clock import read_thread
 from distdoctor.stacks import attach, pyspy
 from distdoctor.stacks.collective import Reading, read_wait
 from distdoctor.stacks.proc_state import Clock, ProcState, read_clock, read_state
@@ -105,6 +106,9 @@ class Read:
     time: float | None = None          # epoch seconds of the /proc read, just before the dump
     native: bool = False               # read with --native
     cwd: str | None = None             # its working directory (relative paths in its stack)
+    runs: int | None = None            # times its main thread was put on a CPU, before the dump
+    carried_from: float | None = None  # a read without py-spy: the dump is the one read at this time
+
 
     @property
     def main(self) -> pyspy.Thread | None:
@@ -136,6 +140,9 @@ def build(read: Read, facts: Facts = Facts(), *, host: str | None = None) -> Ran
     if spin and not found.may_spin:
         notes.append("its process uses a GPU: without --native its CPU time is no evidence of progress (the CPU "
                      "may spin in a CUDA synchronisation), only its stack moving is (cannot tell otherwise)")
+    if read.carried_from is not None:
+        notes.append(f"its stack is the one read {max(0.0, (read.time or 0.0) - read.carried_from):.1f} s earlier: its "
+                     "main thread has not run since (the same CPU time and count of runs, asleep at both reads)")
     if any(proc.env.get(v) for v in _FR_VARS):
         notes.append("the flight recorder is on, but its sequence numbers live inside the process: py-spy cannot read them")
     shown = tuple(Frame(display_path(f.file), f.line, f.function) if is_user_file(f.file) else f for f in stack)
@@ -153,7 +160,7 @@ def read_rank(proc: RankProcess, *, native: bool = False, pyspy_path: str | None
     """Read one rank: its clock and state, its stacks, its state again (did it end during the
     dump?). started: its process's start time at an earlier read (a PID reused since differs);
     beside_native: our own native read of it runs now (a tracing stop is py-spy's, not the job's)."""
-    now, clock = time.time(), read_clock(proc.pid)
+    now, clock, runs = time.time(), read_clock(proc.pid), read_thread(f"/proc/{proc.pid}/task/{proc.pid}").runs
     if started is not None and clock.start is not None and clock.start != started:
         gone = ProcState(EXITED, None, f"PID {proc.pid} now belongs to another process: this rank ended (its exit "
                                        "status was not seen)")
@@ -166,9 +173,33 @@ def read_rank(proc: RankProcess, *, native: bool = False, pyspy_path: str | None
     cwd = _cwd(proc.pid)
     dump = pyspy.dump(proc.pid, native=native, timeout_s=timeout_s, pyspy=pyspy_path, local_types=local_types)
     if dump.problem is None:
-        return Read(proc, dump, before, clock, now, native, cwd)
+        return Read(proc, dump, before, clock, now, native, cwd, runs)
     after = read_state(proc.pid)
     if after.status in (EXITED, KILLED):
         note = ProcState(after.status, after.exit_code, (after.note + "; " if after.note else "") + "it ended during the dump")
         return Read(proc, pyspy.Dump(problem=pyspy.GONE, message=dump.message, seconds=dump.seconds), note, clock, now)
-    return Read(proc, dump, after, clock, now, native, cwd)
+    return Read(proc, dump, after, clock, now, native, cwd, runs)
+
+
+# Kernel states of a thread off any CPU: a thread found in one at two reads, with the same count of
+# runs and CPU time, executed nothing in between, so its stack cannot have changed.
+_ASLEEP = frozenset("SDI")
+
+
+def still_read(proc: RankProcess, previous: Read) -> Read | None:
+    """A read of the rank without py-spy, when /proc proves its main thread did not run since
+    ``previous`` (a read with a stack): the same start, the same count of runs and CPU time, asleep
+    at both. None when it may have run (then py-spy must read it). A hung job's ranks sleep in
+    their waits: after one dump each, the reads that show they stayed cost a /proc read, not a
+    py-spy process (64 ranks: 64 dumps, not 192)."""
+    if previous.main is None or previous.runs is None or previous.clock.state not in _ASLEEP:
+        return None
+    now, clock, thread = time.time(), read_clock(proc.pid), read_thread(f"/proc/{proc.pid}/task/{proc.pid}")
+    if (clock.start != previous.clock.start or thread.runs != previous.runs or clock.cpu_s != previous.clock.cpu_s
+            or clock.state not in _ASLEEP):
+        return None
+    state = read_state(proc.pid)
+    if state.status != RUNNING:
+        return None
+    return replace(previous, state=state, clock=clock, time=now,
+                   carried_from=previous.carried_from if previous.carried_from is not None else previous.time)

@@ -6,10 +6,33 @@ import time
 from typing import Any, Sequence
 
 from distdoctor.core.findings import Finding, Severity
+from distdoctor.core.rank_groups import MAX_LINES, hosts_text, ranges_text, ranks_label
 from distdoctor.stacks.watch import Row, Screen
 
 _STYLE = {"error": "bold red", "warning": "yellow", "critical": "bold red"}
 _SHOWN_ROWS = 256   # a terminal shows this many rows at most; the rest are counted
+# Past this many ranks, ranks in the same state at the same line are one row (`0, 2-63`): a
+# 4,096-rank job shows as many rows as it has distinct states, not one per rank.
+_GROUP_ABOVE = 16
+
+
+def grouped_rows(rows: Sequence[Row]) -> list[list[Row]]:
+    """The rows, each alone in a small job; in a large one grouped by job, state, line and highlight."""
+    if len(rows) <= _GROUP_ABOVE:
+        return [[row] for row in rows]
+    groups: dict[tuple, list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row.job, row.kind, row.where, row.flag), []).append(row)
+    return sorted(groups.values(), key=lambda members: min(r.rank for r in members))
+
+
+def _group_cells(members: Sequence[Row]) -> list[str]:
+    first = members[0]
+    if len(members) == 1:
+        return [str(first.rank), first.host, str(first.pid or ""), first.state, _cpu(first), first.where]
+    cpus = [r.cpu_pct for r in members if r.cpu_pct is not None]
+    return [ranges_text(r.rank for r in members), hosts_text([r.host for r in members], 2), f"{len(members)} PIDs",
+            max((r.state for r in members), key=len), f"{max(cpus):.0f}" if cpus else "", first.where]
 
 
 def _clock(epoch: float) -> str:
@@ -53,11 +76,13 @@ def table(screen: Screen, *, interval_s: float) -> Any:
                         min_width=12 if wraps else None)
     if several:
         grid.add_column("job", overflow="ellipsis")
-    for row in screen.rows[:_SHOWN_ROWS]:
-        cells = [str(row.rank), row.host, str(row.pid or ""), row.state, _cpu(row), row.where]
-        grid.add_row(*cells, *([row.job] if several else []), style=_STYLE.get(row.flag, ""))
-    if len(screen.rows) > _SHOWN_ROWS:
-        grid.caption = f"… and {len(screen.rows) - _SHOWN_ROWS} more ranks (--format json at the end holds them all)"
+    groups = grouped_rows(screen.rows)
+    for members in groups[:_SHOWN_ROWS]:
+        grid.add_row(*_group_cells(members), *([members[0].job] if several else []),
+                     style=_STYLE.get(members[0].flag, ""))
+    if len(groups) > _SHOWN_ROWS:
+        left = sum(len(m) for m in groups[_SHOWN_ROWS:])
+        grid.caption = f"… and {left} more ranks (--format json at the end holds them all)"
     verdicts = [Text(text, style=style) for style, text in verdict_lines(screen)]
     return Group(grid, *verdicts)
 
@@ -69,6 +94,15 @@ def _row_line(row: Row, epoch: float) -> str:
     return f"{_clock(epoch)} rank {row.rank} (PID {row.pid}) on {row.host}: {row.state}{cpu}{where}{mark}"
 
 
+def _group_line(members: Sequence[Row], epoch: float) -> str:
+    if len(members) == 1:
+        return _row_line(members[0], epoch)
+    _, host, pids, state, cpu, where = _group_cells(members)
+    mark = f" [{members[0].flag}]" if members[0].flag else ""
+    return (f"{_clock(epoch)} {ranks_label(r.rank for r in members)} ({pids}) on {host}: {state}"
+            + (f" · CPU up to {cpu}%" if cpu else "") + (f" · {where}" if where else "") + mark)
+
+
 def _verdict_key(found: Sequence[Finding]) -> tuple:
     return tuple((f.id, f.ranks) for f in found)
 
@@ -77,10 +111,14 @@ def changes(before: Screen | None, now: Screen) -> list[str]:
     """One line per rank whose state, place or highlight changed, and per verdict that formed or
     cleared, since the screen before (every row the first time)."""
     old = {(r.job, r.rank): r for r in before.rows} if before is not None else {}
-    lines = [_row_line(row, now.time) for row in now.rows
-             if (prev := old.get((row.job, row.rank))) is None
-             or (prev.kind, prev.flag, prev.pid) != (row.kind, row.flag, row.pid)
-             or (row.kind != "moving" and prev.where != row.where)]
+    changed = [row for row in now.rows
+               if (prev := old.get((row.job, row.rank))) is None
+               or (prev.kind, prev.flag, prev.pid) != (row.kind, row.flag, row.pid)
+               or (row.kind != "moving" and prev.where != row.where)]
+    if len(changed) <= MAX_LINES:
+        lines = [_row_line(row, now.time) for row in changed]
+    else:  # many ranks changed at once (a stall forming across the job): one line per state and line
+        lines = [_group_line(members, now.time) for members in grouped_rows(changed)]
     for job, found in now.verdicts.items():
         earlier = before.verdicts.get(job) if before is not None else None
         if earlier is not None and _verdict_key(earlier) == _verdict_key(found):

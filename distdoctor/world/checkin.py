@@ -163,6 +163,9 @@ CHECKIN = {
     "local_world_size": SMALL_INT, "device": optional(obj({"index": integer(0, 4096)})),
     "snapshot": optional(SNAPSHOT), "findings": optional(FINDINGS), "checks": optional(CHECKS),
     "blocked": optional(text(4096)),
+    # What torch's C++ layer wrote on this rank so far (world.native_output), and how long the
+    # rank took from its start to its check-in (world.stage_deadline).
+    "native": optional(obj()), "startup_s": optional(number),
 }
 # The verdict of the bounded init and preflight: ok, or why not.
 VERDICT = ({"ok": boolean, "findings": FINDINGS, "arrived": list_of(RANK_FIELD, MAX_RANK)}, ("ok",))

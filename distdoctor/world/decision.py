@@ -6,6 +6,7 @@ from typing import Any, Mapping, Sequence
 
 from distdoctor.core.config import Config
 from distdoctor.core.findings import Severity
+from distdoctor.core.rank_groups import said_alike
 from distdoctor.world.rank_state import ranks_text
 from distdoctor.world.store_exchange import CheckIns
 
@@ -19,7 +20,7 @@ def group_blockers(checkins: CheckIns) -> dict[str, list[str]]:
     address is left to the collective stage itself (a rank whose group fails tells the others
     through the store at once).
     """
-    out: dict[str, list[str]] = {"gloo": [], "nccl": []}
+    found: dict[str, list[tuple[int, str]]] = {"gloo": [], "nccl": []}
     for rank, payload in sorted(checkins.accepted.items()):
         if not 0 <= rank < checkins.expected:
             continue
@@ -38,8 +39,9 @@ def group_blockers(checkins: CheckIns) -> dict[str, list[str]]:
             except (TypeError, AttributeError):
                 continue  # a finding of a shape no distdoctor writes: not evidence of anything
             for backend in blocked:
-                out[backend].append(f"rank {rank}{f' on {host}' if host else ''}: {raw.get('title')} ({raw.get('id')})")
-    return out
+                found[backend].append((rank, f"{f' on {host}' if host else ''}: {raw.get('title')} ({raw.get('id')})"))
+    # Ranks with the same finding (but for numbers) said once, as ranges: 4,096 ranks, a few lines.
+    return {backend: said_alike(items, lambda label, text, ranks: f"{label}{text}") for backend, items in found.items()}
 
 
 def _backends_blocked(finding: Mapping[str, Any]) -> tuple[str, ...]:

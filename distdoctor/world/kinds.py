@@ -52,3 +52,9 @@ STORE_ENTRY_MALFORMED = finding_kind(
     title="An entry in the rendezvous store was malformed: a foreign or corrupted writer",
     hint="Something other than this job's distdoctor wrote to the store: look for other processes that connect to MASTER_PORT (ss -tnp 'dport = :PORT'), or run with a MASTER_PORT of its own",
 )
+NATIVE_OUTPUT = finding_kind(
+    "coll.I009",
+    cause="unknown",
+    title="torch's C++ layer wrote diagnostics on distdoctor's own ranks (kept off the terminal)",
+    hint="Nothing to do when no other finding names a fault; beside one, these lines are its evidence",
+)

@@ -11,7 +11,8 @@ from distdoctor.core.kinds import RUN_DEADLINE, RUN_INTERRUPTED
 from distdoctor.core.findings import Finding
 from distdoctor.machine.probes import call_with_deadline
 from distdoctor.core.stages import CROSS_RANK_STAGES
-from distdoctor.core.report import EXIT_INCOMPLETE, Report, format_ranks
+from distdoctor.core.rank_groups import ranks_label
+from distdoctor.core.report import EXIT_INCOMPLETE, Report
 from distdoctor.world.watchdog import running_checks
 from distdoctor.world.checkin import FINAL
 from distdoctor.world.rank_state import EMIT_WAIT_S, GOODBYE_ON_EXPIRE_S, INTERRUPT_FINAL_WAIT_S, STORE_READ_S
@@ -132,17 +133,35 @@ class CutoffFlow:
         data = {"stage": stage, "running": running}
         if signame:
             return RUN_INTERRUPTED(
-                f"The {stage} stage was interrupted by {signame} on ranks {format_ranks(stuck)}{doing}",
+                f"The {stage} stage was interrupted by {signame} on {ranks_label(stuck)}{doing}",
                 detail=f"distdoctor received {signame} {self.clock() - self.started:.1f}s after it started, "
                 f"in the {stage} stage{during}; the report is partial.",
                 ranks=stuck, check="signal", data={**data, "signal": signame},
             )
+        spent = self._stage_times()
         return RUN_DEADLINE(
-            f"The {stage} stage did not finish before the run's deadline on ranks {format_ranks(stuck)}{doing}",
+            f"The {stage} stage did not finish before the run's deadline on {ranks_label(stuck)}{doing}",
             detail=f"The watchdog ended the run {self.config.timeout:g}s after distdoctor started, "
-            f"in the {stage} stage{during}; the report is partial.",
-            ranks=stuck, check="watchdog", data=data,
+            f"in the {stage} stage{during}; the report is partial."
+            + (f" Where the time went on this rank: {spent}." if spent else ""),
+            ranks=stuck, check="watchdog", data={**data, **({"stage_times": spent} if spent else {})},
         )
+
+    def _stage_times(self) -> str:
+        """'start-up and the local stage 41.2s, the rendezvous (every rank's check-in) 6.3s, the
+        collective stage 12.4s (each collective check had 13.2 s ...)': what was slow, in words."""
+        marks = sorted(getattr(self, "stage_started", {}).items(), key=lambda kv: kv[1])
+        if not marks:
+            return ""
+        names = {"local": "start-up and the local stage", "rendezvous": "the rendezvous (every rank's check-in)",
+                 "collective": "the collective stage"}
+        ends = [t for _, t in marks[1:]] + [self.clock()]
+        first = self.started
+        parts = []
+        for (stage, began), end in zip(marks, ends):
+            parts.append(f"{names.get(stage, stage)} {end - (first if stage == 'local' else began):.1f}s")
+        note = getattr(self, "deadline_note", "")
+        return ", ".join(parts) + (f" ({note})" if note and marks[-1][0] == "collective" else "")
 
     def _testing_hang(self, stage: str) -> None:
         """Test-only: DISTDOCTOR_TESTING=1 DISTDOCTOR_TEST_HANG=<rank>:<stage> blocks this flow.

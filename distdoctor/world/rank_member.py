@@ -42,6 +42,7 @@ class MemberFlow:
             self.runner.mark_incomplete("rendezvous", self.ctx, (0,), "Rank 0 did not finish the rendezvous stage.")
             return self._finish_member(None, [finding])
         world.decision = decision
+        self._apply_stage_deadline(decision)
         skip = decision.get("skip")
         if skip is None and world.rank not in decision.get("accepted", ()):
             skip = f"skipped: rank {world.rank} is not part of rank 0's world of {decision.get('size')}"
@@ -84,6 +85,7 @@ class MemberFlow:
                 "findings": [f.to_dict() for f in findings],
                 "incomplete": self.runner.state.incomplete,
                 "stuck_check": stuck,
+                "native": self.native_summary(),
             },
             droppable=("findings",),
         )

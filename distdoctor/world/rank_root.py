@@ -45,11 +45,18 @@ class RootFlow:
         if skip is None and blockers["gloo"]:
             skip = ("skipped: the gloo process group cannot form, as these ranks' local findings show: "
                     + "; ".join(blockers["gloo"]))
+        deadline = self._stage_deadline(checkins, world.size)
+        if skip is None and "collective" in self.config.stages:
+            skip = self._no_time_for_collectives(deadline)
         decision = {"skip": skip, "accepted": accepted, "size": world.size,
-                    **nccl_decision(checkins, self.config, blockers["nccl"])}
+                    **nccl_decision(checkins, self.config, blockers["nccl"]),
+                    "check_timeout_s": deadline["check_timeout_s"], "deadline_note": deadline["deadline_note"]}
         world.decide(decision)
+        self._apply_stage_deadline(decision)
         self.progress.expected = accepted
         self._stage("collective", skip_reason=skip)
+        if self.out_of_time:
+            self.runner.state.incomplete = True
         self._testing_hang("gather")
         others = [r for r in accepted if r != 0]
         self._enter_stage("collective")
@@ -79,7 +86,8 @@ class RootFlow:
         if not_done:
             detail.append(f"{ranks_text(not_done).capitalize()} never reported the end of the collective stage.")
         if cut_off:
-            detail.append(f"{ranks_text(cut_off).capitalize()} were cut off by their deadline inside it"
+            detail.append(f"{ranks_text(cut_off).capitalize()} {'was' if len(cut_off) == 1 else 'were'} cut off by "
+                          "their deadline inside it"
                           + (f" (in {', '.join(stuck_checks)})." if stuck_checks else "."))
         self.runner.state.incomplete = False  # re-marked below with the ranks named
         self.runner.state.findings = [f for f in self.runner.state.findings if f.id != RUN_DEADLINE.id]
@@ -118,6 +126,12 @@ class RootFlow:
         # Rank 0 names the ranks cut off by their deadline in its own word on the cut-off
         # (_mark_stuck); theirs would say it a second time.
         named = {r for f in findings if f.id == RUN_DEADLINE.id for r in f.ranks}
+        native = {0: self.native_summary()}
+        if checkins:
+            native.update({r: p.get("native") for r, p in checkins.accepted.items() if r != 0 and 0 <= r < checkins.expected})
+        native.update({r: res.get("native") for r, res in self.progress.remote.items()
+                       if isinstance(res, Mapping) and res.get("native") is not None})
+        findings += self._native_finding(native)
         for rank, result in sorted(self.progress.remote.items()):
             if not isinstance(result, Mapping):
                 continue

@@ -23,6 +23,7 @@ report: somebody must.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -42,13 +43,16 @@ from distdoctor.core.stages import CROSS_RANK_STAGES
 from distdoctor.core.report import Report
 from distdoctor.core.runner import Runner
 from distdoctor.world.checkin import malformed_finding
-from distdoctor.world.kinds import STORE_ENTRY_MALFORMED, STORE_UNREACHABLE
+from distdoctor.world.kinds import NATIVE_OUTPUT, STORE_ENTRY_MALFORMED, STORE_UNREACHABLE
+from distdoctor.world.native_output import NativeOutput, merged_lines
+from distdoctor.world.stage_deadline import collective_check_s, stage_need_s
 from distdoctor.world.watchdog import MIN_WORLD_S, Watchdog, flush_std_streams, too_little_time
 from distdoctor.world.rank_cutoff import CutoffFlow
 from distdoctor.world.rank_member import MemberFlow
 from distdoctor.world.rank_payload import checkin_payload
 from distdoctor.world.rank_root import RootFlow
 from distdoctor.world.rank_state import (
+    ranks_text,
     EMIT_WAIT_S,
     MEMBER_EXPIRE_GRACE_S,
     NON_ROOT_GRACE_S,
@@ -124,8 +128,15 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
         self._described = False
         # Set once this rank (not rank 0) saw rank 0's final word (see MemberFlow._watch_final_word).
         self.final_seen = threading.Event()
+        # What torch's C++ layer writes on this rank, held off the terminal (a rank of the CLI only).
+        self.native: NativeOutput | None = None
+        # Why the collective checks have the deadline they have (rank 0's decision says).
+        self.deadline_note = ""
+        self.out_of_time = False
+        self.stage_started: dict[str, float] = {}
 
     def _enter_stage(self, stage: str) -> None:
+        self.stage_started.setdefault(stage, self.clock())  # a cut-off report says where the time went
         self.progress.stage = stage
         PROGRESS.set_stage(stage)
 
@@ -135,7 +146,8 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
             self.runner.run_stage(stage, self.checks, self.ctx, skip_reason=skip_reason)
 
     def _own_report(self, extra: Iterable[Finding] = ()) -> Report:
-        return report_from_runner(self.runner, self.ctx, extra=[*extra, *self._store_malformed()], ranks=[self.rank])
+        own = self._native_finding({self.rank: self.native_summary()})
+        return report_from_runner(self.runner, self.ctx, extra=[*extra, *self._store_malformed(), *own], ranks=[self.rank])
 
     def _store_malformed(self) -> list[Finding]:
         """The malformed store entries this process met, as one finding (none when there were none)."""
@@ -209,6 +221,9 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
         try:
             self._described = spec is not None
             if spec is not None:
+                if self.use_watchdog and self.ctx.env.get("DISTDOCTOR_NATIVE_STDERR") != "1":
+                    # A rank of the CLI (never a user's process): torch's C++ lines go to the report.
+                    self.native = NativeOutput.capture()
                 # Every check of a rank needs torch; importing it here (seconds on a busy node)
                 # keeps that time out of the first check's own deadline.
                 import torch.distributed  # noqa: F401
@@ -251,7 +266,10 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
         world = self.world
         self.ctx.world = world
         try:
-            world.check_in({**checkin_payload(self.ctx, self.runner), "blocked": self._blocked()}, self.work_deadline)
+            world.check_in({**checkin_payload(self.ctx, self.runner), "blocked": self._blocked(),
+                            "native": self.native_summary(), "startup_s": round(self.clock() - self.started, 3)},
+                           self.work_deadline)
+            world.open_clients_soon(self.deadline)
         except (AttributeError, TypeError, NotImplementedError) as exc:
             # An interface this torch lacks (world.store_api makes up for those it knows): not the
             # network, and nothing about the user's set-up.
@@ -291,6 +309,61 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
             self._stage(stage, skip_reason=reason)
         self.runner.state.incomplete = True
         return self._finish_alone([finding])
+
+    def native_summary(self) -> dict[str, Any] | None:
+        return self.native.summary() if self.native is not None else None
+
+    def _native_finding(self, per_rank: Mapping[int, Any]) -> list[Finding]:
+        """coll.I009 when torch's C++ layer wrote anything on these ranks (rank -> its summary)."""
+        total, ranks, lines = merged_lines({r: s for r, s in per_rank.items() if isinstance(s, Mapping)})
+        if not total:
+            return []
+        return [NATIVE_OUTPUT(
+            f"torch's C++ layer wrote {total} line{'s' if total != 1 else ''} on {ranks_text(ranks)} "
+            "(kept off the terminal)",
+            detail="\n".join(["the most frequent (lines that differ only in numbers counted as one):", *lines]),
+            ranks=ranks, check="collective.native_output",
+            data={"lines": total, "ranks": {str(r): per_rank[r] for r in ranks}})]
+
+    def _apply_stage_deadline(self, decision: Mapping[str, Any]) -> None:
+        """The collective checks' deadline rank 0 published (the same on every rank), when longer."""
+        value = decision.get("check_timeout_s")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > self.config.check_timeout:
+            self.runner.check_timeout = float(value)
+            self.ctx.config = dataclasses.replace(self.ctx.config, check_timeout=float(value))
+        note = decision.get("deadline_note")
+        self.deadline_note = note if isinstance(note, str) else ""
+        if self.world is not None:
+            self.world.deadline_note = self.deadline_note
+
+    def _stage_deadline(self, checkins: Any, size: int) -> dict[str, Any]:
+        """Rank 0: the collective checks' deadline from the check-ins' spread and the world's size."""
+        from distdoctor.world.stage_deadline import arrival_spread, why  # rank 0 only
+
+        spread = arrival_spread(checkins.arrivals)
+        check_s = collective_check_s(self.config.check_timeout, spread, size)
+        startups = sorted(p["startup_s"] for p in checkins.accepted.values()
+                          if isinstance(p.get("startup_s"), (int, float)) and not isinstance(p.get("startup_s"), bool))
+        return {"check_timeout_s": check_s, "deadline_note": why(check_s, self.config.check_timeout, spread, size),
+                "need_s": round(stage_need_s(spread, size), 1), "spread_s": round(spread, 1),
+                "startup_s": [startups[0], startups[-1]] if startups else None}
+
+    def _no_time_for_collectives(self, deadline: Mapping[str, Any]) -> str | None:
+        """Rank 0: the skip reason when the world's start-up left too little of the run's deadline
+        for the collective stage at this world's scale (named, instead of a stage cut off midway)."""
+        left = self.work_deadline - self.clock()
+        need = max(float(deadline["need_s"]), MIN_WORLD_S)
+        if left >= need:
+            return None
+        started = self.clock() - self.started
+        each = deadline.get("startup_s")
+        ranks = f"; each rank took {each[0]:.1f}-{each[1]:.1f}s from its start to its check-in" if each else ""
+        why = (f"the world's start-up had taken {started:.1f}s (its ranks checked in over {deadline['spread_s']:g}s"
+               f"{ranks}), and forming the group of {self.ctx.world_size or '?'} ranks here needs about {need:g}s")
+        reason, finding = too_little_time("collective", left, need, self.config.timeout, why=why)
+        self.runner.state.findings.append(finding)
+        self.out_of_time = True  # the report is partial: marked once the stage is skipped
+        return reason
 
     def _blocked(self) -> str | None:
         """Why this rank cannot join the world at all: a critical local finding (not silenced)."""

@@ -45,6 +45,7 @@ from distdoctor.core.interrupt import (
     signal_name,
 )
 from distdoctor.core.progress import LiveStatus
+from distdoctor.core.rank_groups import ranks_label, said_alike
 from distdoctor.world.kinds import RANK_DIED, STORE_HOST_FAILED
 from distdoctor.world.rank_run import run_rank
 from distdoctor.world.rank_state import NON_ROOT_GRACE_S, working_reserve
@@ -368,15 +369,16 @@ def abnormal_report(codes: dict[int, int | None], killed: set[int], config: Conf
     died = sorted(i for i, c in codes.items() if i not in killed and c not in (0, EXIT_FINDINGS, EXIT_INCOMPLETE))
     if died:
         findings.append(RANK_DIED(
-            f"Ranks {', '.join(map(str, died))} of the self-test world ended without a report",
-            detail="; ".join(f"rank {i} {how(codes[i])}" for i in died),
+            f"{ranks_label(died, capital=True)} of the self-test world ended without a report",
+            detail="; ".join(said_alike(((i, how(codes[i])) for i in died), lambda label, text, ranks: f"{label} {text}")),
             ranks=died,
             check="selftest",
             data={"exit_codes": {str(i): codes[i] for i in died}},
         ))
     if killed:
         findings.append(RUN_DEADLINE(
-            f"Ranks {', '.join(map(str, sorted(killed)))} were still running past the deadline and were ended",
+            f"{ranks_label(killed, capital=True)} {'was' if len(killed) == 1 else 'were'} still running past the deadline and "
+            f"{'was' if len(killed) == 1 else 'were'} ended",
             detail="The supervisor ended them by PID after the run's deadline and the watchdog's grace.",
             ranks=sorted(killed),
             check="selftest",

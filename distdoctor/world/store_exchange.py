@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from distdoctor.core.progress import PROGRESS
 from distdoctor.core.context import WorldError
+from distdoctor.core.rank_groups import ranks_label
 from distdoctor.world.checkin import (
     CHECKS,
     CLAIM_GRACE_S,
@@ -37,13 +38,19 @@ from distdoctor.world.checkin import (
     first_line,
     integer,
     list_of,
+    number,
+    obj,
     optional,
     poll_cap,
     text,
 )
 from distdoctor.world.checkin import decode as protocol_decode
 from distdoctor.world.checkin import encode as protocol_encode
+from distdoctor.world.store_clients import BURST_FREE, SpareClients, connect_delay
 from distdoctor.world.store_open import WorldSpec, open_store
+
+# How much longer than its own delay a rank waits for its spare clients before opening one at once.
+SPARE_WAIT_S = 1.0
 
 
 # -- wire format (the check-in protocol's, with the world's error) ------------------------------
@@ -84,8 +91,7 @@ class GroupFailedElsewhere(Exception):
     def __init__(self, backend: str, failures: Mapping[int, str]) -> None:
         self.backend = backend
         self.failures = dict(failures)
-        ranks = ", ".join(str(r) for r in sorted(self.failures))
-        super().__init__(f"rank{'s' if len(self.failures) > 1 else ''} {ranks} could not create the {backend} group")
+        super().__init__(f"{ranks_label(self.failures)} could not create the {backend} group")
 
 
 @dataclass
@@ -140,8 +146,10 @@ def _devices(value: Any) -> bool:
 
 DECISION = ({"skip": optional(text(4096)), "accepted": list_of(integer(0, MAX_RANK), MAX_RANK),
              "size": integer(1, MAX_RANK), "nccl": optional(boolean), "nccl_reason": optional(text(4096)),
-             "devices": optional(_devices)}, ("accepted", "size"))
-RESULTS = {"checks": CHECKS, "findings": FINDINGS, "incomplete": optional(boolean), "stuck_check": optional(text(256))}
+             "devices": optional(_devices), "check_timeout_s": optional(number),
+             "deadline_note": optional(text(1024))}, ("accepted", "size"))
+RESULTS = {"checks": CHECKS, "findings": FINDINGS, "incomplete": optional(boolean), "stuck_check": optional(text(256)),
+           "native": optional(obj())}
 GROUP_FAILURE = {"rank": integer(0, MAX_RANK), "error": text(4000)}
 
 
@@ -176,6 +184,11 @@ class World:
         self.lost: str | None = None
         self._lock = threading.Lock()
         self.protocol = CheckInProtocol(self._store, size=spec.world_size, lock=self._lock, clock=clock)
+        # What this rank is doing in the collective stage now, in words (a check cut off by its
+        # deadline says it), and why the stage's checks have the deadline they have.
+        self.step = ""
+        self.deadline_note = ""
+        self.spares = SpareClients(self._new_client, spec.rank)
 
     @property
     def store(self) -> Any:
@@ -207,6 +220,10 @@ class World:
     @classmethod
     def open(cls, spec: WorldSpec, deadline: float, clock: Callable[[], float] = time.monotonic,
              probes: Any = None, seen: list | None = None) -> "World":
+        if spec.world_size > BURST_FREE and not (spec.store_host == "rank0" and spec.rank == 0):
+            # A large world's ranks reach this point together (torchrun starts them at once):
+            # each connects at its own slot, bounded by the deadline (store_clients).
+            time.sleep(min(connect_delay(spec.rank), max(deadline - clock() - 1.0, 0.0)))
         store, hosted, host = open_store(spec, deadline, clock, probes, seen)
         return cls(spec, store, hosted=hosted, clock=clock, connect_host=host)
 
@@ -326,7 +343,7 @@ class World:
         if left <= 0 or self.raw_store is None:
             return None
         try:
-            client = PrefixStore(self.spec.namespace, self._group_store(timedelta(seconds=left)))
+            client = PrefixStore(self.spec.namespace, self._group_store(timedelta(seconds=left), "final"))
             client.wait(["final"], timedelta(seconds=max(until - self.clock(), 0.01)))
             raw = client.get("final")
         except Exception:
@@ -357,10 +374,13 @@ class World:
             return existing
         timeout = timedelta(seconds=max(timeout_s, 0.5))
         outcome: dict[str, Any] = {}
+        self.step = f"forming the {backend} process group (torch's init_process_group)"
+        self._mark_quietly(f"pg/{backend}/entered")
 
         def create() -> None:
             try:
                 outcome["group"] = self._create_group(backend, timeout)
+                self._mark_quietly(f"pg/{backend}/formed")
             except BaseException as exc:  # handed to the waiting thread below
                 outcome["error"] = exc
 
@@ -375,12 +395,17 @@ class World:
             if failed:
                 raise GroupFailedElsewhere(backend, failed)
             delay = min(delay * 2, poll_cap(self.size))
+        self.step = ""
         if "error" in outcome:
             exc = outcome["error"]
             try:
                 self.report_group_failure(backend, first_line(exc))
             except Exception:
                 pass  # the store is gone too; the others find out by their own timeout
+            try:
+                exc.distdoctor_progress = self.group_progress(backend)  # which ranks got how far: the report says
+            except (AttributeError, TypeError):
+                pass
             raise exc
         group = outcome["group"]
         with self._lock:
@@ -398,14 +423,70 @@ class World:
             return dist.group.WORLD
         return dist.new_group(backend=backend, timeout=timeout)
 
-    def _group_store(self, timeout: timedelta) -> Any:
-        """A second client of the same store for the process group (any other store: itself)."""
+    def _group_store(self, timeout: timedelta, name: str = "group") -> Any:
+        """Another client of the same store, for the process group or the final-word watcher (any
+        other store: itself); the one opened after the check-in when it is ready (store_clients)."""
+        if not self._is_tcp_store():
+            return self.raw_store
+        return self.spares.take(name, timeout, wait_s=connect_delay(self.rank) + SPARE_WAIT_S)
+
+    def _is_tcp_store(self) -> bool:
         # torch at use, as everywhere in this module (see _tcp_store).
         from torch.distributed import TCPStore
 
-        if not isinstance(self.raw_store, TCPStore):
-            return self.raw_store
+        return isinstance(self.raw_store, TCPStore)
+
+    def _new_client(self, timeout: timedelta) -> Any:
+        # torch at use, as everywhere in this module (see _tcp_store).
+        from torch.distributed import TCPStore
+
         return TCPStore(self.connect_host, self.raw_store.port, is_master=False, timeout=timeout)
+
+    def open_clients_soon(self, deadline: float) -> None:
+        """After the check-in: this rank's extra clients opened in the background, at its own
+        moment, so that the ranks' connects make no burst that stalls the store (store_clients)."""
+        if self.raw_store is not None and self._is_tcp_store():
+            self.spares.open_soon(timedelta(seconds=max(deadline - self.clock(), 1.0)))
+
+    def _mark_quietly(self, key: str) -> None:
+        try:
+            self.protocol.mark(key, self.rank)
+        except Exception:
+            pass  # a mark is evidence for the report only; the group's own outcome decides
+
+    def group_progress(self, backend: str, wait_s: float = 0.5) -> str:
+        """How far the world got in forming this group, in words: which ranks had not started it
+        (still in an earlier check, or late) and which had started but not finished. '' when the
+        store cannot tell within ``wait_s`` (its client is held by a stuck call)."""
+        if not self._lock.acquire(timeout=wait_s):
+            return ""
+        self._lock.release()
+        try:
+            entered = self.protocol.marked(f"pg/{backend}/entered")
+            formed = self.protocol.marked(f"pg/{backend}/formed")
+        except Exception:
+            return ""
+        everyone = set(self.decision.get("accepted") or range(self.size))
+        absent, forming = sorted(everyone - entered), sorted(entered - formed)
+        parts = []
+        if absent:
+            parts.append(f"{ranks_label(absent)} had not started forming it (still in an earlier check, or late)")
+        if forming:
+            parts.append(f"{ranks_label(forming)} had started and were waiting in torch's init_process_group "
+                         "(store reads, then connections to every other rank)")
+        if entered and not absent and not forming:
+            parts.append("every rank had formed it")
+        return "; ".join(parts)
+
+    def now_doing(self) -> str:
+        """What this rank's collective stage is doing now, and how far the others are: for a
+        check cut off by its deadline (bounded: '' when the store cannot answer at once)."""
+        step = self.step
+        if not step:
+            return ""
+        backend = "nccl" if "nccl" in step else "gloo"
+        progress = self.group_progress(backend, wait_s=0.2) if "process group" in step else ""
+        return step + (f": {progress}" if progress else "")
 
     def report_group_failure(self, backend: str, message: str) -> None:
         self.put(f"pgfail/{backend}/{self.rank}", {"rank": self.rank, "error": message[:2000]})
@@ -431,6 +512,7 @@ class World:
             except Exception:
                 pass
         self.process_groups.clear()
+        self.spares.discard()
         self.store = None
         self.raw_store = None
 
