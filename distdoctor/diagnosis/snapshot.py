@@ -19,9 +19,11 @@ RAISED = "raised"            # its code raised an exception (the process ended o
 EXITED = "exited"            # the process ended with exit_code (0: a clean exit)
 KILLED = "killed"            # ended by a signal: exit_code is minus the signal number
 FINISHED = "finished"        # it left the job (loop done, destroy_process_group) but may still be alive
-UNREACHABLE = "unreachable"  # it did not answer (frozen, GIL held, gone without a trace)
+UNREACHABLE = "unreachable"  # it does not answer and the source has evidence why (stopped, frozen, gone without a trace)
+NOT_HEARD = "not_heard"      # asked, it did not answer in time, and nothing proves why: slow, frozen, dead or
+                             # elsewhere; a verdict never names a rank for this alone (diagnosis.diagnose)
 UNKNOWN = "unknown"
-STATUSES = (RUNNING, RAISED, EXITED, KILLED, FINISHED, UNREACHABLE, UNKNOWN)
+STATUSES = (RUNNING, RAISED, EXITED, KILLED, FINISHED, UNREACHABLE, NOT_HEARD, UNKNOWN)
 
 _MAX_TEXT = 2000
 _MAX_ITEMS = 64

@@ -188,11 +188,6 @@ class Recorder:
         self._lock = threading.Lock()
         self._next = 0
 
-    def next_seq(self, group: str) -> int:
-        seq = self.seqs.get(group, 0)
-        self.seqs[group] = seq + 1
-        return seq
-
     def next_p2p_seq(self, group: str, op: str, peer: Any) -> int:
         key = (group, op.lstrip("i").replace("_object_list", ""), peer)
         seq = self.p2p_seqs.get(key, 0)

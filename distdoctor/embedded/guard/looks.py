@@ -1,0 +1,159 @@
+"""A look at every rank through the side channel: requested, answered, collected, its verdict published and read."""
+
+# The keys under the channel's prefix:
+#   news                     a counter every event bumps (a look requested, a verdict published, an
+#                            episode closed): the one key a rank polls while nothing happens to it
+#   looks                    how many looks were requested (the next one is looks + 1)
+#   look/<n>/request         claimed with compare_set by the rank that asks: ranks that stall at once
+#                            share one look (the others answer it)
+#   look/<n>/state/<rank>    each rank's answer, and look/<n>/state/roster the ranks that answered
+#   look/<n>/verdict         the findings (without their per-rank snapshots: every rank reads them),
+#                            the action, the episode; look/<n>/ack counts the ranks that read an END
+# The asking rank reads the roster and the answers it lists (embedded.guard.channel: O(1) requests
+# per poll) until every rank answered or the answer deadline passed (embedded.guard.cadence).
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable, Iterable
+
+from distdoctor.core.findings import Finding
+from distdoctor.diagnosis.snapshot import RankSnapshot
+from distdoctor.embedded.guard.cadence import AnswerWait
+from distdoctor.embedded.guard.channel import SideChannel
+
+STALE_REQUEST_S = 120.0   # a request older than this (its asker's clock) is not answered any more
+KEEP_LOOKS = 2            # a look's keys are deleted once this many later looks were asked
+
+
+class Board:
+    """The look protocol of one rank on the job's side channel."""
+
+    def __init__(self, side: SideChannel, rank: int) -> None:
+        self.side, self.rank = side, rank
+        self.news_seen: int | None = None
+        self.answered = 0                     # the latest look this rank answered
+        self.awaiting: dict[int, float] = {}  # looks this rank answered whose verdict it has not read -> since
+
+    # -- news ------------------------------------------------------------------------------------
+    def news(self) -> bool:
+        """One request: whether anything happened since this rank last asked."""
+        value = self.side.count(self.side.key("news"), 0)
+        changed, self.news_seen = value != self.news_seen, value
+        return changed
+
+    def bump(self) -> None:
+        self.news_seen = self.side.count(self.side.key("news"), 1)
+
+    def latest(self) -> int:
+        return self.side.count(self.side.key("looks"), 0)
+
+    def request(self, look: int) -> dict[str, Any] | None:
+        value = self.side.get_if_present(self.side.key("look", look, "request"))
+        return value if isinstance(value, dict) else None
+
+    def fresh(self, request: dict[str, Any] | None) -> bool:
+        return request is not None and time.time() - float(request.get("t") or 0.0) < STALE_REQUEST_S
+
+    # -- asking ------------------------------------------------------------------------------------
+    def claim(self, group: str, tries: int = 8) -> tuple[int, bool]:
+        """(the look to join, whether this rank asked for it): the next look is claimed with
+        compare_set; a rank that loses answers the winner's look, unless that one is stale."""
+        look = self.latest() + 1
+        mine = json.dumps({"rank": self.rank, "group": group, "t": time.time()})
+        for _ in range(tries):
+            got = self.side.claim(self.side.key("look", look, "request"), mine)
+            if got == mine:
+                self.side.count(self.side.key("looks"), 1)
+                self.forget(look - KEEP_LOOKS)
+                return look, True
+            try:
+                if self.fresh(json.loads(got)):
+                    return look, False
+            except ValueError:
+                pass
+            look += 1  # an abandoned request (its asker died before it counted it): the next number
+        raise RuntimeError(f"no look could be claimed after {tries} stale requests")
+
+    def answer(self, look: int, state: dict[str, Any]) -> None:
+        """This rank's answer to ``look``; its answer to the one before is deleted."""
+        self.side.publish(f"look/{look}/state", self.rank, state)
+        previous, self.answered = self.answered, max(self.answered, look)
+        if previous and previous != look:
+            self.side.forget([self.side.key("look", previous, "state", self.rank)])
+
+    def collect(self, look: int, ranks: Iterable[int], wait: AnswerWait,
+                parse: Callable[[dict[str, Any]], dict[str, Any]], states: dict[int, Any] | None = None,
+                stop: Callable[[], bool] = lambda: False) -> dict[int, Any]:
+        """The answers to ``look`` of ``ranks`` (each through ``parse`` as it arrives), until every rank
+        answered or ``wait`` says the deadline passed. ``states``: answers already read (a revision)."""
+        wanted = set(ranks)
+        states = dict(states or {})
+        started = last = time.monotonic()
+        kind = f"look/{look}/state"
+        while True:
+            new = [r for r in self.side.roster(kind) if r in wanted and r not in states]
+            if new:
+                for rank, value in self.side.read_many(kind, new, listed=new).items():
+                    states[rank] = parse(value) if isinstance(value, dict) else value
+                last = time.monotonic()
+            now = time.monotonic()
+            if wanted <= set(states) or wait.done(now - started, now - last) or stop():
+                return states
+            time.sleep(0.1)
+
+    def late_answers(self, look: int, ranks: Iterable[int], have: Iterable[int]) -> list[int]:
+        """Ranks among ``ranks`` that answered ``look`` and are not in ``have`` (one request)."""
+        known, wanted = set(have), set(ranks)
+        return [r for r in self.side.roster(f"look/{look}/state") if r in wanted and r not in known]
+
+    # -- the verdict -----------------------------------------------------------------------------
+    def publish(self, look: int, findings: list[Finding], renderer: int, action: str, reason: str,
+                episode: int | None) -> None:
+        self.side.put(self.side.key("look", look, "verdict"),
+                      {"findings": [slim(f) for f in findings], "renderer": renderer, "action": action,
+                       "reason": reason, "episode": episode})
+        self.bump()
+
+    def verdict(self, look: int) -> dict[str, Any] | None:
+        value = self.side.get_if_present(self.side.key("look", look, "verdict"))
+        return value if isinstance(value, dict) else None
+
+    def ack(self, look: int) -> None:
+        self.side.count(self.side.key("look", look, "ack"))
+
+    def acks(self, look: int) -> int:
+        return self.side.count(self.side.key("look", look, "ack"), 0)
+
+    def closed(self, episode: int) -> bool:
+        return self.side.get_if_present(self.side.key("episode", episode, "closed")) is not None
+
+    def close(self, episode: int, seconds: float) -> None:
+        self.side.put(self.side.key("episode", episode, "closed"), round(seconds, 3))
+        self.bump()
+
+    def forget(self, look: int) -> None:
+        """A look long done: its request, roster, verdict and acks (each rank deletes its own answer)."""
+        if look >= 1:
+            self.side.forget([self.side.key("look", look, part) for part in ("request", "verdict", "ack")]
+                             + [self.side.key(f"look/{look}/state", "roster")])
+
+
+def slim(finding: Finding) -> dict[str, Any]:
+    """A finding as every rank reads it from the store: without its per-rank snapshots (at 4,096
+    ranks they are megabytes; the deciding rank's report keeps them)."""
+    out = finding.to_dict()
+    if isinstance(out.get("data"), dict) and "snapshots" in out["data"]:
+        out["data"] = {k: v for k, v in out["data"].items() if k != "snapshots"}
+    return out
+
+
+def parse_answer(value: dict[str, Any]) -> dict[str, Any]:
+    """An answer with its snapshot read at once (a look over thousands of ranks reads them while the
+    last ones are still on their way, not all after)."""
+    snap = value.get("snapshot")
+    if isinstance(snap, dict):
+        parsed = RankSnapshot.from_dict(snap)
+        return {**value, "snapshot": parsed} if parsed is not None else {**value, "snapshot": None}
+    return value
