@@ -242,7 +242,12 @@ class SideChannel:
         out: dict[int, Any] = {}
         for start in range(0, len(there), MULTI_GET_CHUNK):
             chunk = there[start:start + MULTI_GET_CHUNK]
-            raws = store_api.multi_get(_Counted(self), [self.key(kind, r) for r in chunk])
+            keys = [self.key(kind, r) for r in chunk]
+            if store_api.keys_exist(_Counted(self), keys):
+                raws = store_api.multi_get(_Counted(self), keys)
+            else:  # one was deleted since it was listed (an answer to a look long done): read one by one
+                raws = [self._do("compare_set", k, store_api.ABSENT, store_api.ABSENT) for k in keys]
+                raws = [None if store_api.is_absent(r) else r for r in raws]
             for rank, raw in zip(chunk, raws):
                 try:
                     out[rank] = json.loads(raw)

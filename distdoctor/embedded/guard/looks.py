@@ -35,6 +35,7 @@ class Board:
         self.news_seen: int | None = None
         self.answered = 0                     # the latest look this rank answered
         self.awaiting: dict[int, float] = {}  # looks this rank answered whose verdict it has not read -> since
+        self.mine: list[int] = []             # looks whose answer of this rank is still in the store
 
     # -- news ------------------------------------------------------------------------------------
     def news(self) -> bool:
@@ -57,10 +58,25 @@ class Board:
         return request is not None and time.time() - float(request.get("t") or 0.0) < STALE_REQUEST_S
 
     # -- asking ------------------------------------------------------------------------------------
+    def open_look(self, look: int) -> bool:
+        """Whether ``look`` is still being collected, or its verdict watches an episode still open:
+        a rank that stalls now joins it rather than ask for another."""
+        if look < 1 or not self.fresh(self.request(look)):
+            return False
+        verdict = self.verdict(look)
+        if verdict is None:
+            return True
+        episode = verdict.get("episode")
+        return verdict.get("action") == "watch" and isinstance(episode, int) and not self.closed(episode)
+
     def claim(self, group: str, tries: int = 8) -> tuple[int, bool]:
-        """(the look to join, whether this rank asked for it): the next look is claimed with
-        compare_set; a rank that loses answers the winner's look, unless that one is stale."""
-        look = self.latest() + 1
+        """(the look to join, whether this rank asked for it): the latest look while it is open, else
+        the next one, claimed with compare_set; a rank that loses answers the winner's look, unless
+        that one is stale."""
+        latest = self.latest()
+        if self.open_look(latest):
+            return latest, False
+        look = latest + 1
         mine = json.dumps({"rank": self.rank, "group": group, "t": time.time()})
         for _ in range(tries):
             got = self.side.claim(self.side.key("look", look, "request"), mine)
@@ -79,9 +95,12 @@ class Board:
     def answer(self, look: int, state: dict[str, Any]) -> None:
         """This rank's answer to ``look``; its answer to the one before is deleted."""
         self.side.publish(f"look/{look}/state", self.rank, state)
-        previous, self.answered = self.answered, max(self.answered, look)
-        if previous and previous != look:
-            self.side.forget([self.side.key("look", previous, "state", self.rank)])
+        self.answered = max(self.answered, look)
+        self.mine.append(look)
+        # Answers to looks long done are deleted (a reader may still be reading the latest ones).
+        old = [n for n in self.mine if n <= look - KEEP_LOOKS]
+        self.mine = [n for n in self.mine if n > look - KEEP_LOOKS]
+        self.side.forget([self.side.key("look", n, "state", self.rank) for n in old])
 
     def collect(self, look: int, ranks: Iterable[int], wait: AnswerWait,
                 parse: Callable[[dict[str, Any]], dict[str, Any]], states: dict[int, Any] | None = None,
