@@ -23,6 +23,7 @@ BUSY_FLOOR_S, QUIET_FLOOR_S = 2.0, 1.0
 MAX_ANSWER_S = 30.0        # a look never waits longer for its answers (the verdict says who was not heard from)
 REQUESTS_PER_ANSWER = 3    # an answer costs the store about this many requests (state, roster, news)
 MIN_RTT_S = 0.0005         # a round trip is never counted shorter than this
+FINAL_WAIT_S = 5.0         # a rank that ends waits this long for its store client to open, to leave its final state
 
 
 def busy_interval_s(world: int) -> float:

@@ -32,8 +32,24 @@ from typing import Any, Callable, Iterable
 from distdoctor.world import store_api
 
 STORE_OP_TIMEOUT_S = 5.0
+# torch's TCPStore client sometimes waits 5 s in one connection attempt and then retries (measured on
+# 2.13 with one idle store on loopback: about one connect in 25, whichever backend serves it): with a
+# 5 s deadline that attempt is a DistNetworkError. So the client is opened with a longer deadline,
+# then every request gets STORE_OP_TIMEOUT_S (Store.set_timeout).
+CONNECT_TIMEOUT_S = 30.0
 CONNECT_BUDGET_S = 120.0   # how long a rank keeps trying to open its client before it reports alone
 MULTI_GET_CHUNK = 256      # keys per multi_get: one request stays bounded on a slow store
+
+
+def open_client(host: str, port: int, timeout_s: float = STORE_OP_TIMEOUT_S) -> Any:
+    """A TCPStore client of the store at host:port: CONNECT_TIMEOUT_S to connect, ``timeout_s`` per request."""
+    import torch.distributed as dist  # the caller imported it already: torch is loaded by now
+
+    talk = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=max(CONNECT_TIMEOUT_S, timeout_s)),
+                         wait_for_workers=False)
+    if callable(getattr(talk, "set_timeout", None)):
+        talk.set_timeout(timedelta(seconds=timeout_s))
+    return talk
 
 
 class ChannelDown(ConnectionError):
@@ -100,6 +116,8 @@ class SideChannel:
         self._first_try: float | None = None
         self._next_try = 0.0
         self._attempts = 0
+        self._connecting: threading.Thread | None = None
+        self._connecting_lock = threading.Lock()
 
     @classmethod
     def open(cls, default_store: Any, generation: int, timeout_s: float = STORE_OP_TIMEOUT_S) -> "SideChannel | None":
@@ -112,13 +130,7 @@ class SideChannel:
         nonce = default_store.compare_set(f"distdoctor/guard/nonce/{restart}/{generation}", "", uuid.uuid4().hex)
         prefix = f"distdoctor/guard/{nonce.decode() if isinstance(nonce, bytes) else nonce}"
 
-        def connect() -> Any:
-            import torch.distributed as dist  # the caller imported it already: torch is loaded by now
-
-            return dist.TCPStore(address[0], address[1], is_master=False, timeout=timedelta(seconds=timeout_s),
-                                 wait_for_workers=False)
-
-        channel = cls(None, prefix, connect)
+        channel = cls(None, prefix, lambda: open_client(address[0], address[1], timeout_s))
         channel.torch_client = _tcp_store(default_store)
         return channel
 
@@ -141,21 +153,35 @@ class SideChannel:
 
     @property
     def talk(self) -> Any:
-        """The store client, opened on first use (raises ChannelDown while it cannot be)."""
+        """The store client; raises ChannelDown while it is being opened (in a thread of its own: the
+        watchdog never waits for a connection) or cannot be."""
+        return self.client()
+
+    def client(self, wait_s: float = 0.0) -> Any:
+        """The store client, waiting up to ``wait_s`` for a connection in progress (a final state at exit)."""
         if self._talk is not None:
             return self._talk
-        with self.lock:
-            if self._talk is None:
-                self._talk = self._open()
-            return self._talk
+        with self._connecting_lock:
+            if self._talk is None and self._connecting is None:
+                self._start_connecting()
+            connecting = self._connecting
+        if connecting is not None and wait_s > 0:
+            connecting.join(wait_s)
+        if self._talk is None:
+            raise ChannelDown(f"not connected to the job's store yet{f' ({self.problem})' if self.problem else ''}")
+        return self._talk
 
-    def _open(self) -> Any:
+    def _start_connecting(self) -> None:
         now = time.monotonic()
         if self._connect is None or self.gave_up:
             raise ChannelDown(self.problem or "no store to connect to")
         if now < self._next_try:
-            raise ChannelDown(f"not connected to the job's store yet ({self.problem})")
+            return
         self._first_try = now if self._first_try is None else self._first_try
+        self._connecting = threading.Thread(target=self._open, name="distdoctor-guard-connect", daemon=True)
+        self._connecting.start()
+
+    def _open(self) -> None:
         started = time.monotonic()
         try:
             talk = self._connect()
@@ -163,17 +189,18 @@ class SideChannel:
             self._attempts += 1
             text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
             self.problem = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-            if time.monotonic() - self._first_try >= CONNECT_BUDGET_S:
+            if time.monotonic() - (self._first_try or started) >= CONNECT_BUDGET_S:
                 self.gave_up = True
             # Backoff with jitter: ranks that failed together do not come back together.
             self._next_try = time.monotonic() + min(2.0 ** self._attempts, 30.0) * random.uniform(0.5, 1.5)
-            raise
+            self._connecting = None
+            return
         self.traffic.count("connect", time.monotonic() - started)
         self.problem = ""
-        return talk
+        self._talk, self._connecting = talk, None
 
-    def _do(self, method: str, *args: Any) -> Any:
-        talk = self.talk
+    def _do(self, method: str, *args: Any, wait_s: float = 0.0) -> Any:
+        talk = self.client(wait_s)
         with self.lock:
             started = time.monotonic()
             out = getattr(talk, method)(*args)
@@ -213,9 +240,10 @@ class SideChannel:
                 self._do("delete_key", key)
 
     # -- what many ranks publish: a key each and a roster ---------------------------------------
-    def publish(self, kind: str, rank: int, value: Any) -> None:
-        """``kind/<rank>`` = value, and the rank appended to ``kind``'s roster (set first: a rank listed is there)."""
-        self.put(self.key(kind, rank), value)
+    def publish(self, kind: str, rank: int, value: Any, wait_s: float = 0.0) -> None:
+        """``kind/<rank>`` = value, and the rank appended to ``kind``'s roster (set first: a rank listed is
+        there). ``wait_s``: how long to wait for a connection still being opened."""
+        self._do("set", self.key(kind, rank), json.dumps(value, default=str), wait_s=wait_s)
         store_api.append(_Counted(self), self.key(kind, "roster"), f"{rank},")
 
     def roster(self, kind: str) -> list[int]:

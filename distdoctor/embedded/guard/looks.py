@@ -61,7 +61,8 @@ class Board:
     def open_look(self, look: int) -> bool:
         """Whether ``look`` is still being collected, or its verdict watches an episode still open:
         a rank that stalls now joins it rather than ask for another."""
-        if look < 1 or not self.fresh(self.request(look)):
+        request = self.request(look) if look >= 1 else None
+        if not self.fresh(request) or request.get("rank") == self.rank:  # its own look: this rank looks again
             return False
         verdict = self.verdict(look)
         if verdict is None:

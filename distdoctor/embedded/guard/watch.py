@@ -520,6 +520,7 @@ class EpisodeWatch:
         if self.side is None:
             return
         try:
-            self.side.publish(kind, self.rank, value)
+            # A final state is worth a short wait for a connection still being opened.
+            self.side.publish(kind, self.rank, value, wait_s=cadence.FINAL_WAIT_S)
         except Exception as exc:  # said if the channel is ever needed
             self.channel_error = exc
