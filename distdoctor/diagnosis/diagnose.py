@@ -105,7 +105,8 @@ def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
                 later = next((op for op in group.recent if op.seq is not None and op.seq > completed), None)
                 group = replace(group, last_completed=max(group.last_completed or -1, completed), pending=later)
             groups.append(group)
-        out.append(replace(snap, groups=tuple(groups)))
+        changed = any(new is not old for new, old in zip(groups, snap.groups))
+        out.append(replace(snap, groups=tuple(groups)) if changed else snap)
     return out
 
 

@@ -56,6 +56,12 @@ def _state_letter(value: Any) -> str:
     return value if isinstance(value, str) and len(value) == 1 and value.isalpha() else ""
 
 
+def _is_map(value: Any) -> bool:
+    # A JSON object is a dict: checked first, since Mapping's ABC check costs more than the rest of a
+    # snapshot's parsing (a look over 4,096 ranks parses 40,000 of these).
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def _items(value: Any) -> list[Any]:
     return list(value)[:_MAX_ITEMS] if isinstance(value, (list, tuple)) else []
 
@@ -85,7 +91,7 @@ class Frame:
 
     @classmethod
     def from_dict(cls, raw: Any) -> "Frame | None":
-        if not isinstance(raw, Mapping) or not raw.get("file"):
+        if not _is_map(raw) or not raw.get("file"):
             return None
         return cls(_text(raw.get("file"), 500), _int(raw.get("line")), _text(raw.get("function"), 200),
                    _text(raw.get("code"), 300))
@@ -123,7 +129,7 @@ class PendingOp:
 
     @classmethod
     def from_dict(cls, raw: Any) -> "PendingOp | None":
-        if not isinstance(raw, Mapping) or not raw.get("op"):
+        if not _is_map(raw) or not raw.get("op"):
             return None
         sizes = tuple(tuple(v for v in (_int(x) for x in _items(s)) if v is not None) for s in _items(raw.get("sizes")))
         return cls(_text(raw.get("op"), 100), _int(raw.get("seq")), sizes,
@@ -157,7 +163,7 @@ class GroupProgress:
 
     @classmethod
     def from_dict(cls, raw: Any) -> "GroupProgress | None":
-        if not isinstance(raw, Mapping) or raw.get("group") is None:
+        if not _is_map(raw) or raw.get("group") is None:
             return None
         recent = tuple(op for op in (PendingOp.from_dict(r) for r in _items(raw.get("recent"))) if op)
         return cls(_text(raw.get("group"), 100),
@@ -188,7 +194,7 @@ class RaisedError:
 
     @classmethod
     def from_dict(cls, raw: Any) -> "RaisedError | None":
-        if not isinstance(raw, Mapping) or not raw.get("type"):
+        if not _is_map(raw) or not raw.get("type"):
             return None
         return cls(_text(raw.get("type"), 200), _text(raw.get("message")), Frame.from_dict(raw.get("frame")),
                    _float(raw.get("time")), bool(raw.get("consequence")), _text(raw.get("thread"), 100))
@@ -237,6 +243,14 @@ class RankSnapshot:
         return next((g for g in self.groups if g.group == name), None)
 
     def to_dict(self) -> dict[str, Any]:
+        # Made once per snapshot (it is immutable): a look over thousands of ranks makes it while it
+        # still waits for the last answers, and the findings' data reuse it.
+        made = self.__dict__.get("_as_dict")
+        if made is None:
+            made = self.__dict__["_as_dict"] = self._to_dict()
+        return dict(made)
+
+    def _to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "host": self.host, "pid": self.pid, "status": self.status,
                 "exit_code": self.exit_code, "groups": [g.to_dict() for g in self.groups],
                 "stack": [f.to_dict() for f in self.stack], "where": self.where.to_dict() if self.where else None,
@@ -247,7 +261,7 @@ class RankSnapshot:
 
     @classmethod
     def from_dict(cls, raw: Any) -> "RankSnapshot | None":
-        if not isinstance(raw, Mapping) or _int(raw.get("rank")) is None:
+        if not _is_map(raw) or _int(raw.get("rank")) is None:
             return None
         groups = tuple(g for g in (GroupProgress.from_dict(x) for x in _items(raw.get("groups"))) if g)
         stack = tuple(f for f in (Frame.from_dict(x) for x in _items(raw.get("stack"))) if f)

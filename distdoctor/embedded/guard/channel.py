@@ -227,6 +227,11 @@ class SideChannel:
         got = self._do("compare_set", key, "", value)
         return got.decode() if isinstance(got, bytes) else str(got)
 
+    def swap(self, key: str, old: str, new: str) -> str:
+        """compare_set(key, old, new): the value now at key (``new`` when it held ``old``)."""
+        got = self._do("compare_set", key, old, new)
+        return got.decode() if isinstance(got, bytes) else str(got)
+
     def count(self, key: str, by: int = 1) -> int:
         return int(self._do("add", key, by))
 

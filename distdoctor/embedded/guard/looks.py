@@ -4,6 +4,9 @@
 #   news                     a counter every event bumps (a look requested, a verdict published, an
 #                            episode closed): the one key a rank polls while nothing happens to it
 #   looks                    how many looks were requested (the next one is looks + 1)
+#   stall/<group>/<seq>      claimed by the first rank stalled in that collective: the others join its look
+#   current                  the latest look and its phase (collecting, watch, end, none, closed): a rank
+#                            that stalls reads it once and joins a look still open
 #   look/<n>/request         claimed with compare_set by the rank that asks: ranks that stall at once
 #                            share one look (the others answer it)
 #   look/<n>/state/<rank>    each rank's answer, and look/<n>/state/roster the ranks that answered
@@ -25,6 +28,7 @@ from distdoctor.embedded.guard.channel import SideChannel
 
 STALE_REQUEST_S = 120.0   # a request older than this (its asker's clock) is not answered any more
 KEEP_LOOKS = 2            # a look's keys are deleted once this many later looks were asked
+COLLECTING = "collecting"
 
 
 class Board:
@@ -58,30 +62,53 @@ class Board:
         return request is not None and time.time() - float(request.get("t") or 0.0) < STALE_REQUEST_S
 
     # -- asking ------------------------------------------------------------------------------------
-    def open_look(self, look: int) -> bool:
-        """Whether ``look`` is still being collected, or its verdict watches an episode still open:
-        a rank that stalls now joins it rather than ask for another."""
-        request = self.request(look) if look >= 1 else None
-        if not self.fresh(request) or request.get("rank") == self.rank:  # its own look: this rank looks again
+    def joinable(self, current: Any) -> bool:
+        """Whether the look ``current`` describes is still being collected, or its verdict watches an
+        episode still open (another rank's): a rank that stalls now joins it rather than ask for another."""
+        if not isinstance(current, dict) or not isinstance(current.get("look"), int) or not self.fresh(current):
             return False
-        verdict = self.verdict(look)
-        if verdict is None:
-            return True
-        episode = verdict.get("episode")
-        return verdict.get("action") == "watch" and isinstance(episode, int) and not self.closed(episode)
+        if current.get("rank") == self.rank:  # its own look: this rank looks again
+            return False
+        return current.get("phase") in (COLLECTING, "watch")
+
+    def claim_stall(self, stall_key: str) -> tuple[int | None, bool]:
+        """Ranks stalled in the same collective (``stall_key``: its group and sequence number) ask for
+        one look between them: (its number, None while the rank that claimed it has not numbered it
+        yet; whether this rank claimed it). One request for every rank but the first."""
+        key = self.side.key("stall", stall_key)
+        mine = json.dumps({"rank": self.rank, "t": time.time()})
+        got = self.side.claim(key, mine)
+        if got == mine:
+            return None, True
+        try:
+            claimed = json.loads(got)
+        except ValueError:
+            claimed = None
+        ours = isinstance(claimed, dict) and claimed.get("rank") == self.rank  # its own, long done: asked again
+        if isinstance(claimed, dict) and isinstance(claimed.get("look"), int) and self.fresh(claimed) and not ours:
+            return claimed["look"], False
+        if isinstance(claimed, dict) and self.fresh(claimed) and not ours:
+            return None, False  # numbered in a moment: this rank asks again at its next poll
+        # A claim whose rank died before it numbered its look (or this rank's own): taken over.
+        return None, self.side.swap(key, got, mine) == mine
+
+    def number_stall(self, stall_key: str, look: int) -> None:
+        self.side.put(self.side.key("stall", stall_key), {"rank": self.rank, "t": time.time(), "look": look})
 
     def claim(self, group: str, tries: int = 8) -> tuple[int, bool]:
-        """(the look to join, whether this rank asked for it): the latest look while it is open, else
-        the next one, claimed with compare_set; a rank that loses answers the winner's look, unless
-        that one is stale."""
-        latest = self.latest()
-        if self.open_look(latest):
-            return latest, False
-        look = latest + 1
-        mine = json.dumps({"rank": self.rank, "group": group, "t": time.time()})
+        """(the look to join, whether this rank asked for it): the current look while it is open (one
+        request), else the next one, claimed with compare_set; a rank that loses answers the winner's
+        look, unless that one is stale."""
+        current = self.side.get_if_present(self.side.key("current"))
+        if self.joinable(current):
+            return current["look"], False
+        look = self.latest() + 1
+        mine = {"rank": self.rank, "group": group, "t": time.time()}
+        text = json.dumps(mine)
         for _ in range(tries):
-            got = self.side.claim(self.side.key("look", look, "request"), mine)
-            if got == mine:
+            got = self.side.claim(self.side.key("look", look, "request"), text)
+            if got == text:
+                self.side.put(self.side.key("current"), {**mine, "look": look, "phase": COLLECTING})
                 self.side.count(self.side.key("looks"), 1)
                 self.forget(look - KEEP_LOOKS)
                 return look, True
@@ -134,7 +161,13 @@ class Board:
         self.side.put(self.side.key("look", look, "verdict"),
                       {"findings": [slim(f) for f in findings], "renderer": renderer, "action": action,
                        "reason": reason, "episode": episode})
+        self._phase(look, action, episode)
         self.bump()
+
+    def _phase(self, look: int, phase: str, episode: int | None) -> None:
+        """The current look's phase (collecting, watch, end, none, closed), as a stalling rank reads it."""
+        self.side.put(self.side.key("current"), {"rank": self.rank, "look": look, "t": time.time(),
+                                                 "phase": phase, "episode": episode})
 
     def verdict(self, look: int) -> dict[str, Any] | None:
         value = self.side.get_if_present(self.side.key("look", look, "verdict"))
@@ -149,8 +182,10 @@ class Board:
     def closed(self, episode: int) -> bool:
         return self.side.get_if_present(self.side.key("episode", episode, "closed")) is not None
 
-    def close(self, episode: int, seconds: float) -> None:
+    def close(self, episode: int, seconds: float, look: int | None = None) -> None:
         self.side.put(self.side.key("episode", episode, "closed"), round(seconds, 3))
+        if look is not None:
+            self._phase(look, "closed", episode)
         self.bump()
 
     def forget(self, look: int) -> None:
@@ -175,5 +210,7 @@ def parse_answer(value: dict[str, Any]) -> dict[str, Any]:
     snap = value.get("snapshot")
     if isinstance(snap, dict):
         parsed = RankSnapshot.from_dict(snap)
-        return {**value, "snapshot": parsed} if parsed is not None else {**value, "snapshot": None}
+        if parsed is not None:
+            parsed.to_dict()  # made now, kept: the verdict's findings carry every snapshot
+        return {**value, "snapshot": parsed}
     return value

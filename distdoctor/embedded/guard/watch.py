@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from distdoctor.core.findings import Finding
 from distdoctor.embedded.guard import cadence, policy
-from distdoctor.embedded.guard.channel import SideChannel
+from distdoctor.embedded.guard.channel import CONNECT_TIMEOUT_S, ChannelDown, SideChannel
 from distdoctor.embedded.guard.episodes import Episode, Ledger, facts
 from distdoctor.embedded.guard.looks import Board, parse_answer
 from distdoctor.embedded.guard.mainthread import MainThread
@@ -263,9 +263,10 @@ class EpisodeWatch:
         board, seen = self.board, None
         if board is not None:
             try:
-                look, mine = board.claim(stall.group)
+                look, mine = self._claim(board, stall, previous is None)
                 if not mine:
-                    self._answer(look)
+                    if look is not None and look not in board.mine:
+                        self._answer(look)
                     return None
                 board.answer(look, self.host.state())
                 board.bump()
@@ -281,6 +282,31 @@ class EpisodeWatch:
         if seen is None:
             seen = Seen([], False, states={self.rank: self.host.state()}, ranks=ranks)
         return self._judged(seen, stall)
+
+    def _claim(self, board: Board, stall: Stall, first: bool) -> tuple[int | None, bool]:
+        """(the look for this stall, whether this rank asks for it). Ranks stalled in the same collective
+        share one look (claimed per group and sequence number); an owner's later looks are its own."""
+        key = self._stall_key(stall) if first else None
+        if key is None:
+            return board.claim(stall.group)
+        look, mine = board.claim_stall(key)
+        if not mine:
+            return look, False
+        look, mine = board.claim(stall.group)
+        if mine:
+            board.number_stall(key, look)
+        return look, mine
+
+    def _stall_key(self, stall: Stall) -> str | None:
+        """The collective this stall is in, the same on every rank stalled in it: the group and the
+        sequence number the recorder (or the guarded call) waits at; None when neither says."""
+        seen = self.stalls.seen.get(stall.group)
+        if seen is not None and seen[1] == stall.since and seen[0].last_completed is not None:
+            return f"{stall.group}/{seen[0].last_completed + 1}"
+        running = self.recorder.oldest_running()
+        if running is not None and running.started == stall.since and running.seq is not None:
+            return f"{running.group}/call{running.seq}"
+        return None
 
     def _judged(self, seen: Seen, stall: Stall) -> Seen:
         """The diagnosis of what a look saw. Its own failure is said as the diagnosis' (guard.W012),
@@ -345,6 +371,15 @@ class EpisodeWatch:
 
     # -- an episode: opened, tended, closed -------------------------------------------------------
     def _open(self, stall: Stall) -> None:
+        side = self.side
+        if side is not None and not side.connected and not side.gave_up \
+                and stall.seconds(self.clock()) < self.hang_timeout + CONNECT_TIMEOUT_S:
+            try:  # its client is still being opened: the look waits for it (bounded), not judged alone
+                side.client()
+            except ChannelDown:
+                pass
+            if not side.connected:
+                return
         seen = self._look(stall)
         if seen is None:
             return
@@ -432,6 +467,7 @@ class EpisodeWatch:
             self._end(report, seen.look, seen.answers, episode)
 
     def _close(self, episode: Episode) -> None:
+        look = self.seen.look if self.seen is not None else None
         self.own, self.seen = None, None
         episode.seconds = episode.stall.seconds(self.clock())
         known = facts(episode.findings)
@@ -447,7 +483,7 @@ class EpisodeWatch:
         self._keep(episode)
         if self.board is not None:
             try:
-                self.board.close(episode.id, episode.seconds)
+                self.board.close(episode.id, episode.seconds, look)
             except Exception as exc:
                 self.host.fault("store channel", exc)
 
