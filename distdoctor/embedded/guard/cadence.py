@@ -7,7 +7,9 @@
 #   - a rank whose collectives move (the healthy case) polls every max(2 s, N / 128 s): the
 #     job's healthy load stays at most 128 requests per second whatever its size (0.03
 #     request/s/rank at 4,096 ranks);
-#   - a rank that has not moved for QUIET_S (min(hang_timeout / 2, 10 s)) may be the late rank of a
+#   - a rank that answered a look polls every max(0.25 s, N / 8,192 s) until it read the verdict
+#     (seconds: the answer deadline), so that a verdict that ends the job is read and said at once;
+#   - a rank that has not moved for quiet_after_s (min(hang_timeout / 2, 10 s)) may be the late rank of a
 #     stall, or stalled itself, and polls every max(1 s, N / 4,096 s): at most one request per second
 #     per rank, at most 4,096 per second for the job;
 # and the answer deadline of a look grows with the world and the store's measured round trip, and
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 
 HEALTHY_JOB_RATE = 128.0   # news polls per second for the whole job while its collectives move
 QUIET_JOB_RATE = 4096.0    # ... while they do not
-BUSY_FLOOR_S, QUIET_FLOOR_S = 2.0, 1.0
+AWAITING_JOB_RATE = 8192.0 # ... while the ranks wait for a look's verdict (a few seconds)
+BUSY_FLOOR_S, QUIET_FLOOR_S, AWAITING_FLOOR_S = 2.0, 1.0, 0.25
 MAX_ANSWER_S = 30.0        # a look never waits longer for its answers (the verdict says who was not heard from)
 REQUESTS_PER_ANSWER = 3    # an answer costs the store about this many requests (state, roster, news)
 MIN_RTT_S = 0.0005         # a round trip is never counted shorter than this
@@ -34,6 +37,17 @@ def busy_interval_s(world: int) -> float:
 def quiet_interval_s(world: int) -> float:
     """Seconds between news polls of a rank that has not moved for quiet_after_s."""
     return max(QUIET_FLOOR_S, world / QUIET_JOB_RATE)
+
+
+def awaiting_interval_s(world: int) -> float:
+    """Seconds between news polls of a rank that answered a look and waits for its verdict (seconds at
+    most: the look's answer deadline): the verdict may end the job, and every rank should say why."""
+    return min(QUIET_FLOOR_S, max(AWAITING_FLOOR_S, world / AWAITING_JOB_RATE))
+
+
+def ack_wait_s(world: int) -> float:
+    """How long the rank that ends the job waits for the others to read its verdict (it may host the store)."""
+    return min(10.0, 3 * awaiting_interval_s(world) + 1.0)
 
 
 def quiet_after_s(hang_timeout: float) -> float:

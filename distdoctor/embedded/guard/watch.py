@@ -180,8 +180,9 @@ class EpisodeWatch:
         board = self.board
         if board is None:
             return
-        quick = self.quiet() or self.own is not None or bool(board.awaiting) or self.following is not None
-        interval = cadence.quiet_interval_s(self.world) if quick else cadence.busy_interval_s(self.world)
+        quick = self.quiet() or self.own is not None or self.following is not None
+        interval = cadence.awaiting_interval_s(self.world) if board.awaiting else \
+            cadence.quiet_interval_s(self.world) if quick else cadence.busy_interval_s(self.world)
         now = time.monotonic()
         if now - self.last_news < interval:
             return
@@ -494,7 +495,7 @@ class EpisodeWatch:
         episode.seconds = episode.stall.seconds(self.clock())
         self._keep(episode)
         if look is not None and self.board is not None and answers:
-            until = time.monotonic() + min(10.0, max(1.0, 2 * cadence.quiet_interval_s(self.world)))
+            until = time.monotonic() + cadence.ack_wait_s(self.world)
             try:
                 while time.monotonic() < until and self.board.acks(look) < answers:
                     time.sleep(0.05)
