@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-WAITING, LATE, HEALTHY, STOP = 1, 2, 0, 3
+HEALTHY, WAITING, STOP, MEASURE = 0, 1, 3, 4  # MEASURE: healthy, its store load counted
 SEQ = 9  # the collective the stall is in
 
 
@@ -63,7 +63,7 @@ class Flight:
         self.phase, self.late, self.count = phase, late, 0
 
     def status(self) -> dict[str, tuple[int, int]]:
-        if self.phase.value == HEALTHY:
+        if self.phase.value in (HEALTHY, MEASURE):
             self.count += 1
             return {"0": (self.count, self.count)}
         return {"0": (SEQ - 1, SEQ - 1)} if self.late else {"0": (SEQ, SEQ - 1)}
@@ -163,8 +163,13 @@ def _worker(ranks: list[int], world: int, port: int, prefix: str, phase: Any, st
 
 
 def run(world: int, *, straggler: int | None, hang_timeout: float = 5.0, healthy_s: float = 20.0,
-        settle_s: float = 4.0, processes: int = 8, poll_s: float = 0.25, bound_s: float = 120.0) -> dict[str, Any]:
-    """One simulated job: ``healthy_s`` healthy, then a stall until the verdict (or ``bound_s``)."""
+        warm_s: float | None = None, settle_s: float = 4.0, processes: int = 8, poll_s: float = 0.25,
+        bound_s: float = 120.0) -> dict[str, Any]:
+    """One simulated job: ``warm_s`` healthy (every rank's first poll and connection: one busy interval by
+    default), ``healthy_s`` healthy with the store load counted, then a stall until the verdict (or ``bound_s``)."""
+    from distdoctor.embedded.guard import cadence
+
+    warm_s = cadence.busy_interval_s(world) if warm_s is None else warm_s
     import torch.distributed as dist
 
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
@@ -179,7 +184,7 @@ def run(world: int, *, straggler: int | None, hang_timeout: float = 5.0, healthy
         proc.start()
     out: dict[str, Any] = {"world": world, "straggler": straggler, "hang_timeout": hang_timeout}
     try:
-        out.update(_drive(world, phase, events, len(procs), healthy_s, settle_s, hang_timeout, bound_s))
+        out.update(_drive(world, phase, events, warm_s, healthy_s, settle_s, hang_timeout, bound_s))
     finally:
         phase.value = STOP
         out.update(_finish(events, len(procs), out))
@@ -191,7 +196,7 @@ def run(world: int, *, straggler: int | None, hang_timeout: float = 5.0, healthy
     return out
 
 
-def _drive(world: int, phase: Any, events: Any, workers: int, healthy_s: float, settle_s: float,
+def _drive(world: int, phase: Any, events: Any, warm_s: float, healthy_s: float, settle_s: float,
            hang_timeout: float, bound_s: float) -> dict[str, Any]:
     marks: dict[int, dict[int, int]] = {}
     verdicts: list[tuple] = []
@@ -209,8 +214,9 @@ def _drive(world: int, phase: Any, events: Any, workers: int, healthy_s: float, 
 
     drain(time.monotonic() + 3.0)  # every worker has made its ranks (hellos published)
     phase.value = HEALTHY
-    healthy_at = time.monotonic()
-    drain(healthy_at + healthy_s)
+    drain(time.monotonic() + warm_s)
+    phase.value = MEASURE
+    drain(time.monotonic() + healthy_s)
     phase.value = WAITING
     stall_at = time.monotonic()
     until = stall_at + bound_s
@@ -218,7 +224,7 @@ def _drive(world: int, phase: Any, events: Any, workers: int, healthy_s: float, 
         drain(time.monotonic() + 0.2)
     drain(time.monotonic() + settle_s)  # the verdicts that follow the first (a revision, another owner)
     stalled_s = time.monotonic() - stall_at
-    healthy_requests = sum(marks.get(WAITING, {}).values()) - sum(marks.get(HEALTHY, {}).values())
+    healthy_requests = sum(marks.get(WAITING, {}).values()) - sum(marks.get(MEASURE, {}).values())
     first = verdicts[0] if verdicts else None
     return {
         "healthy_s": healthy_s, "healthy_requests": healthy_requests,
