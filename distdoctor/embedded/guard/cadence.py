@@ -47,7 +47,7 @@ def awaiting_interval_s(world: int) -> float:
 
 def ack_wait_s(world: int) -> float:
     """How long the rank that ends the job waits for the others to read its verdict (it may host the store)."""
-    return min(10.0, 3 * awaiting_interval_s(world) + 1.0)
+    return min(10.0, 4 * awaiting_interval_s(world) + 2.0)
 
 
 def quiet_after_s(hang_timeout: float) -> float:
