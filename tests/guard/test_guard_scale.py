@@ -8,56 +8,37 @@ assertions each; about 2-4 minutes per job on a loaded machine."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from distdoctor.embedded.guard import cadence
-from guard_torchrun import LAUNCHER_VARS, REPO, line_of
+from guard_torchrun import launch, line_of
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(900)]
 SCRIPT = Path(__file__).with_name("scripts") / "scale_job.py"
 NPROC, LATE, HANG_TIMEOUT, SLEEP_S = 48, 37, 15.0, 30.0
 
 
-def launch(tmp_path: Path, late: int, steps: int) -> tuple[subprocess.CompletedProcess, Path]:
+def run_job(tmp_path: Path, late: int, steps: int) -> tuple[subprocess.CompletedProcess, Path]:
     report_dir = tmp_path / "reports"
-    env = {k: v for k, v in os.environ.items()
-           if k not in LAUNCHER_VARS and not k.startswith(("DISTDOCTOR_", "TORCHELASTIC_", "TORCH_FR_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO), TORCH_FR_BUFFER_SIZE="2000",
-               DISTDOCTOR_REPORT_DIR=str(report_dir))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(NPROC),
            str(SCRIPT), str(late), str(SLEEP_S), str(HANG_TIMEOUT), str(steps)]
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=800)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"the {NPROC}-rank job did not end within 800 s:\n{out[-4000:]}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, ""), report_dir
+    env = {"TORCH_FR_BUFFER_SIZE": "2000", "DISTDOCTOR_REPORT_DIR": str(report_dir)}
+    return launch(cmd, tmp_path, 800, env), report_dir
 
 
 @pytest.fixture(scope="module")
 def straggler(tmp_path_factory):
-    return launch(tmp_path_factory.mktemp("straggler"), LATE, steps=6)
+    return run_job(tmp_path_factory.mktemp("straggler"), LATE, steps=6)
 
 
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory):
-    return launch(tmp_path_factory.mktemp("healthy"), -1, steps=30)
+    return run_job(tmp_path_factory.mktemp("healthy"), -1, steps=30)
 
 
 def guard_lines(out: str) -> list[str]:
