@@ -26,7 +26,7 @@ BUSY_FLOOR_S, QUIET_FLOOR_S, AWAITING_FLOOR_S = 2.0, 1.0, 0.25
 MAX_ANSWER_S = 30.0        # a look never waits longer for its answers (the verdict says who was not heard from)
 REQUESTS_PER_ANSWER = 3    # an answer costs the store about this many requests (state, roster, news)
 MIN_RTT_S = 0.0005         # a round trip is never counted shorter than this
-FINAL_WAIT_S = 5.0         # a rank that ends waits this long for its store client to open, to leave its final state
+FINAL_WAIT_S = 2.0         # a rank that ends waits this long for its store client to open, to leave its final state
 
 
 def busy_interval_s(world: int) -> float:
@@ -42,7 +42,7 @@ def quiet_interval_s(world: int) -> float:
 def awaiting_interval_s(world: int) -> float:
     """Seconds between news polls of a rank that answered a look and waits for its verdict (seconds at
     most: the look's answer deadline): the verdict may end the job, and every rank should say why."""
-    return min(QUIET_FLOOR_S, max(AWAITING_FLOOR_S, world / AWAITING_JOB_RATE))
+    return max(AWAITING_FLOOR_S, world / AWAITING_JOB_RATE)
 
 
 def ack_wait_s(world: int) -> float:
