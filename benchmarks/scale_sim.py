@@ -19,7 +19,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import sys
-import threading
 import time
 from datetime import timedelta
 from pathlib import Path

@@ -4,9 +4,7 @@ that changed between restarts, a rank that joins late)."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import socket
 import time
 from datetime import timedelta

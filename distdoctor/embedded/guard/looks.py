@@ -95,11 +95,11 @@ class Board:
     def number_stall(self, stall_key: str, look: int) -> None:
         self.side.put(self.side.key("stall", stall_key), {"rank": self.rank, "t": time.time(), "look": look})
 
-    def claim(self, group: str, tries: int = 8) -> tuple[int, bool]:
-        """(the look to join, whether this rank asked for it): the current look while it is open (one
-        request), else the next one, claimed with compare_set; a rank that loses answers the winner's
-        look, unless that one is stale."""
-        current = self.side.get_if_present(self.side.key("current"))
+    def claim(self, group: str, tries: int = 8, join: bool = True) -> tuple[int, bool]:
+        """(the look to join, whether this rank asked for it): with ``join``, the current look while it
+        is open (one request); else the next one, claimed with compare_set; a rank that loses answers
+        the winner's look, unless that one is stale."""
+        current = self.side.get_if_present(self.side.key("current")) if join else None
         if self.joinable(current):
             return current["look"], False
         look = self.latest() + 1

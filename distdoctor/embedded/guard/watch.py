@@ -293,7 +293,7 @@ class EpisodeWatch:
         look, mine = board.claim_stall(key)
         if not mine:
             return look, False
-        look, mine = board.claim(stall.group)
+        look, mine = board.claim(stall.group, join=False)  # this collective's first: a look of its own
         if mine:
             board.number_stall(key, look)
         return look, mine
