@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import socket
+import threading
 import time
 from datetime import timedelta
 
@@ -135,7 +136,7 @@ def ranks_on(server, hosts, recorders, clock, *, world: int, answer_s: float = 0
     return watches
 
 
-def three_ranks(server, *, late_state=None, wrap=None, answer_s: float = 0.5):
+def three_ranks(server, *, late_state=None, wrap=None, answer_s: float = 3.0):
     """Ranks 0 and 2 stall in all_reduce #5; rank 1 is outside any collective (the straggler)."""
     clock = FakeClock()
     recorders = {r: Recorder(clock=clock) for r in range(3)}
@@ -181,11 +182,10 @@ def test_a_slow_store_gets_a_longer_answer_deadline_and_the_straggler_is_still_n
 
 def test_an_answer_after_the_verdict_revises_it_and_silence_never_names_a_rank_missing():
     server = tcp_store()
-    slow_once = {"first": True}
+    verdict_out = threading.Event()
 
     def late_answer():
-        if slow_once.pop("first", False):
-            time.sleep(4.0)  # longer than the look waits: rank 1 is not heard from in time
+        verdict_out.wait(60)  # rank 1 answers only after the first verdict: not heard from in time
         return state(1, where=("train.py", 12, "load"))
 
     clock, recorders, hosts, watches = three_ranks(server, late_state=late_answer)
@@ -194,6 +194,8 @@ def test_an_answer_after_the_verdict_revises_it_and_silence_never_names_a_rank_m
         for rank in (0, 2):
             recorders[rank].begin(call())
         clock.now += 6
+        assert wait_until(lambda: any(h.shown for h in hosts.values()), 60)
+        verdict_out.set()
         assert wait_until(lambda: sum(len(h.shown) for h in hosts.values()) >= 2, 60)
         owner = next(h for h in hosts.values() if h.shown)
         first, revised = owner.shown[0], owner.shown[1]
@@ -205,6 +207,7 @@ def test_an_answer_after_the_verdict_revises_it_and_silence_never_names_a_rank_m
         assert (revised[0][0].id, revised[0][0].ranks) == ("job.E002", (1,)) and "revised" in revised[1]
         assert revised[0][0].data["heard_from"] == 3
     finally:
+        verdict_out.set()
         stop(watches)
 
 
@@ -217,7 +220,7 @@ def test_a_rank_that_never_reaches_the_store_reports_alone_and_the_others_do_not
     clock, recorders, hosts, watches = three_ranks(server)
     cut_off = SideChannel(None, "job", lambda: open_client("127.0.0.1", closed, timeout_s=1.0))
     monkeypatch.setattr(channel, "CONNECT_TIMEOUT_S", 1.0)
-    watches[2] = EpisodeWatch(hosts[2], recorders[2], cut_off, hang_timeout=5, answer_s=0.5, poll_s=0.02,
+    watches[2] = EpisodeWatch(hosts[2], recorders[2], cut_off, hang_timeout=5, answer_s=3.0, poll_s=0.02,
                               on_hang="auto", world=3)
     start(watches)
     try:
