@@ -148,7 +148,8 @@ def sim_figures(sizes: tuple[int, ...], quick: bool) -> list[Figure]:
                 f"per rank; verdict {run['verdict']} naming {run['named'][:4]} ({'right' if right else 'WRONG'}), "
                 f"heard from {run['heard_from']}/{world}; {(run['look_bytes'] or 0) / 1e6:.2f} MB read by the asking "
                 f"rank; during the stall {run['stall_rate_per_rank'] or 0:.2f} requests/s per rank; "
-                f"{run['fault_count']} faults; load {os.getloadavg()[0]:.1f}")
+                f"{run['fault_count']} faults{' (' + run['faults'][0][:160] + ')' if run['faults'] else ''}; "
+                f"{run['connected']}/{world} ranks connected; load {os.getloadavg()[0]:.1f}")
         figures.append(Figure(f"simulated {world} ranks: verdict after hang timeout", f"{world} simulated ranks on one "
                               f"TCPStore, one straggler, hang_timeout {run['hang_timeout']:g} s",
                               run["after_hang_timeout_s"],
