@@ -125,8 +125,10 @@ def real_figures(sizes: tuple[int, ...], repeats: int, sleep_s: float) -> list[F
         times = [r["verdict_after_s"] for r in runs if r["right"]]
         right = sum(r["right"] for r in runs)
         median = sorted(times)[len(times) // 2] if times else None
+        wrong = [(r["first"] or {}).get("title", "no verdict")[:200] for r in runs if not r["right"]]
         note = (f"straggler named alone with its line in {right}/{len(runs)} runs; first verdicts: "
-                f"{[(r['first'] or {}).get('id') for r in runs]}; stalls before the sleep (start-up): "
+                f"{[(r['first'] or {}).get('id') for r in runs]}{f' (not right: {wrong})' if wrong else ''}; "
+                f"stalls before the sleep (start-up): "
                 f"{[r['stalls_before'] for r in runs]}; healthy twin: {len(twin['stalls'])} stall(s) reported "
                 f"(exit {twin['code']}); load {os.getloadavg()[0]:.1f}")
         figures.append(Figure(f"real {nproc} ranks: verdict after hang timeout", f"{nproc} DDP ranks (gloo), rank {late} "
