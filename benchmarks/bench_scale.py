@@ -10,7 +10,9 @@ guard's real channel and diagnosis.
 (b) Simulated (benchmarks/scale_sim.py): 256, 1,024 and 4,096 ranks, threads in a few processes, each with
     distdoctor's own EpisodeWatch and SideChannel on one real TCPStore, no process groups: the guard's store
     requests per second while the job is healthy (per rank), the time from the stall to the verdict (after
-    the hang timeout), the verdict, how many ranks it heard from, and the bytes the asking rank read.
+    the hang timeout), the verdict, how many ranks it heard from, and the bytes the asking rank read. Then
+    the asking rank's own share alone: every answer already in the store, read and diagnosed (on this
+    machine the simulated ranks' answers share its 2 cores; in a real job each rank answers on its own).
 
 Targets (issue 37): real 48 and 64 ranks: the straggler named alone within hang_timeout + 5 s in every run;
 simulated 4,096 ranks: a verdict within hang_timeout + 3 s, a healthy load of at most 1 request/s/rank.
@@ -160,6 +162,22 @@ def sim_figures(sizes: tuple[int, ...], quick: bool) -> list[Figure]:
     return figures
 
 
+def asking_figures(sizes: tuple[int, ...]) -> list[Figure]:
+    """The asking rank's own share of a look: every answer already in the store, read and diagnosed."""
+    import scale_sim
+
+    figures = []
+    for world in sizes:
+        cost = scale_sim.asking_rank_cost(world, world // 3)
+        figures.append(Figure(f"asking rank alone, {world} answers: read + diagnose", f"{world} answers (2 KB each) in "
+                              "one TCPStore -> the verdict", cost["read_s"] + cost["diagnose_s"],
+                              [round(cost["read_s"] + cost["diagnose_s"], 3)],
+                              note=f"read {cost['read_s']:.2f} s ({cost['requests']} requests, {cost['bytes'] / 1e6:.2f} MB), "
+                                   f"diagnosis {cost['diagnose_s']:.2f} s; verdict {cost['verdict']} naming "
+                                   f"{cost['named'][:4]}; load {os.getloadavg()[0]:.1f}"))
+    return figures
+
+
 def main() -> int:
     parser = standard_arguments(__doc__)
     parser.set_defaults(repeats=1)
@@ -177,6 +195,7 @@ def main() -> int:
                                 HANG_TIMEOUT_S + 3 if args.quick else SLEEP_S)
     if args.only in (None, "sim"):
         figures += sim_figures(sizes or (QUICK_SIM if args.quick else SIM_SIZES), args.quick)
+        figures += asking_figures(sizes or (QUICK_SIM if args.quick else SIM_SIZES))
     if args.json:
         print(json.dumps([f.to_dict() for f in figures]))
     else:

@@ -255,3 +255,30 @@ def _finish(events: Any, workers: int, out: dict[str, Any]) -> dict[str, Any]:
             "workers_done": got, "stall_requests": stall_requests,
             "stall_rate_per_rank": (stall_requests / out["stalled_s"] / out["world"]) if stall_requests is not None
             and out.get("stalled_s") else None}
+
+
+def asking_rank_cost(world: int, straggler: int) -> dict[str, Any]:
+    """The asking rank's own share of a look, apart from how fast the answers come: ``world`` answers
+    already in one real TCPStore; the rank reads them (the roster, then multi_get) and diagnoses them."""
+    import torch.distributed as dist
+
+    from distdoctor.embedded.guard.cadence import AnswerWait
+    from distdoctor.embedded.guard.channel import SideChannel, open_client
+    from distdoctor.embedded.guard.looks import Board, parse_answer
+    from distdoctor.embedded.guard.verdict import decide
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    writer = SideChannel(None, "cost", lambda: open_client("127.0.0.1", server.port))
+    writer.client(wait_s=30)
+    for rank in range(world):
+        writer.publish("look/1/state", rank, snapshot(rank, world, rank != straggler))
+    writer.count(writer.key("flushed"), 0)
+    asker = SideChannel(None, "cost", lambda: open_client("127.0.0.1", server.port))
+    asker.client(wait_s=30)
+    before, started = asker.traffic.total, time.monotonic()
+    states = Board(asker, 0).collect(1, range(world), AnswerWait(0.0, 0.0, 60.0), parse_answer)
+    read_s = time.monotonic() - started
+    findings = decide(states, list(range(world)), 5.0)
+    return {"world": world, "read_s": read_s, "diagnose_s": time.monotonic() - started - read_s,
+            "requests": asker.traffic.total - before, "bytes": asker.traffic.bytes_read,
+            "verdict": findings[0].id if findings else None, "named": list(findings[0].ranks) if findings else []}
