@@ -20,8 +20,10 @@ WORLD, HANG_TIMEOUT, BOUND_S = 4096, 5.0, 240.0
 
 @pytest.fixture(scope="module")
 def all_stalled():
+    # Each simulated rank's watchdog looks at its own counters every second, not every 0.25 s as a real
+    # rank's does: 4,096 threads on 2 cores would otherwise load the machine the other tests share.
     return scale_sim.run(WORLD, straggler=None, hang_timeout=HANG_TIMEOUT, warm_s=2.0, healthy_s=2.0, settle_s=3.0,
-                         processes=8, bound_s=BOUND_S)
+                         processes=8, poll_s=1.0, bound_s=BOUND_S)
 
 
 def test_every_rank_stalled_at_once_is_one_verdict_that_names_no_rank_late_missing_or_dead(all_stalled):
