@@ -131,10 +131,38 @@ class PendingOp:
     def from_dict(cls, raw: Any) -> "PendingOp | None":
         if not _is_map(raw) or not raw.get("op"):
             return None
+        # Thousands of ranks' snapshots carry the same recent collectives: one parse each (immutable).
+        key = _op_key(raw)
+        made = _OPS.get(key) if key is not None else None
+        if made is not None:
+            return made
         sizes = tuple(tuple(v for v in (_int(x) for x in _items(s)) if v is not None) for s in _items(raw.get("sizes")))
-        return cls(_text(raw.get("op"), 100), _int(raw.get("seq")), sizes,
+        made = cls(_text(raw.get("op"), 100), _int(raw.get("seq")), sizes,
                    tuple(_text(d, 40) for d in _items(raw.get("dtypes"))), _text(raw.get("state"), 40),
                    _float(raw.get("age_s")), _int(raw.get("peer")))
+        if key is not None:
+            if len(_OPS) >= _MAX_OPS:
+                _OPS.clear()
+            _OPS[key] = made
+        return made
+
+
+_OPS: dict[tuple, "PendingOp"] = {}
+_MAX_OPS = 65536
+
+
+def _op_key(raw: Mapping[str, Any]) -> tuple | None:
+    """What a PendingOp is made of, as a key; None when a value is not of the kinds JSON gives (parsed anew)."""
+    seq, age, peer = raw.get("seq"), raw.get("age_s"), raw.get("peer")
+    if True in (type(seq) is bool, type(age) is bool, type(peer) is bool):  # True == 1 as a key: parsed anew
+        return None
+    try:
+        key = (raw.get("op"), seq, tuple(map(tuple, raw.get("sizes") or ())), tuple(raw.get("dtypes") or ()),
+               raw.get("state"), age, peer)
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 @dataclass(frozen=True)
