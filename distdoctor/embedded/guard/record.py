@@ -172,7 +172,7 @@ def tensor_facts(value: Any) -> tuple[tuple, str, str] | None:
 class Recorder:
     """The ring buffer of recent calls, the sequence counters and the calls still running.
 
-    The main thread adds and ends calls; the hang watchdog reads them from its own thread, so
+    The main thread adds and ends calls; the episode watchdog reads them from its own thread, so
     both sides go through one lock (uncontended in a healthy job).
     """
 
