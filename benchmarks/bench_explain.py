@@ -3,14 +3,17 @@
     python benchmarks/bench_explain.py            # 100 MB
     python benchmarks/bench_explain.py --mb 20 --keep /tmp/big.log
     python benchmarks/bench_explain.py --mb 1000 --kind progress   # 1 GB of tqdm progress bars
+    python benchmarks/bench_explain.py --ranks 1024                # a directory of 1,024 per-rank logs
 
 Generates a log of --mb megabytes (training chatter from 8 ranks, NCCL INFO lines, warnings, and
 a real failure pattern near the end: a rank SIGKILLed and its peers' connection resets), then
 runs explain_files on it in a child process and prints lines per second and per CPU-second, MB/second
 and the child's peak resident memory above its baseline after import. --kind progress writes tqdm
 progress bars instead (carriage returns between updates, a newline every 200 of them: a 1 MB line
-is normal there), with the same failure at the end. The figures are printed, not asserted:
-the test suite only smoke-tests this script on a small size.
+is normal there), with the same failure at the end. --ranks N writes N per-rank logs made from a real
+failing job's (tests/explain/scale_logs.py: a 3-rank gloo job whose rank 2 was SIGKILLed, renumbered;
+rank N/2+5 is the killed one) and times explain on the directory: the first failure named, the rest
+grouped. The figures are printed, not asserted: the test suite only smoke-tests this script on a small size.
 """
 
 from __future__ import annotations
@@ -87,6 +90,28 @@ def generate(path: Path, megabytes: float) -> int:
     return lines
 
 
+def scale(ranks: int) -> int:
+    """explain on a directory of per-rank logs of one large job, in a child process."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "explain"))
+    from scale_logs import write_job
+
+    killed = ranks // 2 + 5
+    with tempfile.TemporaryDirectory(prefix="dd-bench-explain-ranks-") as tmp:
+        paths = write_job(Path(tmp) / "logs", ranks, killed)
+        size = sum(p.stat().st_size for p in paths)
+        proc = subprocess.run([sys.executable, __file__, "--child", str(Path(tmp) / "logs")], capture_output=True,
+                              text=True, timeout=1800)
+        if proc.returncode != 0:
+            print(proc.stderr, file=sys.stderr)
+            return 1
+        result = json.loads(proc.stdout)
+    print(f"{ranks} per-rank logs ({size / 2**20:.1f} MB): explain {result['seconds']:.2f}s wall, "
+          f"{result['cpu_seconds']:.2f}s CPU; top finding {result['top'][0]} [{result['top'][1]}] on rank(s) "
+          f"{result['ranks']} (the killed rank is {killed}); peak RSS growth "
+          f"{(result['peak_kb'] - result['baseline_kb']) / 1024:.1f} MB")
+    return 0 if result["ranks"] == [killed] else 1
+
+
 def child(path: str) -> None:
     from distdoctor.explain import explain_files
 
@@ -98,7 +123,7 @@ def child(path: str) -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     top = report.findings[0]
     print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "baseline_kb": baseline, "peak_kb": peak, "top": [top.id, top.cause],
-                      "lines": report.checks[0]["lines"]}))
+                      "lines": report.checks[0].get("lines", 0), "ranks": list(top.ranks)}))
 
 
 def main() -> int:
@@ -107,11 +132,14 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="write the log here and keep it")
     parser.add_argument("--kind", choices=("chatter", "progress"), default="chatter",
                         help="training chatter from 8 ranks (default) or tqdm progress bars")
+    parser.add_argument("--ranks", type=int, help="time explain on a directory of this many per-rank logs instead")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child)
         return 0
+    if args.ranks:
+        return scale(args.ranks)
     with tempfile.TemporaryDirectory(prefix="dd-bench-explain-") as tmp:
         path = args.keep or Path(tmp) / "big.log"
         t0 = time.perf_counter()

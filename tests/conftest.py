@@ -103,6 +103,7 @@ _ONE_WORKER_GROUPS = (("tests/hosts/", "hosts"), ("tests/launchers/", "launchers
                       ("tests/stacks/test_slurm_job.py", "launchers"),
                       *((path, path) for path in (
                           "tests/explain/test_real_jobs.py", "tests/explain/test_recorder_dumps.py",
+                          "tests/explain/test_wrapped_jobs.py",
                           "tests/stacks/test_stacks_jobs.py", "tests/stacks/test_watch.py",
                           "tests/bench/test_bench_loopback.py")))
 

@@ -18,7 +18,7 @@ from distdoctor.core.stages import STAGES
 
 ENV_PREFIX = "DISTDOCTOR_"
 BACKENDS = ("nccl", "gloo", "mpi", "ucc", "xccl")
-FORMATS = ("rich", "json", "markdown")
+FORMATS = ("rich", "json", "markdown", "html")
 # Sub-tables of [tool.distdoctor] that belong to one command and are not options of `check`.
 SUBTABLES = frozenset({"lint"})
 
@@ -163,7 +163,7 @@ OPTIONS: dict[str, Option] = {
                "The backend the job will use (nccl, gloo, mpi, ucc, xccl); default: nccl with GPUs, else gloo."),
         Option("nproc", _nproc, None,
                "Ranks for the local self-test world when no launcher started us (default: GPUs, at least 2)."),
-        Option("format", _choice(FORMATS), "rich", "Report format: rich (terminal), json or markdown."),
+        Option("format", _choice(FORMATS), "rich", "Report format: rich (terminal), json, markdown or html (one self-contained page, with pictures)."),
         # Two facts about the job that its environment does not show; checks validate them.
         Option("init_method", _text, None,
                "The init_method the job passes to init_process_group (env://, tcp://host:port, file:///path); default env://."),

@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import ast
+import io
+import pickle
 import time
 from typing import Any, Mapping
 
@@ -20,6 +22,27 @@ from distdoctor.diagnosis.snapshot import GroupProgress, PendingOp
 
 RECENT = 16          # entries kept per group for comparing ranks at one sequence number
 _MAX_ENTRIES = 20000  # a dump larger than any sane buffer is read only this far
+
+
+PICKLE_PROTOCOLS = (2, 3, 4, 5)
+
+
+class _NoClasses(pickle.Unpickler):
+    """Plain containers only: a flight-recorder dump has no class in it; anything else is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refused class {module[:60]}.{name[:60]}")
+
+
+def is_pickle(head: bytes) -> bool:
+    """Whether these first bytes start a pickle (what torch's _dump_fr_trace writes)."""
+    return len(head) >= 2 and head[0] == 0x80 and head[1] in PICKLE_PROTOCOLS
+
+
+def load_pickled(data: bytes) -> Any:
+    """A pickled dump read without running anything: every class is refused, so a hostile file
+    cannot run code. Raises pickle.UnpicklingError (or another error of a broken pickle)."""
+    return _NoClasses(io.BytesIO(data)).load()
 
 
 def _seq(value: Any) -> int | None:

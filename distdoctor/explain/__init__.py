@@ -11,20 +11,26 @@
 # output against its peers' first complaints (who kept going, who went quiet); snapshots.py makes
 # one RankSnapshot per rank and job.py merges the one diagnosis (distdoctor.diagnosis.diagnose) with
 # the catalog's findings: the first failure is the cause, the rest its consequences, and a
-# recognised exception's meaning is the cause while its frame stays in the title. Importing this package registers the catalog's finding IDs
-# (area ``log``). Nothing here prints.
+# recognised exception's meaning is the cause while its frame stays in the title. candidates.py ranks
+# what a message that names no cause could mean, from the labelled threads (threads.toml, priors.py);
+# attempts.py reads a job torchelastic restarted attempt by attempt. Importing this package registers
+# the catalog's finding IDs (area ``log``). Nothing here prints.
 
 from __future__ import annotations
 
 import time
 import traceback
+from dataclasses import dataclass
 from typing import BinaryIO, Iterable, Sequence
 
 from distdoctor.core.kinds import CHECK_CRASHED
 
+from distdoctor.explain.attempts import (earlier_attempts_finding, keep_stdin, mark_last_attempt,
+                                              split_attempts)
 from distdoctor.explain.catalog import Catalog, CatalogError, load_catalog
 from distdoctor.explain.own_reports import read_reports
 from distdoctor.explain.reader import LogInputError, LogSource, open_sources
+from distdoctor.explain import reader as _reader
 from distdoctor.explain.reason import findings_from, skipped_finding
 from distdoctor.explain.scan import Accumulator, Scanner
 from distdoctor.explain.job import job_findings, rank_config_finding
@@ -52,9 +58,49 @@ def explain_files(
     started = time.monotonic()
     catalog = catalog or CATALOG
     sources = open_sources(list(inputs), stdin=stdin)
+    spool = keep_stdin(sources)
+    try:
+        job = _read_job(sources, catalog, marks={})
+        attempts = split_attempts(sources, job.marks, spool)
+        if len(attempts) > 1:
+            # Each attempt read on its own: the job ended as its last attempt did; the earlier ones
+            # are listed with their own causes.
+            runs = [(number, _read_job(part, catalog)) for number, part in attempts]
+            last = runs[-1][1]
+            earlier = earlier_attempts_finding([(n, r.findings) for n, r in runs[:-1]], runs[-1][0], catalog)
+            job = _Job(mark_last_attempt(last.findings, runs[-1][0], len(runs)) + [earlier], job.checks,
+                       job.ranks_seen | last.ranks_seen, job.marks)
+    finally:
+        if spool is not None:
+            spool.close()
+    order = {id(f): i for i, f in enumerate(job.findings)}
+    ranking = {f.merge_key: order[id(f)] for f in job.findings}
+    report = build_report(
+        job.findings,
+        job.checks,
+        world=WorldSummary(size=None, launcher=LAUNCHER, ranks_reported=tuple(sorted(job.ranks_seen))),
+        duration_s=time.monotonic() - started,
+        silence=silence,
+    )
+    # build_report orders by severity and ID; a log diagnosis is ordered by likelihood instead.
+    report.findings.sort(key=lambda f: (-int(f.severity), ranking.get(f.merge_key, len(ranking))))
+    return report
+
+
+@dataclass
+class _Job:
+    findings: list
+    checks: list[dict]
+    ranks_seen: set[int]
+    marks: dict
+
+
+def _read_job(sources: list[LogSource], catalog: Catalog, marks: dict | None = None) -> _Job:
+    """Read the inputs as one job: the catalog's findings merged with the job's diagnosis. marks: where
+    torchelastic's attempts start in each input, filled while reading (None: not looked for)."""
     acc = Accumulator()
     evidence = JobEvidence()
-    scanner = Scanner(catalog, acc, evidence.collector)
+    scanner = Scanner(catalog, acc, evidence.collector, marks=marks)
     checks, skipped = [], []
     for index, source in enumerate(sources):
         try:
@@ -89,19 +135,7 @@ def explain_files(
         findings.append(_reading_broke(exc))
     if skipped:
         findings.append(skipped_finding(skipped, catalog))
-    order = {id(f): i for i, f in enumerate(findings)}
-    ranking = {f.merge_key: order[id(f)] for f in findings}
-    ranks_seen = acc.ranks_seen | {s.rank for s in snaps}
-    report = build_report(
-        findings,
-        checks,
-        world=WorldSummary(size=None, launcher=LAUNCHER, ranks_reported=tuple(sorted(ranks_seen))),
-        duration_s=time.monotonic() - started,
-        silence=silence,
-    )
-    # build_report orders by severity and ID; a log diagnosis is ordered by likelihood instead.
-    report.findings.sort(key=lambda f: (-int(f.severity), ranking.get(f.merge_key, len(ranking))))
-    return report
+    return _Job(findings, checks, acc.ranks_seen | {s.rank for s in snaps}, marks or {})
 
 
 def _read_one(source: LogSource, index: int, acc: Accumulator, scanner: Scanner, evidence: JobEvidence) -> dict:
@@ -176,6 +210,11 @@ def _read_check(source: LogSource, matched: int, duration: float, kind: str = "l
                            "the English messages torch and NCCL print read exactly")
     if source.encoding != "utf-8":
         check["reason"] = f"read as {source.encoding.upper()} text"
+    if source.skipped_bytes:
+        check["reason"] = (f"too large to read whole: its first {_reader.HEAD_BYTES >> 20} MiB and its last "
+                           f"{max(0, source.bytes - source.skipped_bytes - _reader.HEAD_BYTES) >> 20} MiB were read, the "
+                           f"{source.skipped_bytes >> 20} MiB between only counted (line numbers stay true)")
+        check["skipped_bytes"] = source.skipped_bytes
     if source.empty:
         check["reason"] = "empty: the process printed nothing"
     if kind != "log":

@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 from distdoctor.core.causes import CAUSES
 from distdoctor.core.findings import FindingKind
 from distdoctor.core.registry import finding_kind
+from distdoctor.explain.priors import CUES as THREAD_CUES, FAMILIES
 
 CATALOG_PATH = Path(__file__).with_name("catalog.toml")
 ROLES = ("cause", "crash", "symptom")
@@ -77,6 +78,9 @@ DERIVATIONS: dict[str, Callable[[str], str]] = {
     "seq_tag": lambda value: f" #{value}",
     "long_wait": _long_wait,
     "barrier_mid_training": _barrier_mid_training,
+    # A path in shared memory (/dev/shm, torch's /torch_ segments) or elsewhere (a disk the job writes).
+    "in_shm": lambda value: "yes" if "/dev/shm" in value or "torch_" in value else "",
+    "not_shm": lambda value: "" if "/dev/shm" in value or "torch_" in value else "yes",
     # A hang in the first collectives after init (where blocked P2P shows) rather than mid-training.
     "first_collectives": lambda value: "yes" if value.isdigit() and len(value) < 4 and int(value) <= 2 else "",
 }
@@ -103,6 +107,9 @@ class Cue:
     regex: re.Pattern[str]
     boost: Mapping[str, float]
     note: str
+    # The context this line shows in threads.toml's cue vocabulary (docker, multi_node ...): its
+    # effect on the candidates is measured over the labelled threads (priors.py).
+    thread_cue: str = ""
 
 
 @dataclass(frozen=True)
@@ -166,6 +173,13 @@ class Signature:
     # A warning a healthy job prints while it retries (an IPv6 lookup, a refused connect before the
     # store is up): no failure when the same input shows the job making progress after it.
     transient: bool = False
+    # The failure signature in threads.toml's vocabulary (store_wait_timeout, connection_closed ...):
+    # its candidates' priors are counted over the labelled threads of that family (priors.py).
+    family: str = ""
+    # For a rank's error read as a peer's consequence: whether it says the peer was gone (its
+    # connection closed), late (a wait timed out) or refused (nothing listened at the address it
+    # published). What the silent rank's state is weighed by.
+    peer: str = ""
 
     @property
     def cause(self) -> str:
@@ -193,6 +207,8 @@ class Catalog:
     # token -> the contexts, cues and signatures it may announce (the scanner's fast path)
     token_index: Mapping[str, tuple[Context | Cue | Signature, ...]]
     cues: tuple[Cue, ...] = ()
+    # cause -> the observation that tells it apart, for a cause the threads add to a family's candidates.
+    tells: Mapping[str, str] = field(default_factory=dict)
 
     def signature(self, name: str) -> Signature:
         for sig in self.signatures:
@@ -244,12 +260,17 @@ def parse_catalog(raw: Mapping[str, Any], register: Callable[..., FindingKind] =
     for item in [*contexts, *cues, *signatures]:
         for token in item.tokens:
             index.setdefault(token, []).append(item)
+    tells = {str(k): str(v) for k, v in raw.get("tells", {}).items()}
+    unknown = set(tells) - set(CAUSES)
+    if unknown:
+        raise CatalogError(f"tells: causes outside the vocabulary: {sorted(unknown)}")
     return Catalog(
         kinds=kinds,
         contexts=tuple(contexts),
         signatures=tuple(signatures),
         token_index={t: tuple(items) for t, items in index.items()},
         cues=tuple(cues),
+        tells=tells,
     )
 
 
@@ -302,7 +323,13 @@ def _parse_signature(entry: Mapping[str, Any], kind_of: Callable[[str, str], Fin
         also=tuple(_compile(where, p) for p in entry.get("also", ())),
         boost_if=tuple((b["field"], b["cause"], float(b["delta"]), b.get("note", "")) for b in entry.get("boost_if", ())),
         transient=bool(entry.get("transient", False)),
+        family=entry.get("family", ""),
+        peer=entry.get("peer", ""),
     )
+    if sig.family and sig.family not in FAMILIES:
+        raise CatalogError(f"{where}: family {sig.family!r} is not in threads.toml's signature vocabulary")
+    if sig.peer not in ("", "gone", "late", "refused"):
+        raise CatalogError(f"{where}: peer {sig.peer!r} is not gone, late or refused")
     _check_templates(where, sig)
     if sig.candidates and not sig.tell_apart:
         raise CatalogError(f"{where}: candidates without tell_apart (say how to decide between them)")
@@ -350,8 +377,11 @@ def _parse_cues(entries: list[Mapping[str, Any]]) -> list[Cue]:
             raise CatalogError(f"{where}: boosts causes outside the vocabulary: {sorted(unknown)}")
         if not entry.get("tokens"):
             raise CatalogError(f"{where}: no tokens")
+        thread_cue = entry.get("thread_cue", "")
+        if thread_cue and thread_cue not in THREAD_CUES:
+            raise CatalogError(f"{where}: thread_cue {thread_cue!r} is not in threads.toml's cue vocabulary")
         cues.append(Cue(entry["name"], tuple(entry["tokens"]), _compile(where, entry["pattern"]), boost,
-                        entry.get("note", "")))
+                        entry.get("note", ""), thread_cue))
     return cues
 
 

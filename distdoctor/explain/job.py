@@ -23,7 +23,8 @@ from distdoctor.diagnosis.diagnose import diagnose
 from distdoctor.diagnosis.frames import is_user_file
 from distdoctor.diagnosis.snapshot import EXITED, RaisedError, RankSnapshot
 from distdoctor.explain.activity import CLOCK_MARGIN_S
-from distdoctor.explain.candidates import Ranked, apply_cues, describe
+from distdoctor.explain.candidates import Ranked, apply_cues, describe, from_threads
+from distdoctor.explain.priors import load_priors
 from distdoctor.explain.catalog import Catalog
 from distdoctor.explain.ranks import CUT_TYPE, RankCollector
 from distdoctor.explain.scan import Accumulator
@@ -107,11 +108,17 @@ def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc
     if anonymous is not None and not any(f.id == job_kinds.EXCEPTION.id for f in verdict[:1]):
         verdict = [_anonymous_verdict(anonymous[0])]
     if verdict and verdict[0].id == job_kinds.HANG.id and (
-            len(snaps) < 2 or _peer_gone(snaps) or any(f.data.get("signature") for f in log_findings)):
+            len(snaps) < 2 or "gone" in peer_states(snaps, catalog) or any(f.data.get("signature") for f in log_findings)):
         # "Every rank waits" says no more than the timeouts it was read from, and less when the logs
         # are one rank's view or lost a peer none of them is from: the catalog's reading of those
         # lines (the op, the sequence number, the timeout, ranked alternatives) stays the answer.
         verdict = verdict[1:]
+    if verdict and verdict[0].id in (job_kinds.STRAGGLER.id, job_kinds.MISSING.id) \
+            and peer_states(snaps, catalog) == {"refused"}:
+        # A connect refused says the address the peer published had nothing listening (a wrong
+        # interface, a filter, a peer gone during set-up), not that the peer came late: the catalog's
+        # ranked reading of the refusal stays the answer, with the ranks that were refused.
+        return _refused(snaps, log_findings)
     if not verdict:
         return log_findings
     if any(f.data.get("from_report") and f.id == verdict[0].id and f.ranks == verdict[0].ranks for f in log_findings):
@@ -129,6 +136,26 @@ def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc
     else:
         top = _verdict(primary, first, snaps, folded, acc, catalog, activity or {})
     return [_past_its_loop(top, snaps, catalog)] + [_recorder(f) for f in extra] + kept
+
+
+def _refused(snaps: Sequence[RankSnapshot], log_findings: list[Finding]) -> list[Finding]:
+    """The catalog's reading of a refused connection first, naming the ranks it failed on, with the
+    launcher's account of the same failure folded under it."""
+    launcher = [f for f in log_findings if f.data.get("signature") in LAUNCHER_SIGNATURES]
+    rest = [f for f in log_findings if f not in launcher]
+    if not rest:
+        return log_findings
+    top = rest[0]
+    refused = sorted(s.rank for s in snaps if s.error is not None and s.error.consequence)
+    lines, folded = _folded_lines(launcher)
+    detail = top.detail
+    if refused:
+        detail += f"\nRank{'s' if len(refused) > 1 else ''} {format_ranks(refused)} failed with it; the other ranks " \
+                  "were ended by the launcher."
+    if lines:
+        detail += "\nWhat the logs also show (the same failure, or its consequences on the other ranks):\n" + "\n".join(lines)
+    data = {**top.data, "consequences": list(top.data.get("consequences") or []) + folded}
+    return [top.with_(detail=detail, data=data, ranks=top.ranks or refused)] + rest[1:]
 
 
 MISMATCHES = ("collective_mismatch", "shape_mismatch", "dtype_mismatch")
@@ -325,14 +352,19 @@ def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Se
     ranked = [Ranked(_kind_for(cause, catalog, own), conf, why, tell, []) for cause, conf, why, tell in options]
     said = {activity.get(rank, "") for rank in primary.ranks}
     if primary.id == job_kinds.MISSING.id:
-        _weigh_how_peers_failed(ranked, snaps, said_finished=FINISHED_WORDS in said)
+        _weigh_how_peers_failed(ranked, peer_states(snaps, catalog), said_finished=FINISHED_WORDS in said)
     _weigh_activity(ranked, said)
+    if primary.id in VERDICT_FAMILY:
+        # A verdict read from an exit code alone: how often each cause was behind it in the labelled threads.
+        ranked = from_threads(ranked, VERDICT_FAMILY[primary.id], acc, catalog, load_priors())
     # The kill the verdict is about is no further evidence for it.
     ranked = apply_cues(ranked, acc, catalog, ignore=("sigkill_line",) if primary.id == job_kinds.KILLED.id else ())
     top = ranked[0]
     return top.kind, top.confidence, ranked
 
 
+# Verdicts that a failure signature of the labelled threads stands for: a rank SIGKILLed.
+VERDICT_FAMILY = {job_kinds.KILLED.id: "killed_signal"}
 CLOSE_CALL = 0.6
 
 
@@ -365,24 +397,27 @@ def _exit_without_error(snaps: Sequence[RankSnapshot]) -> list[tuple[str, float,
     ]
 
 
-PEER_GONE = ("closed by peer", "reset by peer", "remote process exited", "Broken pipe", "ncclRemoteError",
-             "failed to recv, got 0 bytes", "Connection closed by remote peer")
+def peer_states(snaps: Sequence[RankSnapshot], catalog: Catalog) -> set[str]:
+    """How the waiting ranks' errors say their peer failed: "gone" (a connection closed or reset: its
+    process ended) or "late" (a wait timed out: nobody answered in time), as the catalog reads each
+    message (a signature's `peer`), and "late" for a collective NCCL's watchdog timed out."""
+    states = set()
+    for snap in snaps:
+        if snap.error is not None and snap.error.consequence:
+            line = f"{snap.error.type}: {snap.error.message}"
+            states |= {sig.peer for sig in catalog.signatures
+                       if sig.peer and any(t in line for t in sig.tokens) and sig.regex.search(line)}
+        if any(g.pending is not None and g.pending.state == "timed out" for g in snap.groups):
+            states.add("late")
+    return states
 
 
-def _peer_gone(snaps: Sequence[RankSnapshot]) -> bool:
-    return any(word in s.error.message for s in snaps if s.error is not None and s.error.consequence
-               for word in PEER_GONE)
-
-
-def _weigh_how_peers_failed(ranked: list[Ranked], snaps: Sequence[RankSnapshot], said_finished: bool = False) -> None:
+def _weigh_how_peers_failed(ranked: list[Ranked], states: set[str], said_finished: bool = False) -> None:
     """The waiting ranks' own errors say whether the silent rank's process was gone or alive but late:
     a closed connection means its process ended (a signal, most often SIGKILL, when it printed nothing
     more; a clean exit when its last line says it finished); a timeout means nobody answered in time
     (late, or hung)."""
-    seen = [s.error.message for s in snaps if s.error is not None and s.error.consequence]
-    gone = any(word in message for message in seen for word in PEER_GONE)
-    late = any("imeout" in message or "timed out" in message for message in seen) or any(
-        g.pending is not None and g.pending.state == "timed out" for snap in snaps for g in snap.groups)
+    gone, late = "gone" in states, "late" in states
     for r in ranked:
         if gone and r.cause == "oom_killed_rank" and not said_finished:
             r.confidence += 0.27

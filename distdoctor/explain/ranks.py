@@ -74,8 +74,23 @@ _PROGRESS = re.compile(r"\d%\||\d(?:it|s)/(?:s|it)\b|\b(?:step|iter(?:ation)?|ep
 _NOT_ACTIVITY = re.compile(r"[Ee]rror|Exception|Traceback|^\s+File \"|[Tt]ime[d ]? ?out|[Ww]atchdog|"
                            r"SIG[A-Z]{2,4}|terminate|frame #|torch[./]distributed[./]elastic|[Ff]ailed|[Kk]illed|"
                            r"NCCL (?:WARN|INFO)|ProcessGroup|c10d|exitcode|ChildFailed")
-# Exception types that belong to the launcher, not to a rank's own code.
-_LAUNCHER_TYPES = ("ChildFailedError",)
+# Exception types that belong to the launcher, not to a rank's own code: torchrun's summary,
+# torch.multiprocessing.spawn's wrapper of a process's error (ProcessRaisedException: the process's
+# own traceback follows "-- Process N terminated with the following error:") and of its exit
+# (ProcessExitedException: "process N terminated with exit code C / signal S").
+_LAUNCHER_TYPES = ("ChildFailedError", "ProcessRaisedException", "ProcessExitedException")
+# A subprocess launcher re-raising its child's failure (accelerate's and DeepSpeed's simple launchers:
+# subprocess.CalledProcessError) is the launcher's when its traceback runs through the launcher's code.
+_LAUNCHER_FRAMES = re.compile(r"[/\\](?:accelerate[/\\]commands|deepspeed[/\\]launcher|torch[/\\]distributed[/\\]"
+                              r"(?:run|launch|launcher)|lightning[/\\](?:fabric|pytorch)[/\\]strategies[/\\]launchers)")
+# Python's chain markers: the traceback after one is the exception raised while (or because) the one
+# before it was handled; the one before is nearer the cause.
+CHAINED = ("The above exception was the direct cause of the following exception:",
+           "During handling of the above exception, another exception occurred:")
+# Exceptions that mean nothing by themselves when they start a chain (control flow, a queue's wait):
+# the exception raised while handling them is the one that says what happened (a DataLoader's
+# `queue.Empty` -> "DataLoader worker (pid N) exited unexpectedly").
+PLUMBING_TYPES = frozenset({"Empty", "StopIteration", "StopAsyncIteration", "GeneratorExit", "RemoteTraceback"})
 
 
 @dataclass
@@ -89,6 +104,18 @@ class RaisedText:
     line: int
     order: tuple[int, int]            # (input index, line): log order
     time: str | None = None           # a timestamp read on the exception line, when it has one
+    # The exception this one was raised from or while handling (Python's chain, printed above it).
+    inner: "RaisedText | None" = None
+
+    def innermost(self) -> "RaisedText":
+        """The innermost exception of its chain that means something: what happened, not its wrappers."""
+        chain = [self]
+        while chain[-1].inner is not None and len(chain) < MAX_ERRORS:
+            chain.append(chain[-1].inner)
+        for raised in reversed(chain):
+            if raised.type.rsplit(".", 1)[-1] not in PLUMBING_TYPES:
+                return raised
+        return self
 
 
 @dataclass
@@ -147,6 +174,7 @@ class _Pending:
     order: tuple[int, int]
     time: str | None = None    # the timestamp of the rank's last line before the traceback
     scanned: int = 0
+    chained: bool = False      # printed after Python's chain marker: it wraps the exception before it
     # A prefix that varies from line to line (a viewer's line numbers): lines are matched by the rank
     # their prefixes name and the separator width, not by the exact text.
     varying: bool = False
@@ -267,7 +295,7 @@ class RankCollector:
                 prefix, rank = "  ", int(entry["rank"]) if entry else None
             line_no = first_line + block.count("\n", 0, start)
             pending = _Pending(prefix, rank if rank is not None else rank_hint, [], name, line_no, (index, line_no),
-                               time=_time_before(block, start, prefix))
+                               time=_time_before(block, start, prefix), chained=_after_chain_marker(block, start))
             named, end_of = prefix_span(prefix)
             if _FOREIGN_PREFIX.match(prefix) and prefix[end_of:].strip() == "":
                 pending.varying, pending.by_prefix, pending.separator = True, named, len(prefix) - end_of
@@ -327,8 +355,12 @@ class RankCollector:
         raised = RaisedText(match["type"], clean_quote((match["msg"] or "").strip()[:MAX_MESSAGE]),
                             tuple(pending.frames), pending.file, line_no, (pending.order[0], line_no),
                             time=_line_time(pending.prefix + line) or pending.time)
-        if raised.type.rsplit(".", 1)[-1] in _LAUNCHER_TYPES:
+        if _launchers(raised):
             return
+        if pending.chained:
+            previous = self._last_error(pending.rank)
+            if previous is not None and previous.order < raised.order:
+                raised.inner = previous
         if pending.rank is None:
             # An exception without a rank prefix (torch < 2.2 printed none): torchrun's summary may say whose.
             if len(self.unattributed) < MAX_ERRORS:
@@ -337,6 +369,12 @@ class RankCollector:
         text = self.rank(pending.rank)
         if text is not None and len(text.errors) < MAX_ERRORS:
             text.errors.append(raised)
+
+    def _last_error(self, rank: int | None) -> RaisedText | None:
+        if rank is None:
+            return self.unattributed[-1] if self.unattributed else None
+        text = self.ranks.get(rank)
+        return text.errors[-1] if text is not None and text.errors else None
 
     def bare_exception(self, line: str, line_no: int, name: str, index: int, rank_hint: int | None) -> None:
         """An exception line of a rank (its prefix, or its file), kept in case no traceback header precedes it."""
@@ -444,6 +482,28 @@ class RankCollector:
             time=_epoch(when["time"]) if when else None, host=clean_quote(host["host"]) if host else "",
             local_rank=int(rank["local"]), root_cause="Root Cause" in before[max(0, entry_start - 60):],
             text=clean_quote(tb["tb"].strip()) if tb else "")
+
+
+def _launchers(raised: RaisedText) -> bool:
+    """The launcher's own exception (its summary of a child's failure), not a rank's."""
+    name = raised.type.rsplit(".", 1)[-1]
+    if name in _LAUNCHER_TYPES:
+        return True
+    return name == "CalledProcessError" and any(_LAUNCHER_FRAMES.search(f.file) for f in raised.frames)
+
+
+def _after_chain_marker(block: str, start: int) -> bool:
+    """Python's chain marker on the last non-blank line before a traceback's header (prefixes aside)."""
+    end = start
+    for _ in range(3):
+        if end <= 0:
+            return False
+        begin = block.rfind("\n", 0, end - 1) + 1
+        line = split_prefix(block[begin:end - 1])[1].strip()
+        end = begin
+        if line:
+            return line in CHAINED
+    return False
 
 
 def _complained(text: RankText, where: tuple[int, int], line: str) -> None:

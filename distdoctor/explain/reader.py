@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import codecs
+import collections
 import os
 import re
 import stat
@@ -28,7 +29,13 @@ from typing import BinaryIO, Iterator
 from distdoctor.explain.sanitize import strip_controls
 
 BLOCK_SIZE = 1 << 20
+# A log larger than this is not scanned whole: its first HEAD_BYTES and its last TAIL_BYTES are, and
+# the lines between are counted (line numbers stay true). Time is then bounded by reading the bytes,
+# memory by the tail kept (a 10 GB log of a job that ran for days fails at its end).
+HEAD_BYTES = 1 << 30
+TAIL_BYTES = 64 << 20
 STDIN_NAME = "<stdin>"
+_ANSI = re.compile(r"\x1b\[[0-?]{0,64}[ -/]{0,8}[@-~]|\x1b\][^\x07\x1b\n]{0,4096}(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_.-]?([0-9]{1,7})(?![0-9])", re.I)
 MAX_RANK_DIGITS = 7
 MAX_DIRECTORY_FILES = 10_000
@@ -61,6 +68,10 @@ class LogSource:
     json_objects: list | None = field(default=None, repr=False)
     encoding: str = "utf-8"           # what the text was read as (utf-16 and utf-32 are transcoded)
     not_utf8: bool = False            # 8-bit text in another encoding: its non-UTF-8 bytes were replaced
+    # Only these lines (first, last; 1-based) are read: one attempt of a job torchelastic restarted.
+    line_range: tuple[int, int] | None = None
+    # Bytes of a huge input that were counted, not scanned (between its head and its tail).
+    skipped_bytes: int = 0
 
 
 def rank_from_name(path: Path) -> int | None:
@@ -227,10 +238,38 @@ def _check_first_block(source: LogSource, data: bytes) -> None:
 
 
 def iter_blocks(source: LogSource, block_size: int = BLOCK_SIZE) -> Iterator[tuple[str, int]]:
-    """Yield (text, number of the block's first line), each block ending at a line end.
+    """Yield (text, number of the block's first line), each block ending at a line end; only the lines
+    of source.line_range when it is set (line numbers stay those of the whole input).
 
     Raises LogInputError for input that is not a text log (checked on the first block).
     """
+    if source.line_range is None:
+        yield from _blocks(source, block_size)
+        return
+    first, last = source.line_range
+    for text, line_no in _blocks(source, block_size):
+        end = line_no + text.count("\n") - 1
+        if end < first:
+            continue
+        if line_no > last:
+            return
+        start = _nth_line(text, first - line_no) if line_no < first else 0
+        stop = _nth_line(text, last - line_no + 1) if end > last else len(text)
+        if start < stop:
+            yield text[start:stop], max(line_no, first)
+
+
+def _nth_line(text: str, n: int) -> int:
+    """Where the n-th line (0-based) of text starts."""
+    pos = 0
+    for _ in range(n):
+        pos = text.find("\n", pos) + 1
+        if pos == 0:
+            return len(text)
+    return pos
+
+
+def _blocks(source: LogSource, block_size: int) -> Iterator[tuple[str, int]]:
     opened = source.stream is None or source.owns_stream
     try:
         stream = source.stream if source.stream is not None else open(source.path, "rb")  # type: ignore[arg-type]
@@ -266,6 +305,10 @@ def iter_blocks(source: LogSource, block_size: int = BLOCK_SIZE) -> Iterator[tup
                     yield from _emit(source, decoder, carry, line_no, final=True)
                 return
             source.bytes += len(chunk)
+            if source.bytes > HEAD_BYTES and source.line_range is None:
+                # A log too large to read whole: its head was read; the middle is counted, the tail read.
+                yield from _skip_to_tail(source, stream, carry + chunk, decoder, block_size)
+                return
             data = carry + chunk
             cut = data.rfind(b"\n") + 1
             if cut == 0:
@@ -284,10 +327,50 @@ def iter_blocks(source: LogSource, block_size: int = BLOCK_SIZE) -> Iterator[tup
             stream.close()
 
 
+def _skip_to_tail(source: LogSource, stream, pending: bytes, decoder, block_size: int) -> Iterator[tuple[str, int]]:
+    """Past HEAD_BYTES: read on without scanning, counting lines, keeping the last TAIL_BYTES; then scan
+    them (from their first whole line), with their true line numbers. Time stays that of reading the
+    bytes (no matching); memory that of the tail kept."""
+    tail: collections.deque[bytes] = collections.deque()
+    kept = 0
+    while True:
+        tail.append(pending)
+        kept += len(pending)
+        while len(tail) > 1 and kept - len(tail[0]) >= TAIL_BYTES:
+            dropped = tail.popleft()
+            kept -= len(dropped)
+            source.lines += dropped.count(b"\n")
+            source.skipped_bytes += len(dropped)
+        try:
+            pending = stream.read(block_size)
+        except OSError as exc:
+            raise LogInputError(f"{source.name}: read failed ({exc.strerror or exc})") from None
+        if not pending:
+            break
+        source.bytes += len(pending)
+    data = b"".join(tail)
+    start = data.find(b"\n") + 1 if source.skipped_bytes else 0
+    source.lines += data.count(b"\n", 0, start)
+    source.skipped_bytes += start
+    decoder.reset()
+    pos = start
+    while pos < len(data):
+        end = min(pos + block_size, len(data))
+        if end < len(data):
+            newline = data.rfind(b"\n", pos, end)
+            end = newline + 1 if newline >= pos else end  # blocks end at a line end (a longer line is cut)
+        yield from _emit(source, decoder, data[pos:end], source.lines + 1, final=end >= len(data))
+        pos = end
+
+
 def _emit(source: LogSource, decoder: codecs.IncrementalDecoder, data: bytes, line_no: int, *, final: bool):
     text = decoder.decode(data, final=final)
     if "\ufffd" in text and not source.replaced_bytes and b"\xef\xbf\xbd" not in data:
         source.replaced_bytes = True
+    if "\x1b" in text:
+        # Colours and terminal titles around a rank's prefix would hide it: dropped before anything reads
+        # the block (never a newline: line numbers stay true).
+        text = _ANSI.sub("", text)
     if not text.endswith("\n"):
         text += "\n"
     source.lines += text.count("\n")

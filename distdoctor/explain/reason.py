@@ -29,7 +29,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from distdoctor.explain.candidates import Ranked, describe, rank_candidates
+from distdoctor.explain.candidates import GENERIC_CEILING, Ranked, describe, rank_candidates, rank_family
+from distdoctor.diagnosis.origin import DIST_ERRORS
 from distdoctor.explain.catalog import Catalog, render_template
 from distdoctor.explain.own_reports import findings_of_report
 from distdoctor.explain.ranks import split_prefix
@@ -164,7 +165,8 @@ def findings_from(acc: Accumulator, catalog: Catalog, progress: dict[int, int] |
             return reported + [_empty_logs_finding(acc, catalog)]
         if acc.own_reports:
             return reported
-        return [_exception_finding(acc, catalog) or _unknown_finding(acc, catalog)]
+        found = _exception_finding(acc, catalog) or _unknown_finding(acc, catalog)
+        return [_distributed_fallback(found, acc, catalog)]
     roots = assign_roots(groups)
     findings: list[Finding] = list(reported)
     mismatch = watchdog_mismatch(roots)
@@ -267,6 +269,8 @@ def _finding(root: Root, acc: Accumulator, catalog: Catalog) -> Finding:
     if sig.candidates:
         quiet = sorted((_silent(acc) | set(silent)) - group.ranks)
         ranked = rank_candidates(sig, fields, acc, catalog, quiet, base=root.confidence)
+        if sig.peer == "late" and len(group.ranks) > 1 and not silent and not acc.empty_ranks and not quiet:
+            ranked = _every_rank_waited(ranked, group.ranks)
         top = ranked[0]
         kind, confidence = top.kind, top.confidence
         if top.kind is not sig.kind:
@@ -287,6 +291,19 @@ def _finding(root: Root, acc: Accumulator, catalog: Catalog) -> Finding:
         check=CHECK_NAME,
         confidence=confidence,
     )
+
+
+EVERY_RANK_WAITED = 0.15
+
+
+def _every_rank_waited(ranked: list[Ranked], ranks: set[int]) -> list[Ranked]:
+    """Every rank the logs show timed out in the same wait, and none is silent: none of them is missing
+    or late as far as these logs go, and the collective itself hanging gains."""
+    for r in ranked:
+        if r.cause == "collective_timeout_hang":
+            r.confidence = min(GENERIC_CEILING, r.confidence + EVERY_RANK_WAITED)
+            r.reasons.append(f"every rank these logs show ({format_ranks(ranks)}) timed out in it, none is silent")
+    return sorted(ranked, key=lambda r: -r.confidence)
 
 
 def _consequence_line(c: Group, quoted: set) -> str:
@@ -390,6 +407,52 @@ def _exception_finding(acc: Accumulator, catalog: Catalog) -> Finding | None:
             confidence=EXCEPTION_CONFIDENCE,
         )
     return None
+
+
+# What a torch.distributed failure that no signature names was, most likely first (hand-set; the
+# labelled threads of the family `other_distributed` reorder them).
+UNRECOGNISED = [
+    ("worker_exception", 0.3, "a rank's own code or data raised, and torch.distributed's error is what its peers saw",
+     "a Python traceback in the first failing rank's own log (--log-dir, its [rankN]: prefix)"),
+    ("rank_missing", 0.25, "a rank crashed, was killed or never started, and the others failed waiting for it",
+     "a rank whose log is missing, empty or ends early; torchrun's summary names it"),
+    ("version_incompat", 0.15, "torch, CUDA, NCCL or the driver differ between nodes or do not fit together",
+     "python -m torch.utils.collect_env on every node"),
+    ("wrong_interface", 0.15, "the backend's traffic goes over an interface that does not link the hosts",
+     "NCCL_DEBUG=INFO's 'NET/Socket : Using' line; it works with NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME set"),
+    ("collective_timeout_hang", 0.1, "a collective did not complete and nothing more specific is known",
+     "distdoctor check --stage collective on the same nodes"),
+]
+
+
+_DISTRIBUTED = re.compile(r"torch[/.]distributed|distributed_c10d|ProcessGroup|c10d|NCCL WARN|gloo/")
+
+
+def _distributed_fallback(found: Finding, acc: Accumulator, catalog: Catalog) -> Finding:
+    """A failure with torch.distributed in the log that no signature names: still ranked candidates,
+    never 'unknown'. A log with nothing of torch.distributed in it, or one that shows no failure
+    (no error line, or the job at work after it), keeps its reading."""
+    # A failure: an error-looking line, or a traceback (cut before its exception line, it has none).
+    if not any(score >= 2 or "Traceback (most recent call last)" in text for score, *_, text in acc.relevant):
+        return found
+    if "ctx_torch_distributed" not in acc.cues and not any(_DISTRIBUTED.search(text) for *_, text in acc.relevant):
+        return found
+    if found.id == "log.W030" and acc.progress_seen:
+        return found  # the job went on: as far as these logs tell, nothing failed
+    raised = (found.data.get("exception") or "").rsplit(".", 1)[-1]
+    if raised and raised != "RuntimeError" and raised not in DIST_ERRORS:
+        return found  # an exception type torch.distributed does not raise: the rank's own, by its origin
+    ranked = rank_family("other_distributed", UNRECOGNISED, acc, catalog)
+    if not ranked:
+        return found
+    top = ranked[0]
+    lead = ("A torch.distributed failure that no known signature names: "
+            + (found.title if found.id != "log.W030" else "its most relevant lines are quoted below"))
+    data = {**found.data, "signature": "distributed_unrecognised", "role": "symptom",
+            "candidates": [r.to_dict() for r in ranked], "family": "other_distributed"}
+    return top.kind(lead[:400], detail="\n".join([found.detail, *describe(ranked)]),
+                    remediation=f"{top.kind.hint}. To confirm: {top.tell}", ranks=found.ranks, hosts=found.hosts,
+                    data=data, check=CHECK_NAME, confidence=min(top.confidence, EXCEPTION_CONFIDENCE))
 
 
 def _unknown_finding(acc: Accumulator, catalog: Catalog) -> Finding:

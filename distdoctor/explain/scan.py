@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from distdoctor.explain.attempts import Marks
 from distdoctor.explain.catalog import Catalog, Context, Cue, Signature
 from distdoctor.explain.ranks import RankCollector, split_prefix
 from distdoctor.explain.reader import LogSource, iter_blocks
@@ -173,6 +174,8 @@ class Accumulator:
     cues: dict[str, list] = field(default_factory=dict)
     # distdoctor's own JSON reports found among the inputs: (file, parsed report).
     own_reports: list[tuple[str, dict]] = field(default_factory=list)
+    # NCCL versions the logs' INFO lines name (two of them: ranks or nodes run different NCCL builds).
+    nccl_versions: set[str] = field(default_factory=set)
 
     def add_cue(self, cue: Cue, evidence: dict[str, Any]) -> None:
         entry = self.cues.get(cue.name)
@@ -201,17 +204,34 @@ class Accumulator:
             heapq.heapreplace(self.relevant, item)
 
 
+_SEARCHED: dict[int, tuple[Catalog, list]] = {}
+
+
 def search_tokens(catalog: Catalog) -> list[tuple[str, tuple]]:
+    """search_tokens_of, worked out once per catalog (it is quadratic in the tokens: ~30 ms each time)."""
+    cached = _SEARCHED.get(id(catalog))
+    if cached is None or cached[0] is not catalog:
+        cached = _SEARCHED[id(catalog)] = (catalog, _search_tokens_of(catalog))
+    return cached[1]
+
+
+def _search_tokens_of(catalog: Catalog) -> list[tuple[str, tuple]]:
     """The tokens to search, each with the catalog items it may announce.
 
     A token that contains another ('exitcode  : -9' contains 'exitcode  : -') is not searched on
-    its own: the shorter one finds every line the longer one would, and the regexes decide.
+    its own: the shorter one finds every line the longer one would, and the regexes decide. A token
+    that only cues announce is never the shorter one: a cue counts once and its tokens stop being
+    searched when it was seen, which a signature's longer token folded into it would undo (every
+    'NCCL INFO' line of a chatty log matched against NCCL's INFO signatures).
     """
     tokens = list(catalog.token_index)
-    searched: dict[str, list] = {t: [] for t in tokens if not any(o != t and o in t for o in tokens)}
+    cue_only = {t for t, items in catalog.token_index.items() if _cue_only(items)}
+    folds = [t for t in tokens if t not in cue_only]
+    searched: dict[str, list] = {t: [] for t in tokens
+                                 if not any(o != t and o in t for o in (folds if t not in cue_only else ()))}
     for token, items in catalog.token_index.items():
         for short in searched:
-            if short in token:
+            if short in token and (short == token or short not in cue_only):
                 searched[short].extend(i for i in items if i not in searched[short])
                 break
     return [(t, tuple(items)) for t, items in searched.items()]
@@ -219,12 +239,18 @@ def search_tokens(catalog: Catalog) -> list[tuple[str, tuple]]:
 
 class Scanner:
     def __init__(self, catalog: Catalog, accumulator: Accumulator | None = None,
-                 ranks: RankCollector | None = None) -> None:
+                 ranks: RankCollector | None = None, marks: dict[int, Marks] | None = None) -> None:
         self.catalog = catalog
+        # Per input, where torchelastic's attempts start (None: not looked for, e.g. within one attempt).
+        self.marks = marks
         self.acc = accumulator or Accumulator()
         self.ranks = ranks
         self._rank_noticed: dict[int, int] = {}
         tokens = [(t, items, _cue_only(items)) for t, items in search_tokens(catalog)]
+        # Where the job ran (docker, SLURM, IB, the launcher ...) is read from a sample of each block:
+        # those lines repeat, and a few dozen such tokens over whole blocks would cost a third of the scan.
+        self._context = [t for t in tokens if t[2] and all(_context_cue(i) for i in t[1])]
+        tokens = [t for t in tokens if t not in self._context]
         # Tokens that contain a relevance word are tried only on the lines that word is on (the
         # relevance pass finds them anyway): one block pass fewer per such token.
         self._gated: dict[str, list] = {}
@@ -235,6 +261,7 @@ class Scanner:
                 self._tokens.append(entry)
             else:
                 self._gated.setdefault(word, []).append(entry)
+        self._cues_dropped = 0
         self._relevance = list(RELEVANCE_TOKENS.items()) + [(w, 0) for w in GATE_ONLY if w in self._gated]
 
     def scan(self, source: LogSource, source_index: int) -> int:
@@ -243,7 +270,10 @@ class Scanner:
         self._noticed = 0
         if self.ranks is not None:
             self.ranks.start_source()
+        marks = self.marks.setdefault(source_index, Marks()) if self.marks is not None else None
         for block, first_line in iter_blocks(source):
+            if marks is not None:
+                marks.block(block, first_line)
             self._scan_block(block, first_line, source, source_index, context)
             if self.ranks is not None:
                 self.ranks.block(block, first_line, source.name, source_index, source.rank_hint)
@@ -262,15 +292,19 @@ class Scanner:
 
     def _drop_seen_cues(self) -> None:
         """A cue counts once: its tokens stop being searched after it was seen (NCCL INFO chatter
-        repeats them on every line)."""
-        if not self.acc.cues:
+        repeats them on every line). The lists are rebuilt only when a new cue was seen."""
+        if len(self.acc.cues) == self._cues_dropped:
             return
+        self._cues_dropped = len(self.acc.cues)
         self._tokens = _without_seen_cues(self._tokens, self.acc.cues)
+        self._context = _without_seen_cues(self._context, self.acc.cues)
         self._gated = {w: _without_seen_cues(t, self.acc.cues) for w, t in self._gated.items()}
 
     def _scan_block(self, block: str, first_line: int, source: LogSource, source_index: int, context: dict) -> None:
         hits: dict[int, list] = {}
         _find_tokens(block, self._tokens, hits)
+        if self._context:
+            _find_tokens(block[:CONTEXT_SAMPLE], self._context, hits)
         lower = block.lower()
         relevance: dict[int, int] = {}
         word_lines: dict[str, list[int]] = {}
@@ -375,6 +409,8 @@ class Scanner:
             self.acc.ranks_seen.add(rank)
         if "host" in context:
             self.acc.hosts_seen.add(context["host"])
+        if item.name == "nccl_version" and len(self.acc.nccl_versions) < 16:
+            self.acc.nccl_versions.add(context.get("nccl_version", ""))
 
 
 GATE_WORDS = ("error", "exception", "failed", "timed out", "timeout", "killed", "fatal", "abort",
@@ -495,6 +531,15 @@ def _without_seen_cues(tokens: list, seen: dict) -> list:
         if items:
             kept.append((token, items, _cue_only(items)))
     return kept
+
+
+CONTEXT_SAMPLE = 16 << 10  # characters of each block searched for context cues
+
+
+def _context_cue(item) -> bool:
+    """A cue that says where the job ran or what ran it (threads.toml's vocabulary, torch.distributed at
+    all), not what failed: the catalog names them ctx_*."""
+    return isinstance(item, Cue) and item.name.startswith("ctx_")
 
 
 def _cue_only(items: tuple) -> bool:

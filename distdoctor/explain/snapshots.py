@@ -3,8 +3,8 @@
 # One rank's snapshot from what was read afterwards:
 # - its error: the last exception its own lines show (a traceback with the rank's prefix, in its
 #   file, or in its TORCHELASTIC error file), with the innermost frame of the user's code; it is a
-#   consequence when the message is a peer's failure as the catalog reads it (a symptom: connection
-#   closed or reset, a collective or socket timeout) or the launcher's SIGTERM;
+#   consequence when it was raised out of torch.distributed (diagnosis.origin: its type, the C++
+#   location its message names, torch.distributed's innermost frame) or is the launcher's signal;
 # - its end: torchrun's summary (exit code, signal, time, host); a rank the summary does not list
 #   while it lists others of the same agent exited 0; a rank ended by the launcher's SIGTERM without
 #   an error of its own was still running when its peer failed (it is the one the others waited for);
@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Iterable
 
 from distdoctor.diagnosis.frames import user_frame
-from distdoctor.diagnosis.origin import from_torch_distributed
+from distdoctor.diagnosis.origin import DISTRIBUTED, OWN, SIGNAL_TYPES, origin_of
 from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNREACHABLE, Frame,
                                            GroupProgress, PendingOp, RaisedError, RankSnapshot)
 from distdoctor.core.report import format_ranks
@@ -32,13 +32,6 @@ from distdoctor.explain.sanitize import clean_quote
 
 SOURCE = "log"
 _C10D = re.compile(r"[/\\]torch[/\\]distributed[/\\](?:distributed_c10d|c10d_logger)\.py$")
-# Exceptions that are the launcher's or the peer's doing whatever the catalog says.
-_CONSEQUENCE_TYPES = ("SignalException", "KeyboardInterrupt", "DistNetworkError", "DistStoreError")
-# A frame of torch's own tree (a traceback's innermost frame there: torch raised it, or passed it on).
-_TORCH_FRAME = re.compile(r"(^|[/\\])torch[/\\]")
-_CONSEQUENCE_WORDS = ("got signal: 15", "got signal: 1", "got signal: 2", "closed by peer", "reset by peer",
-                      "Socket Timeout", "timed out", "Timed out", "Broken pipe", "ncclRemoteError",
-                      "remote process exited", "communicator was aborted", "failed to recv, got 0 bytes")
 _OP_IN_MESSAGE = re.compile(r"OpType=(?P<op>\w{1,40})|for (?P<io>recv|send) operation")
 _YEAR = re.compile(r"^\d{4}-")
 KEPT_GOING, QUIET_FIRST, FINISHED_WORDS = "kept_going", "quiet_first", "finished_words"
@@ -57,27 +50,39 @@ class JobEvidence:
 
 
 def is_consequence(raised: RaisedText, catalog: Catalog) -> bool:
-    """A peer's failure seen here, or the launcher's signal: judged by where it was raised first.
+    """A peer's failure seen here, or the launcher's signal: judged by where it was raised
+    (diagnosis.origin), never by its words.
 
-    torch.distributed's own errors (DistError, a C++ error raised in gloo, c10d or NCCL) are a
-    consequence; an exception whose traceback ends outside torch (the user's code, `requests`, a
-    file system) and is not a RuntimeError is the rank's own, whatever its words
-    (`TimeoutError('Read timed out.')`). What the traceback does not place (and a bare RuntimeError,
-    which older torch and C++ errors raise from a user's `dist.barrier()` line) is judged by the
-    catalog's symptoms and the words below.
+    torch.distributed's own errors (DistError, a C++ error raised in gloo, c10d or NCCL, a
+    RuntimeError out of torch.distributed's code) are a consequence; an exception raised in the
+    user's code or a library is the rank's own, whatever it says (`TimeoutError('Read timed out.')`,
+    `RuntimeError('Timed out waiting for the dataset server')`). Only where the log does not show
+    the origin (an exception line without its traceback; a RuntimeError out of torch's C++ with no
+    location, as release builds of old torch print them) is the text itself asked: one that
+    torch.distributed prints when a peer failed (a catalog symptom: the exact message, not a word)
+    comes from torch.distributed.
     """
     name = raised.type.rsplit(".", 1)[-1]
-    if name in _CONSEQUENCE_TYPES or from_torch_distributed([name], raised.message):
+    if name in SIGNAL_TYPES:
         return True
-    if name != "RuntimeError" and raised.frames and not _TORCH_FRAME.search(raised.frames[-1].file):
-        return False  # torch.distributed raises its own types or RuntimeError (old releases, C++ errors)
+    origin = origin_of([name], raised.message, [f.file for f in raised.frames], traceback_read=bool(raised.frames),
+                       innermost_code=raised.frames[-1].code if raised.frames else "")
     line = f"{raised.type}: {raised.message}"
-    if any(word in line for word in _CONSEQUENCE_WORDS):
-        return True
+    if origin == DISTRIBUTED:
+        # torch.distributed refusing this rank's own call (a CPU tensor on NCCL, a collective before
+        # init) is the rank's failure, not a peer's: the catalog reads that exact text as a cause.
+        return catalog_reading(line, catalog, "cause") is None
+    if origin == OWN:
+        return False
+    return catalog_reading(line, catalog, "symptom") is not None
+
+
+def catalog_reading(line: str, catalog: Catalog, role: str):
+    """The catalog's signature of that role whose exact torch.distributed message this line is, if any."""
     for sig in catalog.signatures:
-        if sig.role == "symptom" and any(t in line for t in sig.tokens) and sig.regex.search(line):
-            return True
-    return False
+        if sig.role == role and any(t in line for t in sig.tokens) and sig.regex.search(line):
+            return sig
+    return None
 
 
 def collective_of(raised: RaisedText) -> str | None:
@@ -99,11 +104,13 @@ def _error(raised: RaisedText, catalog: Catalog, year: int) -> tuple[RaisedError
 
 
 def _own_error(text: RankText) -> RaisedText | None:
-    """The exception that ended the rank: the last one its lines show, else its error file's."""
+    """The exception that ended the rank: the last one its lines show (read through its chain to the
+    innermost that means something: `raise ... from`, "During handling of the above exception"),
+    else its error file's."""
     if text.errors:
-        return text.errors[-1]
+        return text.errors[-1].innermost()
     if text.error_file is not None:
-        return text.error_file
+        return text.error_file.innermost()
     return text.bare[-1] if text.bare else None
 
 

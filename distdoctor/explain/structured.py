@@ -16,12 +16,10 @@
 
 from __future__ import annotations
 
-import io
-import pickle
 import re
 from typing import Any
 
-from distdoctor.diagnosis.flight_recorder import read_dump
+from distdoctor.diagnosis.flight_recorder import is_pickle, load_pickled, read_dump
 from distdoctor.diagnosis.snapshot import RankSnapshot
 from distdoctor.explain.own_reports import consume, read_json
 from distdoctor.explain.ranks import parse_traceback_text
@@ -30,14 +28,10 @@ from distdoctor.explain.snapshots import JobEvidence
 
 MAX_DUMP_BYTES = 64 << 20
 _TRAILING_NUMBER = re.compile(r"(\d{1,7})(?:\.(?:json|pkl|pickle))?$")
-PICKLE_PROTOCOLS = (2, 3, 4, 5)
-
-
-class _NoClasses(pickle.Unpickler):
-    """Plain containers only: a flight-recorder dump has no class in it; anything else is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refused class {module[:60]}.{name[:60]}")
+# distdoctor's own pictures in a --report-dir (docs/report.md): read as what they are, never as logs,
+# whose text (findings' titles, a rank's line) would match the catalog a second time.
+HTML_REPORT_HEAD = b"<!DOCTYPE html>\n<!-- distdoctor report"
+TIMELINE_SCHEMA = "distdoctor.collectives/"
 
 
 def dump_rank(source: LogSource) -> int | None:
@@ -52,13 +46,19 @@ def read_structured(source: LogSource, evidence: JobEvidence) -> str | None:
 
     Raises LogInputError (with the file named) for a dump that is broken.
     """
-    head = peek(source, 2)
-    if len(head) == 2 and head[0] == 0x80 and head[1] in PICKLE_PROTOCOLS:
+    head = peek(source, 512)
+    if is_pickle(head):
         return _read_pickle(source, evidence)
+    if head.startswith(HTML_REPORT_HEAD):
+        consume(source)  # distdoctor's own HTML report: its findings are in the JSON reports beside it
+        return "distdoctor HTML report (not read)"
     objects = read_json(source)
     if not objects:
         return None
     first = objects[0]
+    if isinstance(first, dict) and ("traceEvents" in first or str(first.get("schema", "")).startswith(TIMELINE_SCHEMA)):
+        consume(source)  # the job as a picture (trace.json) or its material: drawn from the evidence read here
+        return "distdoctor timeline (not read)"
     if isinstance(first, dict) and ("entries" in first or "pg_status" in first):
         _add_dump(source, first, evidence)
         consume(source)
@@ -86,7 +86,7 @@ def _read_pickle(source: LogSource, evidence: JobEvidence) -> str:
     if len(data) > MAX_DUMP_BYTES:
         raise LogInputError(f"{source.name}: a pickle larger than {MAX_DUMP_BYTES >> 20} MB, not read")
     try:
-        dump = _NoClasses(io.BytesIO(data)).load()
+        dump = load_pickled(data)
     except Exception as exc:  # a truncated or hostile pickle: any unpickling error is "not readable"
         raise LogInputError(f"{source.name}: not a readable flight-recorder dump ({type(exc).__name__}: "
                             f"{str(exc)[:120]})") from None

@@ -84,7 +84,7 @@ def test_compare_exits_non_zero_on_a_regression_and_zero_without(report, tmp_pat
     (["--sizes", "8:4"], "starts above its end"),
     (["--ops", "allreduce"], "unknown op"),
     (["--backend", "mpi"], "--backend"),
-    (["--format", "html"], "--format"),
+    (["--format", "pdf"], "--format"),  # html is a format since 0.5 (docs/report.md)
     (["--compare", "/nonexistent/base.json"], "cannot read --compare"),
 ])
 def test_bad_options_are_usage_errors(args, message):

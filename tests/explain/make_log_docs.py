@@ -64,6 +64,14 @@ def section(kind_id: str) -> str:
         lines.append("- **Detected:** torchrun's agent saying it received SIGINT or SIGTERM itself (`Received "
                      "Signals.SIGINT death signal`, `Received 15 death signal`): the job was stopped from outside "
                      "(Ctrl-C, a scheduler's preemption or time limit, a kill); what sent it, the logs do not say.")
+    if kind_id == "log.I041":
+        lines.append("- **Detected:** when the logs hold several attempts of a job torchelastic restarted "
+                     "(`--max-restarts`): torchrun's console cut where an attempt ends (the agent's `failed "
+                     "(exitcode: C) local_rank: R` line followed by more output of the workers, `Worker group FAILED "
+                     "... will restart worker group`, the next attempt's `restart_count=N`), or `--log-dir`'s "
+                     "`attempt_<N>` directories. Each attempt is read on its own: the job's end is explained by its "
+                     "last attempt (the findings above it), and this finding lists every earlier attempt with its own "
+                     "first failure (`data.attempts`). Its cause is `unknown`: it names no cause of the job's end.")
     if kind_id == "log.E006":
         lines.append("- **Also:** when per-rank logs are empty and nothing else matched: those ranks printed nothing "
                      "(hung, killed early or never started).")

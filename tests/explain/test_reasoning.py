@@ -180,3 +180,49 @@ def test_a_users_own_timeout_is_its_ranks_failure_and_the_peers_gloo_error_its_c
     top = report.findings[0]
     assert top.cause == "worker_exception" and top.ranks == (1,), [(f.cause, f.ranks, f.title) for f in report.findings]
     assert "train.py:41" in top.title + top.detail
+
+
+# A user's own RuntimeError whose words sound like a peer's timeout, raised at their own line: the
+# rank's own failure (by where it was raised, diagnosis.origin), not a consequence. Its twin: the
+# same words without the user's `raise` (a native call on that line, no C++ location) are judged by
+# whether torch.distributed prints them, which it does not: still the rank's own.
+USER_RUNTIME = """\
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/home/u/train.py", line 88, in <module>
+[rank1]:     batch = next_batch(step)
+[rank1]:   File "/home/u/data.py", line 17, in next_batch
+[rank1]:     raise RuntimeError("Timed out waiting for the dataset server")
+[rank1]: RuntimeError: Timed out waiting for the dataset server
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/home/u/train.py", line 92, in <module>
+[rank0]:     dist.all_reduce(t)
+[rank0]:   File "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252, in all_reduce
+[rank0]:     work.wait()
+[rank0]: RuntimeError: Connection closed by peer
+"""
+
+
+def test_a_users_own_runtime_error_that_sounds_like_a_timeout_is_its_ranks_worker_exception():
+    top = explain_text(USER_RUNTIME).findings[0]
+    assert (top.cause, top.ranks) == ("worker_exception", (1,)), (top.cause, top.ranks, top.title)
+    assert "data.py:17" in top.title and top.confidence >= 0.8
+    # Rank 0's RuntimeError, raised out of torch.distributed's all_reduce (no C++ location: an older
+    # build), is the consequence, folded under the cause.
+    assert "rank 0" in top.detail and "Connection closed by peer" in top.detail
+
+
+def test_origin_decides_by_where_an_exception_was_raised_never_by_its_words():
+    from distdoctor.diagnosis.origin import DISTRIBUTED, OWN, UNKNOWN, origin_of
+
+    user = ["/home/u/data.py"]
+    assert origin_of(["RuntimeError"], "Timed out waiting for the dataset server", user, True,
+                     'raise RuntimeError("Timed out waiting for the dataset server")') == OWN
+    assert origin_of(["RuntimeError"], "Socket Timeout", user, True, "store.get('k')") == UNKNOWN
+    assert origin_of(["RuntimeError"], "Connection closed by peer",
+                     ["/x/torch/distributed/distributed_c10d.py"], True) == DISTRIBUTED
+    assert origin_of(["RuntimeError"], "NCCL error in: /opt/torch/lib/c10d/ProcessGroupNCCL.cpp:825, unhandled "
+                     "system error") == DISTRIBUTED
+    assert origin_of(["ValueError"], "Default process group has not been initialized",
+                     ["/x/torch/distributed/distributed_c10d.py"], True) == OWN
+    assert origin_of(["TimeoutError"], "timed out", user, True) == OWN
+    assert origin_of(["RuntimeError"], "Socket Timeout") == UNKNOWN

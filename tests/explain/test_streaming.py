@@ -77,3 +77,10 @@ def test_benchmark_smoke(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "lines/s" in proc.stdout and "peak" in proc.stdout
+
+
+def test_benchmark_smoke_per_rank_logs():
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_explain.py"), "--ranks", "16"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "16 per-rank logs" in proc.stdout and "(the killed rank is 13)" in proc.stdout

@@ -9,6 +9,10 @@
 #   flight_recorder/distdoctor_fr_rank_<R>          torch's flight-recorder dump, torch's pickle format
 #   stalls.json                                     every stall of the run past hang_timeout (a list; written by the
 #                                                   rank that owns an episode as it changes, and by rank 0 at the end)
+#   timeline/rank<R>.json                           at the end of a run with a stall: the rank's collectives since
+#                                                   (its recorder's ring, distdoctor.collectives/1)
+#   trace.json, report.html                         rank 0, at the end of a run with a stall: the run as a picture
+#                                                   (distdoctor.timeline: Perfetto's trace, the HTML report)
 # torch's own analyzer reads the last folder:
 #   python -m torch.distributed.flight_recorder.fr_trace DIR/flight_recorder --prefix distdoctor_fr_rank_
 
@@ -16,7 +20,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +74,84 @@ def write_stalls(report_dir: str | None, document: list[dict[str, Any]]) -> Path
     if not report_dir:
         return None
     return _write(Path(report_dir) / "stalls.json", (json.dumps(document, indent=1, default=str) + "\n").encode())
+
+
+# How long rank 0 waits, at the end of a run, for the collectives of the ranks that were in a stall
+# (each writes them at its own exit); a rank whose file has not come by then is drawn from its
+# stall-time dump, and the trace says what it lacks.
+END_WAIT_S = 3.0
+_ENTRY_KEYS = ("record_id", "pg_id", "process_group", "thread_id", "thread_name", "collective_seq_id", "p2p_seq_id",
+               "op_id", "profiling_name", "time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns",
+               "duration_ms", "input_sizes", "input_dtypes", "state", "retired", "is_p2p")
+
+
+def finish(report_dir: str | None, rank: int, world: int, flight: Any, saw_stalls: bool) -> None:
+    """The end of a guarded run: a rank that was in a stall leaves its collectives; rank 0 then draws
+    the run (trace.json, report.html). Never raises: a picture that cannot be drawn is said in one line."""
+    if not report_dir:
+        return
+    try:
+        left = saw_stalls and _leave_collectives(Path(report_dir), rank, flight, _kept(world))
+        if rank == 0 and (saw_stalls or (Path(report_dir) / "stalls.json").exists()):
+            if left:  # without a recorder here (an old torch, TORCH_FR_BUFFER_SIZE=0), none will come
+                _await_collectives(Path(report_dir), time.monotonic() + END_WAIT_S)
+            draw(Path(report_dir))
+    except Exception as exc:  # the pictures are a convenience: the run's evidence is already written
+        try:
+            sys.stderr.write(f"distdoctor guard (rank {rank}): could not draw the run in {report_dir}: "
+                             f"{type(exc).__name__}: {str(exc)[:200]}\n")
+        except Exception:
+            pass
+
+
+def _kept(world: int) -> int:
+    """How many of its newest entries a rank leaves: what the trace draws of it (timeline.trace's budget)."""
+    from distdoctor.timeline.trace import MAX_COLLECTIVE_SPANS, MIN_PER_RANK  # only at the end of a run with a stall
+
+    return max(MIN_PER_RANK, MAX_COLLECTIVE_SPANS // max(1, world))
+
+
+def _leave_collectives(root: Path, rank: int, flight: Any, kept: int) -> bool:
+    """timeline/rank<R>.json: this rank's newest `kept` recorder entries; False when it has no recorder."""
+    from distdoctor.diagnosis.flight_recorder import load_pickled  # only at the end of a run with a stall
+
+    raw = flight.torch_dump() if flight is not None else None
+    if not raw:
+        return False
+    dump = load_pickled(raw)
+    entries = [{k: e.get(k) for k in _ENTRY_KEYS if k in e} for e in (dump.get("entries") or [])[-kept:]
+               if isinstance(e, dict)]
+    document = {"schema": "distdoctor.collectives/1", "rank": rank, "host": socket.gethostname(), "pid": os.getpid(),
+                "written_at": time.time(), "flight_recorder": {"version": dump.get("version"),
+                                                               "pg_config": dump.get("pg_config"),
+                                                               "pg_status": dump.get("pg_status"), "entries": entries}}
+    return _write(root / "timeline" / f"rank{rank}.json", (json.dumps(document, default=str) + "\n").encode()) is not None
+
+
+def _await_collectives(root: Path, deadline: float) -> None:
+    """Until every rank that left a snapshot in this run has left its collectives after it, or the deadline."""
+    while True:
+        missing = []
+        for snap in (root / SNAPSHOT_DIR).glob("rank*.json"):
+            mine = root / "timeline" / f"{snap.stem}.json"
+            try:
+                if not mine.exists() or mine.stat().st_mtime < snap.stat().st_mtime:
+                    missing.append(mine)
+            except OSError:
+                continue
+        if not missing or time.monotonic() >= deadline:
+            return
+        time.sleep(0.1)
+
+
+def draw(root: Path) -> None:
+    """trace.json and report.html of the report directory, from what it holds now."""
+    from distdoctor.core.html import render_html  # the pictures' code loads only at the end of a run with a stall
+    from distdoctor.timeline.job_report import job_report
+    from distdoctor.timeline.material import read_material
+    from distdoctor.timeline.trace import build_trace, collective_spans
+
+    material = read_material([root])
+    collectives = collective_spans(material)
+    _write(root / "trace.json", json.dumps(build_trace(material, collectives), separators=(",", ":")).encode())
+    _write(root / "report.html", render_html(job_report(material, collectives), title="distdoctor guard: the run").encode())

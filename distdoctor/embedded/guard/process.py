@@ -169,6 +169,7 @@ class Guard:
             if not self.final_left:
                 self.leave_final(self.state(FINISHED, keep=False))
             self.stall_summary(wait_s=self.settings.answer_s)
+            evidence.finish(self.settings.report_dir, self.rank, self.world, self.flight, self.watch.saw_episodes)
         if self.findings and not self.concluded:
             report = self.report()
             sys.stderr.write(api.render_text(report, f"distdoctor guard (rank {self.rank}) at {where}:") + "\n")
@@ -481,5 +482,6 @@ class Guard:
             except Exception as exc:
                 self.fault("exit hook", exc)
         self.stall_summary()
+        evidence.finish(self.settings.report_dir, self.rank, self.world, self.flight, self.watch is not None and self.watch.saw_episodes)
         flush_std_streams()
         os._exit(api.HANG_EXIT_CODE)

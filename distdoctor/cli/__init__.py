@@ -22,25 +22,26 @@ def command_started() -> float:
         return STARTED
     return time.monotonic()
 
+import difflib  # noqa: E402
 import functools  # noqa: E402
-import io  # noqa: E402
+import json  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Annotated, Any, Optional  # noqa: E402
 
+import typer  # noqa: E402
 
-import difflib  # noqa: E402
-import json  # noqa: E402
-from pathlib import Path
-from typing import Annotated, Any, Optional
-
-import typer
-
-from distdoctor import __version__
-from distdoctor.core.config import OPTIONS, ConfigError, load_config
-from distdoctor.core.interrupt import install_watcher, signal_name
-from distdoctor.core.progress import PROGRESS, LiveStatus, live_wanted, stop_live, where_now
-from distdoctor.core.report import EXIT_USAGE
+from distdoctor import __version__  # noqa: E402
+from distdoctor.cli.options import (CLI_FLAGS, OUTPUT_PANEL, POLICY_PANEL, RUN_PANEL, WORLD_PANEL,  # noqa: E402
+                                    _help, _option, by_hand_env, fail_usage, load_check_config)
+from distdoctor.cli.output import (check_markdown, emit, plain_columns, print_table,  # noqa: E402,F401
+                                   render_bench_report, render_report, show_markdown)
+from distdoctor.cli.watching import check_stacks_options, watch_stacks  # noqa: E402
+from distdoctor.core.config import ConfigError, load_config  # noqa: E402
+from distdoctor.core.interrupt import install_watcher, signal_name  # noqa: E402
+from distdoctor.core.progress import PROGRESS, LiveStatus, live_wanted, stop_live, where_now  # noqa: E402
 
 app = typer.Typer(
     name="distdoctor",
@@ -50,44 +51,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-
-RUN_PANEL = "What to run"
-OUTPUT_PANEL = "Output"
-POLICY_PANEL = "Policy"
-WORLD_PANEL = "World (by hand)"
-# The smallest --timeout `check` accepts, and the largest (a week): outside, a usage error.
-MIN_TIMEOUT_S = 1.0
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
-
-
-def _help(name: str) -> str:
-    return OPTIONS[name].help
-
-
-def _default_text(name: str) -> str | None:
-    """How --help shows an option's default (the value used when neither the command line,
-    DISTDOCTOR_* nor [tool.distdoctor] sets it)."""
-    default = OPTIONS[name].default
-    if name in ("timeout", "check_timeout"):
-        return f"{default:g}s"
-    if isinstance(default, tuple):
-        return ", ".join(map(str, default)) if default else None
-    if default is None:
-        return None
-    return str(getattr(default, "label", default))
-
-
-# Each configuration setting's long flag (stages -> --stage): errors name what the user typed.
-CLI_FLAGS: dict[str, str] = {}
-
-
-def _option(name: str, *flags: str, panel: str | None = None, metavar: str | None = None) -> Any:
-    """A typer option for a configuration setting: its help and its default, from OPTIONS."""
-    CLI_FLAGS[name] = flags[0]
-    default = _default_text(name)
-    # Written into the help itself: typer shows a custom default text as "(60s)".
-    text = f"{_help(name)} [dim]\\[default: {default}][/dim]" if default else _help(name)
-    return typer.Option(*flags, help=text, rich_help_panel=panel, show_default=False, metavar=metavar)
 
 
 def _version(value: bool) -> None:
@@ -105,66 +68,6 @@ def main(
     local_rank: Annotated[Optional[str], typer.Option("--local-rank", "--local_rank", hidden=True)] = None,
 ) -> None:
     """distdoctor: diagnostics for torch.distributed jobs."""
-
-
-def fail_usage(message: str) -> None:
-    typer.echo(f"distdoctor: error: {message}", err=True)
-    raise typer.Exit(EXIT_USAGE)
-
-
-def check_timeout_bounds(timeout: float, source: str) -> None:
-    """An absurd deadline is a usage error: too short to do anything, or too long to be meant."""
-    if not MIN_TIMEOUT_S <= timeout <= MAX_TIMEOUT_S:
-        fail_usage(f"{source}: a timeout of {timeout:g}s is out of range: distdoctor needs at least "
-                   f"{MIN_TIMEOUT_S:g}s to report anything, and at most {MAX_TIMEOUT_S:g}s (a week) is accepted "
-                   "(the default is 60s)")
-
-
-def emit(text: str | None, output: Path | None) -> None:
-    """Write a rendered report to --output (or stdout), turning I/O errors into usage errors."""
-    if text is None:
-        return
-    if output is None:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        sys.stdout.flush()
-        return
-    try:
-        output.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
-    except OSError as exc:
-        fail_usage(f"cannot write --output {output}: {exc.strerror or exc}")
-
-
-def render_report(report: Any, fmt: str, output: Path | None, *, verbose: bool, quiet: bool) -> None:
-    from distdoctor.core.render import render  # each command loads only its own logic: start-up stays light
-    from distdoctor.machine.snapshot import report_facts  # each command loads only its own logic: start-up stays light
-
-    if report.about is None:
-        report.about = report_facts()
-
-    if fmt == "rich" and output is not None:
-
-        buffer = io.StringIO()
-        render(report, "rich", buffer, verbose=verbose, quiet=quiet)
-        emit(buffer.getvalue(), output)
-    else:
-        emit(render(report, fmt, verbose=verbose, quiet=quiet), output)
-
-
-def load_check_config(options: dict[str, Any]) -> Any:
-    """The check command's configuration; a bad value (or an absurd deadline) is a usage error."""
-    try:
-        config = load_config(options, cli_flags=CLI_FLAGS)
-    except ConfigError as exc:
-        fail_usage(str(exc))
-    check_timeout_bounds(config.timeout, config.sources.get("timeout", "--timeout"))
-    return config
-
-
-def by_hand_env(**world: Any) -> dict[str, str]:
-    """The environment with the world options given by hand, which act exactly like the
-    variables they stand for (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
-    names = {"rank": "RANK", "world_size": "WORLD_SIZE", "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT"}
-    return {**os.environ, **{names[k]: str(v) for k, v in world.items() if v is not None}}
 
 
 @app.command()
@@ -242,18 +145,6 @@ def say_interrupted(signum: int) -> None:
                      f"{time.monotonic() - STARTED:.1f}s after it started; no report was written\n")
 
 
-def render_bench_report(report: Any, fmt: str, output: Path | None, verbose: bool) -> None:
-    from distdoctor.bench.render import render_bench  # loaded only when this path runs
-
-    if fmt == "rich" and output is not None:
-
-        buffer = io.StringIO()
-        render_bench(report, "rich", buffer, verbose=verbose)
-        emit(buffer.getvalue(), output)
-    else:
-        emit(render_bench(report, fmt, verbose=verbose), output)
-
-
 @app.command()
 def bench(
     nproc: Annotated[Optional[int], typer.Option("--nproc", help=_help("nproc"), rich_help_panel=RUN_PANEL)] = None,
@@ -267,7 +158,7 @@ def bench(
     timeout: Annotated[float, typer.Option("--timeout", min=1.0, help="The whole run's deadline in seconds; past it the report is partial (exit 3).", rich_help_panel=POLICY_PANEL)] = 120.0,
     compare: Annotated[Optional[Path], typer.Option("--compare", help="A saved `bench --format json` report: figures worse by more than --tolerance are errors (exit 1).", rich_help_panel=POLICY_PANEL)] = None,
     tolerance: Annotated[float, typer.Option("--tolerance", min=0.0, max=0.99, help="Allowed loss against --compare, as a fraction (0.2 = 20 %).", rich_help_panel=POLICY_PANEL)] = 0.2,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="rich, json or markdown.", rich_help_panel=OUTPUT_PANEL)] = "rich",
+    fmt: Annotated[str, typer.Option("--format", "-f", help="rich, json, markdown or html (the link matrix as a heatmap).", rich_help_panel=OUTPUT_PANEL)] = "rich",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.", rich_help_panel=OUTPUT_PANEL)] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every detail line.", rich_help_panel=OUTPUT_PANEL)] = False,
     rank: Annotated[Optional[int], typer.Option("--rank", help="This process's rank, as RANK would set it (for worlds started by hand).", rich_help_panel=WORLD_PANEL)] = None,
@@ -288,8 +179,8 @@ def bench(
     from distdoctor.bench.settings import BACKENDS, BenchSettings  # loaded only when this path runs
     from distdoctor.bench.sizes import OPS, SizeError, parse_ops, parse_size, parse_sizes  # loaded only when this path runs
     started = command_started()  # the deadline counts from distdoctor's own start, as check's does
-    if fmt not in ("rich", "json", "markdown"):
-        fail_usage(f"--format: expected rich, json or markdown, got {fmt!r}")
+    if fmt not in ("rich", "json", "markdown", "html"):
+        fail_usage(f"--format: expected rich, json, markdown or html, got {fmt!r}")
     if backend is not None and backend not in BACKENDS:
         fail_usage(f"--backend: expected {' or '.join(BACKENDS)}, got {backend!r}")
     if nproc is not None and nproc < 1:
@@ -351,27 +242,6 @@ def list_checks(
         console.print(f"[red]{problem.title}[/red]: {problem.detail}")
 
 
-def plain_columns(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
-    """Left-aligned columns as wide as their widest value; the last column is never padded."""
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header) - 1)]
-    return ["  ".join([*(str(v).ljust(w) for v, w in zip(row, widths)), str(row[-1])]).rstrip()
-            for row in [header, *rows]]
-
-
-def print_table(console: Any, title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    """A rich table whose first column (the ID or check name) is never cut; the others wrap."""
-    from rich.table import Table  # rich is loaded only when something is rendered
-
-    table = Table(title=title)
-    first = max(len(r[0]) for r in rows) if rows else len(header[0])
-    table.add_column(header[0], no_wrap=True, min_width=first)
-    for column in header[1:]:
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
-
-
 @app.command()
 def show(
     name: Annotated[str, typer.Argument(help="A finding ID (e.g. launch.C001) or a check name (e.g. network.rendezvous_port).",
@@ -400,31 +270,6 @@ def show(
                   f"hint: {kind.hint}", ""]
     lines.append(doc if doc else "(no documentation page found for this ID in this installation)")
     show_markdown("\n".join(lines))
-
-
-def check_markdown(check: Any, finding_doc: Any) -> str:
-    """A check as Markdown: its stage, tags and description, then the docs of what it emits."""
-    lines = [f"# {check.name}", "", f"stage `{check.stage}`" + (f" · tags {', '.join(check.tags)}" if check.tags else ""), ""]
-    if check.description:
-        lines += [check.description, ""]
-    if check.emits:
-        lines += ["Findings it can report: " + ", ".join(f"`{k.id}`" for k in check.emits), ""]
-    for kind in check.emits:
-        lines += [finding_doc(kind.id) or f"## {kind.id} — {kind.title}", ""]
-    return "\n".join(lines)
-
-
-def show_markdown(text: str) -> None:
-    """Markdown rendered with rich on a terminal; the Markdown source itself when piped."""
-    from distdoctor.core.render import make_console  # each command loads only its own logic: start-up stays light
-
-    console = make_console()
-    if not console.is_terminal:
-        emit(text, None)
-        return
-    from rich.markdown import Markdown  # rich is loaded only when something is rendered
-
-    console.print(Markdown(text))
 
 
 @app.command()
@@ -487,15 +332,28 @@ def explain(
         report = explain_files(files, silence=config.silence)
     except LogInputError as exc:
         fail_usage(str(exc))
+    if config.format == "html":
+        add_guard_timeline(report, files)
     render_report(report, config.format, output, verbose=verbose, quiet=False)
     raise typer.Exit(report.exit_code(config.fail_level))
+
+
+def add_guard_timeline(report: Any, inputs: list[str]) -> None:
+    """A guard's --report-dir among explain's inputs: the page draws its run too (the stall timeline)."""
+    dirs = [Path(i) for i in inputs if i != "-" and (Path(i) / "stalls.json").is_file()]
+    if not dirs:
+        return
+    from distdoctor.timeline.job_report import job_report  # loaded only when a page of a guarded run is asked for
+    from distdoctor.timeline.material import read_material
+
+    report.data = {**(report.data or {}), "timeline": job_report(read_material(dirs)).data["timeline"]}
 
 
 @app.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 def guard(
     command: Annotated[list[str], typer.Argument(help="The launcher line, after --: torchrun ... train.py, python train.py, srun ...", show_default=False)],
     hang_timeout: Annotated[Optional[float], typer.Option("--hang-timeout", help="Seconds a collective (DDP's and FSDP's too) may stay incomplete before the stall is diagnosed and reported (default 120; DISTDOCTOR_HANG_TIMEOUT).")] = None,
-    report_dir: Annotated[Optional[Path], typer.Option("--report-dir", help="Write stalls.json (every stall of the run), the guard's JSON reports, each rank's snapshot and flight-recorder dump here (DISTDOCTOR_REPORT_DIR).")] = None,
+    report_dir: Annotated[Optional[Path], typer.Option("--report-dir", help="Write stalls.json (every stall of the run), the guard's JSON reports, each rank's snapshot and flight-recorder dump here, and after a run with a stall the run drawn: trace.json (Perfetto UI) and report.html (DISTDOCTOR_REPORT_DIR).")] = None,
     verify: Annotated[Optional[str], typer.Option("--verify", help="sample (default: the first 8 collectives of each group, then samples costing at most 1 % of the time), all, or off.")] = None,
     on_hang: Annotated[Optional[str], typer.Option("--on-hang", help="auto (default: end the job only when it cannot finish; a live rank outside the collective is reported and watched until the process group's own timeout), exit (end the job at the first verdict) or report (never end it). DISTDOCTOR_GUARD_ON_HANG.")] = None,
 ) -> None:
@@ -525,6 +383,47 @@ def guard(
         os.execve(program, command, env)
     except OSError as exc:
         fail_usage(f"cannot run {command[0]}: {exc.strerror or exc}")
+
+
+@app.command()
+def trace(
+    inputs: Annotated[list[Path], typer.Argument(help="A guard's --report-dir (one per host, if each host wrote its own), or flight-recorder dumps (files or folders: torch's TORCH_FR_DUMP_TEMP_FILE <prefix><rank>, pickle or JSON).", show_default=False, metavar="DIR_OR_DUMP...")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write the trace (default: DIR/trace.json for one directory, else ./trace.json).", rich_help_panel=OUTPUT_PANEL)] = None,
+    html: Annotated[Optional[Path], typer.Option("--html", metavar="FILE", help="Also write the HTML report of the run (the stall timeline, the straggler profile, the guard's findings) here.", rich_help_panel=OUTPUT_PANEL)] = None,
+) -> None:
+    """Draw a guarded run as a timeline: trace.json for Perfetto UI (ui.perfetto.dev, "Open trace file").
+
+    One process per rank, its collectives from the flight recorder, its stalls (the late rank's line
+    and verdict; the waiting ranks linked to it), and its faults. The guard writes the same file
+    (and report.html) in its --report-dir at the end of a run with a stall. Exit codes: 0 written;
+    2 unreadable input, no evidence in it, or an unwritable output. See docs/report.md.
+    """
+    from distdoctor.timeline.material import InputError, read_material  # each command loads only its own logic
+    from distdoctor.timeline.trace import build_trace  # each command loads only its own logic
+
+    try:
+        material = read_material(list(inputs))
+    except InputError as exc:
+        fail_usage(str(exc))
+    if not material.ranks and not material.entries and not material.stalls:
+        fail_usage(f"no evidence to draw in {', '.join(map(str, inputs))}: neither stalls.json, rank snapshots nor "
+                   "flight-recorder dumps (was the guard run with --report-dir?)")
+    target = output if output is not None else (inputs[0] / "trace.json" if len(inputs) == 1 and inputs[0].is_dir()
+                                                 else Path("trace.json"))
+    document = build_trace(material)
+    emit(json.dumps(document, separators=(",", ":")), target)
+    if html is not None:
+        from distdoctor.core.html import render_html  # loaded only when a page is asked for
+        from distdoctor.timeline.job_report import job_report
+
+        emit(render_html(job_report(material), title="distdoctor: the run"), html)
+    facts = document["otherData"]
+    typer.echo(f"{target}: {facts['ranks']} rank{'s' if facts['ranks'] != 1 else ''}, {facts['stalls']} stall"
+               f"{'s' if facts['stalls'] != 1 else ''}, {facts['collectives']} collectives"
+               + (f"; {html} written" if html is not None else "")
+               + "; open it in ui.perfetto.dev (Open trace file)")
+    for lack in material.lacks:
+        typer.echo(f"  lacks: {lack}")
 
 
 STACKS_PANEL = "What to look at"
@@ -560,12 +459,12 @@ def stacks(
         config = load_config({"format": fmt, "fail_level": fail_level, "silence": silence}, cli_flags=CLI_FLAGS)
     except ConfigError as exc:
         fail_usage(str(exc))
-    _check_stacks_options(timeout, span, interval, watch=watch, slurm_job=slurm_job, pids=pids, slurm_node=slurm_node)
+    check_stacks_options(timeout, span, interval, watch=watch, slurm_job=slurm_job, pids=pids, slurm_node=slurm_node)
     from distdoctor.stacks import look, look_slurm_job  # each command loads only its own logic: start-up stays light
 
     job_filter = {"SLURM_JOB_ID": slurm_node} if slurm_node else None
     if watch:
-        raise typer.Exit(_watch_stacks(pids or (), native=native, interval=interval, timeout=timeout, span=span,
+        raise typer.Exit(watch_stacks(pids or (), started=command_started(), native=native, interval=interval, timeout=timeout, span=span,
                                        job_filter=job_filter, config=config, output=output, verbose=verbose))
     PROGRESS.start(command_started(), timeout)
     PROGRESS.set_stage("reading every rank's stack")
@@ -577,102 +476,6 @@ def stacks(
                           job_filter=job_filter)
     render_report(report, config.format, output, verbose=verbose, quiet=False)
     raise typer.Exit(report.exit_code(config.fail_level))
-
-
-def _check_stacks_options(timeout: float, span: float, interval: float, *, watch: bool, slurm_job: Optional[str],
-                          pids: Optional[list[int]], slurm_node: Optional[str]) -> None:
-    if not 0.5 <= timeout <= 600:
-        fail_usage(f"--timeout: {timeout:g}s is out of range (0.5 to 600 seconds)")
-    if not 0.2 <= span <= 3600 or (not watch and span >= timeout):
-        fail_usage(f"--span: {span:g}s is out of range (0.2 s up to 3600 s, and less than --timeout {timeout:g}s, "
-                   "which bounds the reads)")
-    if not 0.2 <= interval <= 3600:
-        fail_usage(f"--interval: {interval:g}s is out of range: a rank is read at most every 0.2 s (a read is a "
-                   "py-spy dump) and at least once an hour")
-    if slurm_job and (pids or slurm_node):
-        fail_usage("--slurm-job looks at every node of the job: give no PIDs with it")
-    if watch and slurm_job:
-        fail_usage("--watch looks at this node's ranks: run it on each node (or drop --watch: --slurm-job reads every node once)")
-
-
-def _watch_stacks(pids: Any, *, native: bool, interval: float, timeout: float, span: float, job_filter: Any,
-                  config: Any, output: Optional[Path], verbose: bool) -> int:
-    """The --watch loop: a refresh every interval until Ctrl-C, SIGTERM or SIGHUP, then the report."""
-    import signal
-    import threading
-
-    from distdoctor.core.interrupt import set_interrupt_handler
-    from distdoctor.stacks.watch import Watch
-
-    started = command_started()
-    watcher = Watch(pids, native=native, interval_s=interval, timeout_s=timeout, span_s=span, job_filter=job_filter)
-    stop, done, code = threading.Event(), threading.Event(), [0]
-
-    def on_signal(signum: int) -> None:  # the signal watcher's thread: the main thread writes the report
-        stop.set()
-        done.wait(4.0)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(code[0])
-
-    set_interrupt_handler(on_signal)
-    signal.signal(signal.SIGHUP, lambda *_: stop.set())  # the terminal closed: end as on Ctrl-C
-    view = sys.stdout if config.format == "rich" and output is None else sys.stderr
-    try:
-        _watch_loop(watcher, view, interval, stop)
-    finally:
-        watcher.close()
-    report = watcher.report(started, silence=config.silence)
-    code[0] = report.exit_code(config.fail_level)
-    try:
-        render_report(report, config.format, output, verbose=verbose, quiet=False)
-    except OSError:
-        pass  # the terminal or pipe is gone: nobody is left to read the report
-    done.set()
-    return code[0]
-
-
-def _watch_loop(watcher: Any, view: Any, interval: float, stop: Any) -> None:
-    from distdoctor.stacks import watch_view
-
-    live, before = None, None
-    try:
-        if view.isatty():
-            from rich.console import Console
-            from rich.live import Live
-
-            live = Live(console=Console(file=view), auto_refresh=False, redirect_stdout=False, redirect_stderr=False)
-            live.start()
-        while not stop.is_set():
-            screen = watcher.poll(stop)
-            if live is not None:
-                live.update(watch_view.table(screen, interval_s=interval), refresh=True)
-            else:
-                for line in watch_view.changes(before, screen):
-                    view.write(line + "\n")
-                view.flush()
-            before = screen
-    except OSError:
-        # The terminal closed or the reader of the pipe left: stop writing there for good.
-        stop.set()
-        _silence(view)
-    finally:
-        if live is not None:
-            try:
-                live.stop()
-            except OSError:
-                _silence(view)
-
-
-def _silence(stream: Any) -> None:
-    """Point a stream that can no longer be written (EPIPE, EIO) at /dev/null."""
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
-    except (OSError, ValueError):
-        pass
 
 
 LINT_FORMATS = ("rich", "json", "markdown", "sarif")

@@ -1,0 +1,170 @@
+"""How often each cause was behind each failure signature in real public threads (threads.toml), as priors."""
+
+# threads.toml holds labelled public threads: per thread its address, the failure signature its
+# posted log shows (a family: store_wait_timeout, nccl_watchdog_timeout, connection_closed ...),
+# the cause the thread established, the context cues the log or thread showed (docker,
+# multi_node, ib_or_rdma ...), and its part: "dev" or "sealed", drawn from the SHA-256 of the
+# address before the thread was read. Only dev threads are counted here; sealed ones are kept to
+# measure on (tests/explain/threads_figures.py), never to rank with.
+#
+# The priors of a family's candidate causes are a Dirichlet posterior mean: the catalog's hand-set
+# order (its confidences, normalised) is the prior measure with PSEUDO_THREADS of weight, the dev
+# threads' cause counts are the observations,
+#     p(cause | family) = (n_cause + PSEUDO_THREADS * q_cause) / (n_family + PSEUDO_THREADS),
+# so a family with few threads keeps close to the catalog's order and one with many follows the
+# data. A cue's effect is measured over all dev threads (one family has too few threads per cue), but
+# against what those threads' own families predict (the threads that show `mp_spawn` are mostly about
+# init errors: that must not make rank_missing look rare under mp.spawn):
+#     observed(cause | cue) = the threads showing the cue whose cause it was,
+#     expected(cause | cue) = the sum over those threads of p(cause | their family) (raw frequencies),
+#     lift(cause | cue) = (observed + CUE_PSEUDO) / (expected + CUE_PSEUDO), bounded to [MIN_LIFT, MAX_LIFT];
+# a cue seen in the logs multiplies its causes' priors by their lifts before they are normalised
+# again. Threads whose cause is "unknown" are kept in the file but counted nowhere.
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping
+
+from distdoctor.core.causes import CAUSES
+
+THREADS_PATH = Path(__file__).with_name("threads.toml")
+PSEUDO_THREADS = 8.0
+MIN_LIFT, MAX_LIFT = 0.5, 2.5
+CUE_PSEUDO = 2.0
+# A cue needs this many dev threads showing it before its lifts are used.
+MIN_CUE_THREADS = 5
+# A family needs this many labelled dev threads before its counts replace the catalog's order (with fewer,
+# one thread swings the order).
+MIN_FAMILY_THREADS = 5
+
+FAMILIES = (
+    "store_wait_timeout", "store_connect_failed", "rendezvous_timeout", "nccl_watchdog_timeout", "gloo_timeout",
+    "nccl_system_error", "nccl_internal_error", "nccl_remote_error", "nccl_invalid_usage", "nccl_cuda_error",
+    "connection_closed", "connection_refused", "address_in_use", "os_error_in_rank", "killed_signal",
+    "terminated_signal", "child_failed_only", "worker_traceback", "cuda_oom", "cuda_error", "ddp_reducer_error",
+    "mismatch_error", "init_error", "other_distributed",
+)
+CUES = (
+    "docker", "kubernetes", "slurm", "multi_node", "single_node", "wsl_or_windows", "ib_or_rdma",
+    "nccl_socket_ifname_set", "nccl_debug_shown", "version_mismatch", "rank0_only_work",
+    "large_model_or_data_load", "cloud_vm", "virtual_machine", "p2p_disabled_hint", "deepspeed", "accelerate",
+    "lightning", "mp_spawn", "torchrun", "mpirun",
+)
+
+
+class ThreadsError(ValueError):
+    """threads.toml is inconsistent (raised when it is loaded, i.e. in the tests, never on a user's log)."""
+
+
+@dataclass(frozen=True)
+class Thread:
+    url: str
+    part: str
+    signature: str
+    cause: str
+    cues: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Priors:
+    """Counts over the dev threads: per family per cause, per cue per cause, and the totals."""
+
+    family_counts: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    cause_counts: Mapping[str, int] = field(default_factory=dict)
+    cue_counts: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # cue -> cause -> how many of the threads showing the cue their families alone would give that cause.
+    cue_expected: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    total: int = 0
+    threads: int = 0          # every thread in the file, dev and sealed, labelled or not
+
+    def family_threads(self, family: str) -> int:
+        return sum(self.family_counts.get(family, {}).values())
+
+    def posterior(self, family: str, base: Mapping[str, float]) -> dict[str, float] | None:
+        """p(cause | family) over the causes of `base` (the catalog's confidences) and those the threads
+        add; None when the family has fewer than MIN_FAMILY_THREADS labelled dev threads."""
+        counts = self.family_counts.get(family, {})
+        n = sum(counts.values())
+        if n < MIN_FAMILY_THREADS:
+            return None
+        causes = list(dict.fromkeys([*base, *sorted(counts, key=lambda c: -counts[c])]))
+        weight = sum(max(v, 0.0) for v in base.values()) or 1.0
+        q = {c: max(base.get(c, 0.0), 0.0) / weight for c in causes}
+        return {c: (counts.get(c, 0) + PSEUDO_THREADS * q[c]) / (n + PSEUDO_THREADS) for c in causes}
+
+    def lift(self, cue: str, cause: str) -> float | None:
+        """How much likelier `cause` is among the dev threads that show `cue` than their own families predict."""
+        counts = self.cue_counts.get(cue, {})
+        if sum(counts.values()) < MIN_CUE_THREADS:
+            return None
+        observed = counts.get(cause, 0)
+        expected = self.cue_expected.get(cue, {}).get(cause, 0.0)
+        return min(MAX_LIFT, max(MIN_LIFT, (observed + CUE_PSEUDO) / (expected + CUE_PSEUDO)))
+
+    def cue_support(self, cue: str, cause: str) -> tuple[int, int]:
+        """(dev threads showing the cue whose cause was `cause`, dev threads showing the cue)."""
+        counts = self.cue_counts.get(cue, {})
+        return counts.get(cause, 0), sum(counts.values())
+
+
+def parse_threads(raw: Mapping[str, Any]) -> list[Thread]:
+    threads = []
+    seen: set[str] = set()
+    for entry in raw.get("thread", []):
+        where = f"thread {entry.get('url', '?')}"
+        url = entry.get("url", "")
+        if not url:
+            raise ThreadsError(f"{where}: no url")
+        if url in seen:
+            raise ThreadsError(f"{where}: listed twice")
+        seen.add(url)
+        part, signature, cause = entry.get("part"), entry.get("signature"), entry.get("cause")
+        if part not in ("dev", "sealed"):
+            raise ThreadsError(f"{where}: part {part!r} is not dev or sealed")
+        if signature not in FAMILIES:
+            raise ThreadsError(f"{where}: signature {signature!r} is not in the vocabulary")
+        if cause not in CAUSES:
+            raise ThreadsError(f"{where}: cause {cause!r} is not in docs/causes.md")
+        cues = tuple(entry.get("cues", ()))
+        unknown = set(cues) - set(CUES)
+        if unknown:
+            raise ThreadsError(f"{where}: cues outside the vocabulary: {sorted(unknown)}")
+        threads.append(Thread(url, part, signature, cause, cues))
+    return threads
+
+
+def count(threads: list[Thread]) -> Priors:
+    """The priors' counts: dev threads whose cause is known."""
+    family: dict[str, dict[str, int]] = {}
+    causes: dict[str, int] = {}
+    cues: dict[str, dict[str, int]] = {}
+    used = [t for t in threads if t.part == "dev" and t.cause != "unknown"]
+    for t in used:
+        family.setdefault(t.signature, {}).setdefault(t.cause, 0)
+        family[t.signature][t.cause] += 1
+        causes[t.cause] = causes.get(t.cause, 0) + 1
+        for cue in set(t.cues):
+            cues.setdefault(cue, {}).setdefault(t.cause, 0)
+            cues[cue][t.cause] += 1
+    expected: dict[str, dict[str, float]] = {}
+    for t in used:
+        counts = family[t.signature]
+        n = sum(counts.values())
+        for cue in set(t.cues):
+            row = expected.setdefault(cue, {})
+            for cause, k in counts.items():
+                row[cause] = row.get(cause, 0.0) + k / n
+    return Priors(family, causes, cues, expected, len(used), len(threads))
+
+
+@lru_cache(maxsize=1)
+def load_priors(path: Path = THREADS_PATH) -> Priors:
+    """The dev threads' counts; empty priors (the catalog's order alone) when the file is absent."""
+    if not path.exists():
+        return Priors()
+    with open(path, "rb") as fh:
+        return count(parse_threads(tomllib.load(fh)))
