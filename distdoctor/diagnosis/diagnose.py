@@ -10,8 +10,13 @@
 #   4. a rank alive and outside any collective while others wait: the straggler;
 #   5. ranks at one sequence number with different operations, sizes or dtypes: a mismatch
 #      (also reported beside 1-4 when the recorder's history shows one);
-#   6. every rank waiting in the same collective: a hang with no more specific cause.
-# Nothing failed and nobody waits: no finding (the caller says what it looked at).
+#   6. every rank waiting in the same collective: a hang with no more specific cause;
+#   7. ranks waiting while others were not heard from in time (the guard asked and no answer came,
+#      nothing proves why): said as such, never as a cause of theirs.
+# Nothing failed and nobody waits: no finding (the caller says what it looked at). A rank not heard
+# from is never named late, missing or dead for its silence alone: only what it published last (a
+# final state) or what its source proved (its process read from /proc) names it. Every finding says
+# how many ranks were heard from.
 
 from __future__ import annotations
 
@@ -27,8 +32,8 @@ from distdoctor.core.rank_groups import (MAX_LINES, as_ranges, group_ranks, grou
 from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis import kinds
 from distdoctor.diagnosis.frames import is_user_file
-from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNKNOWN, UNREACHABLE,
-                                           PendingOp, RankSnapshot)
+from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, NOT_HEARD, RAISED, RUNNING, UNKNOWN,
+                                           UNREACHABLE, PendingOp, RankSnapshot)
 
 DEFAULT_GROUP = "0"
 # Calls that need one matching peer, not the whole group: every rank in one of these is a cycle
@@ -52,9 +57,9 @@ def diagnose(snapshots: Iterable[RankSnapshot], *, world_size: int | None = None
         return []
     mismatch = _mismatch(snaps)
     primary = (_first_failure(snaps) or _left_early(snaps) or _missing(snaps) or _straggler(snaps, waited_s)
-               or (None if mismatch else _all_waiting(snaps, waited_s)))
+               or (None if mismatch else _all_waiting(snaps, waited_s) or _not_heard(snaps)))
     found = [_unnumbered(f, snaps) for f in (primary, mismatch) if f is not None]
-    return [f.with_(check=kinds.CHECK) for f in found]
+    return [_heard(f, snaps).with_(check=kinds.CHECK) for f in found]
 
 
 def _complete(snaps: list[RankSnapshot], world_size: int | None) -> list[RankSnapshot]:
@@ -102,7 +107,8 @@ def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
                 later = next((op for op in group.recent if op.seq is not None and op.seq > completed), None)
                 group = replace(group, last_completed=max(group.last_completed or -1, completed), pending=later)
             groups.append(group)
-        out.append(replace(snap, groups=tuple(groups)))
+        changed = any(new is not old for new, old in zip(groups, snap.groups))
+        out.append(replace(snap, groups=tuple(groups)) if changed else snap)
     return out
 
 
@@ -545,6 +551,41 @@ def _p2p_deadlock(snaps: Sequence[RankSnapshot], waiting: Sequence[RankSnapshot]
         remediation="Order sends and receives so each recv has a peer sending to it at that moment (even ranks "
                     "send first, odd ranks receive first), or post both with dist.batch_isend_irecv",
         data=_data(snaps, ops=ops, waiting=[s.rank for s in waiting]))
+
+
+# -- 7. who was not heard from --------------------------------------------------------------------
+
+def _not_heard(snaps: Sequence[RankSnapshot]) -> Finding | None:
+    """Ranks wait and others were not heard from: nothing more is known, and that is what is said."""
+    silent = [s for s in snaps if s.status == NOT_HEARD]
+    waiting = [s for s in snaps if _blocked(s)]
+    if not silent or not waiting:
+        return None
+    group, op = _waiting_op(waiting[0])
+    title = (f"Rank{'s' if len(waiting) > 1 else ''} {format_ranks([s.rank for s in waiting])} "
+             f"wait{'' if len(waiting) > 1 else 's'} in {_op_text(group, op)}; "
+             f"rank{'s' if len(silent) > 1 else ''} {format_ranks([s.rank for s in silent])} "
+             f"{'were' if len(silent) > 1 else 'was'} not heard from in time (no cause named yet)")
+    lines = [_waiters_text(waiting), *_thread_lines(snaps)]
+    return kinds.NOT_HEARD(title, detail="\n".join(lines), ranks=[s.rank for s in silent], hosts=_hosts(silent),
+                           data=_data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None,
+                                      waiting=[s.rank for s in waiting]))
+
+
+def _heard(finding: Finding, snaps: Sequence[RankSnapshot]) -> Finding:
+    """The finding with how many ranks were heard from (data) and, when some were not, who (a line)."""
+    silent = [s for s in snaps if s.status == NOT_HEARD]
+    data = {**finding.data, "heard_from": len(snaps) - len(silent), "ranks_asked": len(snaps)}
+    if not silent:
+        return finding.with_(data=data)
+    data["not_heard"] = [s.rank for s in silent]
+    places: dict[str, list[int]] = {}
+    for snap in silent:
+        places.setdefault("; ".join(snap.notes) or "no answer", []).append(snap.rank)
+    why = [f"rank{'s' if len(r) > 1 else ''} {format_ranks(r)}: {text}" for text, r in places.items()]
+    line = (f"heard from {len(snaps) - len(silent)} of {len(snaps)} ranks; not heard from: "
+            + _listed(why))
+    return finding.with_(data=data, detail=f"{finding.detail}\n{line}" if finding.detail else line)
 
 
 def _thread_lines(snaps: Sequence[RankSnapshot]) -> list[str]:

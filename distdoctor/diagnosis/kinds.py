@@ -33,6 +33,9 @@ DTYPE = finding_kind(
 HANG = finding_kind(
     "job.E009", cause="collective_timeout_hang", title="Every rank waits in the same collective and none completes it",
     hint="Every rank arrived, so suspect the transport: the interface (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME), a firewall between hosts, NCCL's P2P or IB path; run `distdoctor check` and `distdoctor bench` on these hosts")
+NOT_HEARD = finding_kind(
+    "job.W010", cause="unknown", title="Ranks wait in a collective and the ranks not heard from in time may be why",
+    hint="Nothing names a cause yet: the ranks not heard from may be slow to answer (a loaded host or store), frozen, dead or unseen from here; the guard looks again and revises its verdict, or run `distdoctor stacks` on their hosts")
 # Progress over several looks (diagnosis.progress): what the looks prove about a job that is not failing.
 RUNNING = finding_kind(
     "job.I001", cause="unknown", title="Running: every rank moved between reads",

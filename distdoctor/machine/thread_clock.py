@@ -2,12 +2,15 @@
 
 # Read by `distdoctor stacks` (another process's main thread, between two py-spy dumps) and by
 # the guard's watchdog (its own process's main thread, every poll): one reader, so both judge
-# "did this thread do anything between two looks" from the same numbers.
+# "did this thread do anything between two looks" from the same numbers (the stat line parsed by
+# machine.proc_stat, the one reader of /proc/<pid>/stat).
 
 from __future__ import annotations
 
 import os
 from typing import NamedTuple
+
+from distdoctor.machine.proc_stat import stat_fields
 
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -18,16 +21,6 @@ class ThreadClock(NamedTuple):
     state: str = ""
     cpu_s: float | None = None
     runs: int | None = None
-
-
-def stat_fields(path: str) -> list[str] | None:
-    """A /proc stat file's fields after the name (field 2 may hold spaces and ')'); None when unreadable."""
-    try:
-        with open(path, encoding="ascii", errors="replace") as fh:
-            text = fh.read()
-        return text[text.rindex(")") + 2:].split()
-    except (OSError, ValueError):
-        return None
 
 
 def read_thread(task_dir: str) -> ThreadClock:

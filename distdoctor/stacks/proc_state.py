@@ -14,9 +14,8 @@ from dataclasses import dataclass
 import psutil
 
 from distdoctor.diagnosis.snapshot import EXITED, KILLED, RUNNING, UNKNOWN
-from distdoctor.machine.thread_clock import TICKS, read_thread, stat_fields
-
-_STAT_EXIT_FIELD = 52
+from distdoctor.machine.proc_stat import process_stat, stat_fields
+from distdoctor.machine.thread_clock import TICKS, read_thread
 
 
 @dataclass(frozen=True)
@@ -28,14 +27,8 @@ class ProcState:
 
 def _exit_status(pid: int) -> int | None:
     """The waitpid status a zombie left in /proc/PID/stat, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            text = fh.read()
-        # The command name (field 2) may hold spaces and parentheses: count fields after its ')'.
-        fields = text[text.rindex(")") + 2:].split()
-        return int(fields[_STAT_EXIT_FIELD - 3])
-    except (OSError, ValueError, IndexError):
-        return None
+    stat = process_stat(pid)
+    return stat.exit_status if stat is not None else None
 
 
 def decode_wait_status(status: int) -> tuple[str, int]:

@@ -6,10 +6,17 @@ answer tells presence without writing anything: for a missing key and a non-empt
 value it returns the expected value and sets nothing; for a present key whose value differs it
 returns the value (TCPStore, FileStore, HashStore and PrefixStore alike, measured on 2.1.2).
 The expected value is a random token of this process, which no writer can know, so a present
-key never equals it.
+key never equals it. So ``compare_set(key, ABSENT, ABSENT)`` is also a read that never waits: the
+value, or ABSENT (``get`` and ``multi_get`` wait until every key exists, up to the store's timeout).
+
+The store's extended API (``append``, ``multi_get``, ``multi_set``: torch's "Store extended API",
+pytorch/pytorch#100379, in 2.1) is bound in Python by the TCPStore of every supported release, but a
+store class may lack it (a user's own Store, a wrapper): ``append`` is then made from
+``compare_set`` (read, then swap in the longer value, again if another writer came between), and
+``multi_get`` from one ``get`` per key.
 
 Which one is used is decided once per store class (feature detection: the attribute is looked
-up, never the version), and the answer is the same either way: True when every key exists.
+up, never the version), and the answer is the same either way.
 """
 
 from __future__ import annotations
@@ -55,10 +62,52 @@ def keys_exist(store: Any, keys: Sequence[str]) -> bool:
 
 
 def _present(store: Any, key: str) -> bool:
-    answer = store.compare_set(key, ABSENT, ABSENT)
+    return not is_absent(store.compare_set(key, ABSENT, ABSENT))
+
+
+def is_absent(answer: Any) -> bool:
+    """Whether ``compare_set(key, ABSENT, ABSENT)`` answered that the key does not exist."""
     if isinstance(answer, str):
         answer = answer.encode()
-    return bytes(answer) != _ABSENT_BYTES
+    return bytes(answer) == _ABSENT_BYTES
+
+
+# (store class, method) -> whether its instances have it (decided on first use).
+_HAS: dict[tuple[type, str], bool] = {}
+
+
+def has_method(store: Any, name: str) -> bool:
+    """Whether ``store`` (through its wrappers) has method ``name`` of its own."""
+    key = (type(innermost(store)), name)
+    if key not in _HAS:
+        _HAS[key] = callable(getattr(key[0], name, None))
+    return _HAS[key]
+
+
+def append(store: Any, key: str, value: str, tries: int = 64) -> None:
+    """Append ``value`` to the value at ``key`` (made when missing): ``Store.append``, or its equivalent."""
+    if has_method(store, "append"):
+        store.append(key, value)
+        return
+    old = b""
+    for _ in range(tries):
+        new = old + value.encode()
+        got = store.compare_set(key, old.decode(errors="replace"), new.decode(errors="replace"))
+        got = got.encode() if isinstance(got, str) else bytes(got)
+        if got == new:
+            return
+        old = got  # another writer came between: append to what it left
+    raise RuntimeError(f"could not append to {key!r}: {tries} concurrent writers in a row")
+
+
+def multi_get(store: Any, keys: Sequence[str]) -> list[bytes]:
+    """The values of keys that all exist (``Store.multi_get``: one request; else one ``get`` each)."""
+    keys = list(keys)
+    if not keys:
+        return []
+    if has_method(store, "multi_get"):
+        return list(store.multi_get(keys))
+    return [store.get(key) for key in keys]
 
 
 def serve_on_listener(host: str, port: int, listen_fd: int, **options: Any) -> Any:

@@ -26,27 +26,34 @@ def line_of(script: Path, tag: str) -> str:
 def guarded_run(script: Path, args: list[str], tmp_path: Path, *options: str, nproc: int = 2, timeout: float = 120,
                 env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
     """Run ``script`` under torch's launcher via `distdoctor guard`; (result, seconds)."""
-    base = {k: v for k, v in os.environ.items()
-            if k not in LAUNCHER_VARS and not k.startswith(("DISTDOCTOR_", "TORCHELASTIC_", "TORCH_FR_"))}
-    base.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **(env or {})})
     cmd = [sys.executable, "-m", "distdoctor", "guard", "--report-dir", str(tmp_path), *options, "--",
            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            str(script), *args]
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, env=base, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    result = launch(cmd, tmp_path, timeout, env)
+    return result, time.monotonic() - started
+
+
+def launch(cmd: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run a launcher line in a session of its own with a clean launcher environment; every process it
+    started is killed at the end (and the test fails if it ran past ``timeout``)."""
+    base = {k: v for k, v in os.environ.items()
+            if k not in LAUNCHER_VARS and not k.startswith(("DISTDOCTOR_", "TORCHELASTIC_", "TORCH_FR_"))}
+    base.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **(env or {})})
+    proc = subprocess.Popen(cmd, env=base, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        pytest.fail(f"distdoctor guard did not end within {timeout} s:\n{out[-4000:]}")
+        pytest.fail(f"{' '.join(cmd[:4])} did not end within {timeout} s:\n{out[-4000:]}")
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # the launcher's workers, if any outlived it
         except ProcessLookupError:
             pass
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, ""), time.monotonic() - started
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 
 def reports(tmp_path: Path, kind: str) -> list[dict]:

@@ -17,7 +17,7 @@ from distdoctor.embedded.guard.findings import FAULT
 from distdoctor.embedded.guard.record import CallRecord, Recorder
 from distdoctor.embedded.guard.stall import Stall, StallClock
 from distdoctor.embedded.guard.verdict import decide
-from distdoctor.embedded.guard.watch import HangWatch
+from distdoctor.embedded.guard.watch import EpisodeWatch
 
 
 class FakeClock:
@@ -29,7 +29,8 @@ class FakeClock:
 
 
 class MemoryStore:
-    """The TCPStore calls the side channel makes, in memory (compare_set, add, check, delete_key)."""
+    """The TCPStore calls the side channel makes, in memory (compare_set, add, check, delete_key): a store
+    without torch's extended API (append and multi_get are made from these)."""
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
@@ -56,6 +57,8 @@ class MemoryStore:
     def compare_set(self, key, expected, desired):
         self._ok()
         with self.lock:
+            if key not in self.data and expected != "":  # as TCPStore: nothing set, the expected value back
+                return expected.encode()
             if (key not in self.data and expected == "") or self.data.get(key) == expected.encode():
                 self.data[key] = desired.encode()
             return self.data[key]
@@ -140,7 +143,7 @@ def two_ranks(on_hang: str, timeout_s: float | None = None):
     stalled = {"on": False}
     hosts = {0: FakeHost(0, lambda: state(0, pending_seq=5) if stalled["on"] else state(0), timeout_s),
              1: FakeHost(1, lambda: state(1, where=("train.py", 12, "load")), timeout_s)}
-    watches = {r: HangWatch(hosts[r], recorders[r], SideChannel(store, "p"), hang_timeout=5, answer_s=1.0,
+    watches = {r: EpisodeWatch(hosts[r], recorders[r], SideChannel(store, "p"), hang_timeout=5, answer_s=1.0,
                             poll_s=0.01, on_hang=on_hang) for r in (0, 1)}
     for watch in watches.values():
         watch.start()
@@ -248,7 +251,7 @@ def test_a_fault_of_the_watchdog_is_said_and_the_watchdog_goes_on():
     recorder = Recorder(clock=clock)
     host = FakeHost(0, lambda: state(0, pending_seq=5))
     broken = SimpleNamespace(usable=True, status=lambda: 1 / 0)  # a recorder that raises on every poll
-    watch = HangWatch(host, recorder, None, hang_timeout=5, answer_s=0.1, poll_s=0.01, on_hang="auto", flight=broken)
+    watch = EpisodeWatch(host, recorder, None, hang_timeout=5, answer_s=0.1, poll_s=0.01, on_hang="auto", flight=broken)
     watch.start()
     try:
         assert wait_until(lambda: len(host.faults) >= 3)
@@ -263,7 +266,7 @@ def test_the_store_gone_is_said_when_it_is_needed_and_the_stall_is_still_reporte
     store, clock = MemoryStore(), FakeClock()
     recorder = Recorder(clock=clock)
     host = FakeHost(0, lambda: state(0, pending_seq=5))
-    watch = HangWatch(host, recorder, SideChannel(store, "p"), hang_timeout=5, answer_s=0.2, poll_s=0.01,
+    watch = EpisodeWatch(host, recorder, SideChannel(store, "p"), hang_timeout=5, answer_s=0.2, poll_s=0.01,
                       on_hang="auto").start()
     try:
         time.sleep(0.05)

@@ -12,11 +12,12 @@ import time
 from types import SimpleNamespace
 
 
-from distdoctor.diagnosis.snapshot import EXITED, KILLED, RUNNING, UNREACHABLE
+from distdoctor.diagnosis.snapshot import EXITED, KILLED, NOT_HEARD, RUNNING, UNREACHABLE
 from distdoctor.embedded.guard.crash import CrashHook
 from distdoctor.embedded.guard.flight import FlightRecorder, buffer_setting, launch_environment
 from distdoctor.embedded.guard.peers import absent_snapshot, process_state
 from distdoctor.embedded.guard.snapshot import is_consequence, raised_error
+from distdoctor.machine.proc_stat import identity, process_stat
 
 
 def test_the_launch_sets_the_buffer_when_unset_and_a_garbage_value_is_turned_off_and_named():
@@ -55,10 +56,15 @@ def test_the_recorder_reports_what_it_cannot_count_instead_of_raising():
     assert group.pending.describe() == "all_reduce #9 (Float[165])" and group.pending.age_s >= 4.9
 
 
+def hello_of(pid: int) -> dict:
+    """The hello a guarded process ``pid`` of this host, boot and PID namespace publishes."""
+    return {**identity(), "pid": pid, "start": process_stat(pid).start}
+
+
 def test_a_silent_rank_on_this_host_is_read_from_proc():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        hello = {"host": os.uname().nodename, "pid": child.pid}
+        hello = hello_of(child.pid)
         assert process_state(child.pid) == ("alive", None)
         assert absent_snapshot(1, hello, 1.5, asked=False).status == RUNNING
         os.kill(child.pid, signal.SIGSTOP)
@@ -74,10 +80,10 @@ def test_a_silent_rank_on_this_host_is_read_from_proc():
     finally:
         child.kill()
         child.wait()
-    gone = absent_snapshot(1, {"host": os.uname().nodename, "pid": child.pid}, 1.5)
+    gone = absent_snapshot(1, hello, 1.5)
     assert gone.status == EXITED and gone.exit_code is None and "is gone" in gone.notes[0]  # ended, not silent
     elsewhere = absent_snapshot(2, {"host": "node-b", "pid": 4}, 1.5)
-    assert elsewhere.status == UNREACHABLE and "node-b" in elsewhere.notes[0]
+    assert elsewhere.status == NOT_HEARD and "node-b" in elsewhere.notes[0] and "not seen from here" in elsewhere.notes[0]
 
 
 def test_a_clean_exit_of_a_silent_rank_keeps_its_code():
@@ -85,7 +91,7 @@ def test_a_clean_exit_of_a_silent_rank_keeps_its_code():
     deadline = time.monotonic() + 20
     while process_state(child.pid)[0] != "zombie" and time.monotonic() < deadline:
         time.sleep(0.05)
-    snap = absent_snapshot(1, {"host": os.uname().nodename, "pid": child.pid}, 1.5)
+    snap = absent_snapshot(1, hello_of(child.pid), 1.5)
     child.wait()
     assert (snap.status, snap.exit_code) == (EXITED, 3)
 

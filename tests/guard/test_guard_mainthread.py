@@ -16,7 +16,7 @@ from distdoctor.diagnosis.snapshot import Frame, GroupProgress, PendingOp, RankS
 from distdoctor.diagnosis.waits import BACKWARD_DDP
 from distdoctor.embedded.guard.mainthread import MainThread, ThreadClock, thread_clock, woke
 from distdoctor.embedded.guard.record import Recorder
-from distdoctor.embedded.guard.watch import HangWatch
+from distdoctor.embedded.guard.watch import EpisodeWatch
 
 
 class FakeClock:
@@ -187,7 +187,7 @@ class Host:
 
 def test_a_look_that_fails_is_one_fault_and_the_poll_goes_on():
     host = Host()
-    watch = HangWatch(host, Recorder(clock=FakeClock()), None, hang_timeout=3.0, answer_s=1.0, poll_s=0.25,
+    watch = EpisodeWatch(host, Recorder(clock=FakeClock()), None, hang_timeout=3.0, answer_s=1.0, poll_s=0.25,
                       on_hang="auto", flight=SimpleNamespace(usable=False))
 
     def broken() -> None:

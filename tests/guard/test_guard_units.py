@@ -113,12 +113,14 @@ def test_a_rank_outside_any_collective_is_the_straggler_with_its_line():
     assert f.id == "job.E002" and f.ranks == (1,) and "train.py:12" in f.title and "all_reduce #5" in f.title
 
 
-def test_a_rank_that_left_is_uneven_inputs_and_one_with_no_snapshot_is_missing():
+def test_a_rank_that_left_is_uneven_inputs_and_one_with_no_snapshot_is_not_heard_from():
     finished = snap_state(1, status=FINISHED, done=3)
     [f] = decide({0: snap_state(0, pending_seq=5), 1: finished}, [0, 1], 7.0)
-    assert f.id == "job.E003" and f.ranks == (1,)
+    assert f.id == "job.E003" and f.ranks == (1,) and f.data["heard_from"] == 2
     [f] = decide({0: snap_state(0, pending_seq=5)}, [0, 1], 7.0)
-    assert f.id == "job.E004" and f.ranks == (1,)
+    # Silence alone names nobody: rank 1 is said to be not heard from, no cause is claimed.
+    assert (f.id, f.cause, f.ranks) == ("job.W010", "unknown", (1,))
+    assert f.data["heard_from"] == 1 and f.data["not_heard"] == [1] and "heard from 1 of 2 ranks" in f.detail
 
 
 def test_a_receive_waiting_for_a_dropped_send_names_the_dropped_send_first():

@@ -1,79 +1,111 @@
-"""A rank that left nothing in the store: what this host can still tell about its process."""
+"""A rank that left nothing in the store: what this host can prove about its process, else "not heard from"."""
 
-# Every guarded rank publishes `hello/<rank>` = {host, pid} when the guard starts. A rank that
-# neither answers nor left a final snapshot died without running Python (a signal, a crash in
-# C/C++) or is frozen. When its process is on this host, /proc says which: gone, a zombie the
-# launcher has not reaped yet (its exit status is still readable: field 52 of /proc/PID/stat,
-# Linux >= 3.5), stopped (SIGSTOP), or alive and silent (the GIL held, a deadlock).
+# Every guarded rank publishes `hello/<rank>` when the guard starts: host, boot id, PID namespace
+# (machine.proc_stat.identity), pid and start time. A rank that neither answers a look in time nor
+# left a final snapshot is *not heard from*: slow to answer, frozen, dead or elsewhere, and a
+# verdict never names it for that alone. Only positive evidence names it: its process read from
+# /proc, and only when /proc here shows the same processes it saw (the same boot id and PID
+# namespace; a container on the same host that shares the host name but not the PID namespace is
+# "not seen from here", never "gone"). Then /proc says: gone (or its PID reused by a later
+# process: another start time), a zombie the launcher has not reaped (its exit status, field 52),
+# stopped (SIGSTOP), or alive, which proves nothing more than that it was not heard from.
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 from typing import Any
 
-from distdoctor.diagnosis.snapshot import EXITED, KILLED, RUNNING, UNREACHABLE, RankSnapshot
+from distdoctor.diagnosis.snapshot import EXITED, KILLED, NOT_HEARD, RUNNING, UNREACHABLE, RankSnapshot
+from distdoctor.machine.proc_stat import boot_id, pid_namespace, process_stat
+
+_OWN: dict[str, Any] = {}
 
 
-def _proc_stat(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-    return text[text.rfind(")") + 2:].split()
+def _own_namespace() -> tuple[str, int | None]:
+    """(boot id, PID namespace inode) of this process, read once."""
+    if not _OWN:
+        _OWN.update(boot=boot_id(), pidns=pid_namespace())
+    return _OWN["boot"], _OWN["pidns"]
 
 
-def process_state(pid: int) -> tuple[str, int | None]:
-    """('gone' | 'zombie' | 'stopped' | 'alive' | 'unknown', the wait status of a zombie)."""
-    fields = _proc_stat(pid)
-    if fields is None:
+def seen_from_here(hello: Any) -> bool:
+    """Whether /proc here shows the processes the rank that said ``hello`` saw: the same boot of the
+    same kernel and the same PID namespace (both published, both equal to this process's)."""
+    if not isinstance(hello, dict):
+        return False
+    boot, pidns = _own_namespace()
+    return bool(boot) and pidns is not None and hello.get("boot") == boot and hello.get("pidns") == pidns
+
+
+def process_state(pid: int, start: int | None = None) -> tuple[str, int | None]:
+    """('gone' | 'zombie' | 'stopped' | 'alive' | 'unknown', the wait status of a zombie) of process
+    ``pid`` in this PID namespace; ``start``: its start time as it published it (a PID now held by a
+    process that started at another time was reused: the one asked about is gone)."""
+    stat = process_stat(pid)
+    if stat is None:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
             return "gone", None
         except OSError:
             return "unknown", None
-        return "unknown", None
-    state = fields[0] if fields else "?"
-    if state == "Z":
-        # Fields from the 3rd on: exit_code is field 52, index 49 here; absent on old kernels.
-        status = int(fields[49]) if len(fields) > 49 and fields[49].lstrip("-").isdigit() else None
-        return "zombie", status
-    return ("stopped" if state in ("T", "t") else "alive"), None
+        return "unknown", None  # it exists but /proc does not show it (hidepid): nothing proven
+    if start is not None and stat.start is not None and stat.start != start:
+        return "gone", None
+    if stat.state == "Z":
+        return "zombie", stat.exit_status
+    return ("stopped" if stat.state in ("T", "t") else "alive"), None
 
 
-def absent_snapshot(rank: int, hello: Any, answer_s: float, asked: bool = True) -> RankSnapshot:
-    """The snapshot of a rank that left no final state (and, ``asked``, did not answer within answer_s)."""
+def not_heard(rank: int, hello: Any, why: str, last: str = "") -> RankSnapshot:
+    """A rank nothing was heard from in time: what it published last, nothing claimed about it."""
     host = str(hello.get("host", "")) if isinstance(hello, dict) else ""
     pid = hello.get("pid") if isinstance(hello, dict) and isinstance(hello.get("pid"), int) else None
-    silent = f"did not answer within {answer_s:.1f} s and left no final state"
-    if pid is None or host != socket.gethostname():
-        where = f" (pid {pid} on {host})" if pid is not None and host else ""
-        return RankSnapshot(rank=rank, host=host, pid=pid, status=UNREACHABLE, source="guard",
-                            notes=(f"{silent}{where}: it died or is frozen",))
-    state, status = process_state(pid)
-    if state == "alive" and not asked:
-        return RankSnapshot(rank=rank, host=host, pid=pid, status=RUNNING, source="guard",
-                            notes=(f"its process (pid {pid} on this host) is alive and left no final state",))
+    return RankSnapshot(rank=rank, host=host, pid=pid, status=NOT_HEARD, source="guard",
+                        notes=tuple(n for n in (why, last) if n))
+
+
+def absent_snapshot(rank: int, hello: Any, waited_s: float, asked: bool = True, last: str = "") -> RankSnapshot:
+    """The snapshot of a rank that left no final state and (``asked``) did not answer within waited_s:
+    what /proc proves about its process when it is provably in this PID namespace, else not heard
+    from. ``last``: what it published last (its previous answer), said beside it."""
+    silent = f"not heard from within {waited_s:.1f} s" if asked else "no final state"
+    if not isinstance(hello, dict):
+        return not_heard(rank, hello, f"{silent}; it published no hello (its guard may not have reached the store)", last)
+    host, pid = str(hello.get("host", "")), hello.get("pid")
+    if not isinstance(pid, int) or not seen_from_here(hello):
+        where = f"pid {pid} on {host}" if isinstance(pid, int) and host else "its process"
+        return not_heard(rank, hello, f"{silent}; {where} is not seen from here (another host, boot or PID namespace)",
+                         last)
+    start = hello.get("start") if isinstance(hello.get("start"), int) else None
+    state, status = process_state(pid, start)
     if state == "zombie" and status is not None:
         if os.WIFSIGNALED(status):
             code = -os.WTERMSIG(status)
             return RankSnapshot(rank=rank, host=host, pid=pid, status=KILLED, exit_code=code, source="guard",
-                                notes=(f"its process (pid {pid}) ended by {signal.Signals(-code).name}",))
+                                notes=(f"its process (pid {pid}) ended by {_signal_name(-code)}",))
         return RankSnapshot(rank=rank, host=host, pid=pid, status=EXITED, exit_code=os.WEXITSTATUS(status),
                             source="guard", notes=(f"its process (pid {pid}) exited without a final state",))
+    if state == "zombie":
+        return RankSnapshot(rank=rank, host=host, pid=pid, status=EXITED, source="guard",
+                            notes=(f"its process (pid {pid} on this host) has ended (its exit status is not readable)",))
     if state == "gone":  # ended (how: the launcher reaped it before anyone read it), not merely silent
         return RankSnapshot(rank=rank, host=host, pid=pid, status=EXITED, source="guard",
                             notes=(f"its process (pid {pid} on this host) is gone without an exception or a clean "
                                    "exit: killed by a signal (SIGKILL: the out-of-memory killer?) or a crash in C/C++",))
-    notes = {
-        "zombie": f"its process (pid {pid} on this host) has ended",
-        "stopped": f"its process (pid {pid} on this host) is stopped (SIGSTOP / SIGTSTP)",
-        "alive": f"its process (pid {pid} on this host) is alive but {silent}: frozen (a C extension holding "
-                 "the GIL, a deadlock)",
-    }
-    return RankSnapshot(rank=rank, host=host, pid=pid, status=UNREACHABLE, source="guard",
-                        notes=(notes.get(state, f"{silent} (pid {pid} on this host)"),))
+    if state == "stopped":
+        return RankSnapshot(rank=rank, host=host, pid=pid, status=UNREACHABLE, source="guard",
+                            notes=(f"its process (pid {pid} on this host) is stopped (SIGSTOP / SIGTSTP)",))
+    if state == "alive" and not asked:
+        return RankSnapshot(rank=rank, host=host, pid=pid, status=RUNNING, source="guard",
+                            notes=(f"its process (pid {pid} on this host) is alive and left no final state",))
+    seen = "is alive" if state == "alive" else "is not readable in /proc (hidepid?)"
+    return not_heard(rank, hello, f"{silent}; its process (pid {pid} on this host) {seen}", last)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

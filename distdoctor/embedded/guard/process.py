@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import functools
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from distdoctor.embedded.guard.calls import Verifier, make_record, peer_rank, ru
 from distdoctor.embedded.guard.crash import CrashHook
 from distdoctor.embedded.guard.flight import FlightRecorder
 from distdoctor.embedded.guard.channel import SideChannel
-from distdoctor.embedded.guard.watch import HangWatch
+from distdoctor.embedded.guard.watch import EpisodeWatch
 from distdoctor.embedded.guard.record import (_COLLECTIVE_SET, COLLECTIVES, POINT_TO_POINT, CallRecord, Recorder,
                                               call_site)
 from distdoctor.embedded.guard.sample import Sampler, verification_cost
@@ -52,7 +51,7 @@ class Guard:
         self.world_group: tuple | None = None  # _group(None) while the default group stands
         self.verifier: Verifier | None = None
         self.works = WorkTracker(self.c10d.Work, self._dropped, self._waiting)
-        self.watch: HangWatch | None = None
+        self.watch: EpisodeWatch | None = None
         self.side_problem = ""
         self.flight = FlightRecorder(self.c10d_module(), os.environ, os.environ.get("DISTDOCTOR_GUARD_FR_NOTE", ""))
         self.crash = CrashHook(self)
@@ -80,17 +79,10 @@ class Guard:
                     setattr(module, name, wrapped)
         self.verifier = Verifier(self.torch, self.dist, self.originals["all_gather"])
         self.works.install()
-        side = None
-        try:
-            side = SideChannel.open(self.c10d._get_default_store(), generation)
-            if side is None:
-                self.side_problem = "the job's store is not a TCPStore"
-        except Exception as exc:  # no side channel: hangs are still reported, from this rank's view
-            self.side_problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        side = self._side_channel(generation)
         s = self.settings
-        self.watch = HangWatch(self, self.recorder, side, hang_timeout=s.hang_timeout, answer_s=s.answer_s,
-                               poll_s=s.poll_s, on_hang=s.on_hang, flight=self.flight)
-        self.watch.publish("hello", {"host": socket.gethostname(), "pid": os.getpid()})
+        self.watch = EpisodeWatch(self, self.recorder, side, hang_timeout=s.hang_timeout, answer_s=s.answer_s,
+                                  poll_s=s.poll_s, on_hang=s.on_hang, flight=self.flight, world=self.world)
         self.watch.start()
         self.crash.install()
         atexit.register(self._at_exit)
@@ -99,14 +91,37 @@ class Guard:
             sys.stderr.write(f"distdoctor guard (rank 0): {blind.id} [{blind.cause}] {blind.title}\n")
         return self
 
+    def _side_channel(self, generation: int) -> SideChannel | None:
+        """The job's side channel (its client opened when first needed) with this rank's hello in it:
+        host, boot id, PID namespace, pid and start, through torch's own client (no connection yet)."""
+        from distdoctor.machine.proc_stat import identity  # read once, at the start
+
+        try:
+            side = SideChannel.open(self.c10d._get_default_store(), generation)
+            if side is None:
+                self.side_problem = "the job's store is not a TCPStore"
+                return None
+            side.hello(self.rank, identity())
+            return side
+        except Exception as exc:  # no side channel: hangs are still reported, from this rank's view
+            self.side_problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            return None
+
+    def cross_rank_problem(self) -> str:
+        """Why this rank has no cross-rank view ('' while it has one or may still get one)."""
+        side = self.watch.side if self.watch is not None else None
+        if not self.side_problem and side is not None and side.gave_up:
+            return f"its store client could not be opened: {side.problem}"
+        return self.side_problem
+
     def blind_spots(self) -> Finding | None:
         """guard.I011: what this guard cannot count or see, and why (None: it sees the whole job)."""
         parts = []
         if not self.flight.usable:
             parts.append(f"collectives issued in C++ (DDP, FSDP) are not counted: {self.flight.problem}; a wait in "
                          "one is told from each rank's main-thread stack, without sequence numbers")
-        if self.side_problem:
-            parts.append(f"no cross-rank view, each rank reports from its own ({self.side_problem})")
+        if self.cross_rank_problem():
+            parts.append(f"no cross-rank view, each rank reports from its own ({self.cross_rank_problem()})")
         if not parts:
             return None
         return gf.BLIND("The guard sees only part of the job: " + "; ".join(parts), ranks=[self.rank], check=gf.CHECK)
@@ -408,7 +423,7 @@ class Guard:
         missing = sorted({r for f in findings if f.cause == "rank_missing" for r in f.ranks})
         blind = self.blind_spots()
         report = self.report(findings + ([blind] if blind else []), ranks=ranks, missing=missing)
-        note = f" (cross-rank view unavailable: {self.side_problem})" if self.side_problem else ""
+        note = f" (cross-rank view unavailable: {self.cross_rank_problem()})" if self.cross_rank_problem() else ""
         text = self.render(report, f"distdoctor guard (rank {self.rank}): {heading}{note}")
         verb = "the guard ends the job" if decision.action == policy.END else "the guard watches"
         try:

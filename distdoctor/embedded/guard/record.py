@@ -172,7 +172,7 @@ def tensor_facts(value: Any) -> tuple[tuple, str, str] | None:
 class Recorder:
     """The ring buffer of recent calls, the sequence counters and the calls still running.
 
-    The main thread adds and ends calls; the hang watchdog reads them from its own thread, so
+    The main thread adds and ends calls; the episode watchdog reads them from its own thread, so
     both sides go through one lock (uncontended in a healthy job).
     """
 
@@ -187,11 +187,6 @@ class Recorder:
         self.calls = 0
         self._lock = threading.Lock()
         self._next = 0
-
-    def next_seq(self, group: str) -> int:
-        seq = self.seqs.get(group, 0)
-        self.seqs[group] = seq + 1
-        return seq
 
     def next_p2p_seq(self, group: str, op: str, peer: Any) -> int:
         key = (group, op.lstrip("i").replace("_object_list", ""), peer)

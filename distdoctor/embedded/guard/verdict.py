@@ -42,7 +42,9 @@ def decide(states: Mapping[int, Any], ranks: list[int], waited_s: float | None, 
     snaps = []
     for rank in ranks:
         state = states.get(rank)
-        snap = RankSnapshot.from_dict(state.get("snapshot")) if isinstance(state, dict) else None
+        raw = state.get("snapshot") if isinstance(state, dict) else None
+        # A look reads each answer as it arrives (embedded.guard.looks.parse_answer): already a snapshot.
+        snap = raw if isinstance(raw, RankSnapshot) else RankSnapshot.from_dict(raw)
         if snap is not None and snap.rank == rank:
             snaps.append(snap)
     found = diagnose(snaps, world_size=None, waited_s=waited_s) if not world_known else \
@@ -52,9 +54,9 @@ def decide(states: Mapping[int, Any], ranks: list[int], waited_s: float | None, 
 
 
 def _all(snaps: list[RankSnapshot], ranks: list[int]) -> list[RankSnapshot]:
-    """Every rank of the group has a snapshot; one that has none is unreachable (diagnose's word)."""
-    from distdoctor.diagnosis.snapshot import UNREACHABLE
+    """Every rank of the group has a snapshot; one that has none was not heard from (nothing claimed)."""
+    from distdoctor.diagnosis.snapshot import NOT_HEARD
 
     have = {s.rank for s in snaps}
-    return snaps + [RankSnapshot(rank=r, status=UNREACHABLE, notes=("no snapshot of this rank",))
+    return snaps + [RankSnapshot(rank=r, status=NOT_HEARD, notes=("no snapshot of this rank",))
                     for r in ranks if r not in have]

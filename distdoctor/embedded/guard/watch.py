@@ -3,35 +3,42 @@
 # One thread per guarded process, waking every ``poll_s``:
 #   - it looks whether this rank is stalled (embedded.guard.stall: a guarded call running, a group
 #     the flight recorder shows stuck or, without the recorder, a wait the main thread's stack has
-#     stayed in: embedded.guard.mainthread). A stall past ``hang_timeout`` opens an episode: this
-#     rank requests a *look* (`look/<n>/request`, claimed with compare_set, so ranks that stall at
-#     once share one), collects every rank's snapshot for ``answer_s`` at most, asks the one
-#     diagnosis for the verdict, and embedded.guard.policy decides: end the job now, or report and
-#     watch. The rank that opened an episode owns it: it looks again every ``recheck_s`` (at once
-#     when a late rank leaves a final snapshot) and reports again when the verdict changes; it
+#     stayed in: embedded.guard.mainthread). This costs the store nothing. A stall past
+#     ``hang_timeout`` opens an episode: this rank requests a *look* (embedded.guard.looks; ranks
+#     that stall at once share one), collects every rank's answer until all answered or the answer
+#     deadline passed (embedded.guard.cadence: it grows with the world and the store's measured
+#     round trip), asks the one diagnosis for the verdict, and embedded.guard.policy decides: end
+#     the job now, or report and watch. A rank not heard from in time is said as such, never
+#     named late, missing or dead for its silence alone; its answer, when it comes, revises the
+#     verdict. The rank that opened an episode owns it: it looks again every ``recheck_s`` (at
+#     once when a late rank leaves a final snapshot) and reports again when the verdict changes; it
 #     ends a watched stall at the process group's own timeout; and it closes the episode when its
 #     stall clears, with one line saying who arrived after how long. Detection then goes on.
-#   - it answers every look another rank requested (its snapshot, its evidence in the report
-#     directory) and reads the verdict: a verdict that ends the job ends this rank too, after it
-#     said why; an episode another rank watches keeps this rank from opening its own on the same
-#     stall until that one closes.
+#   - it polls one counter key for news at an interval that grows with the world (cadence: the
+#     job's store load stays bounded), more often when this rank has not moved for a while (it may
+#     be a stall's late rank): on news it answers the look another rank requested (its snapshot,
+#     its evidence in the report directory) and reads the verdicts it waits for: a verdict that
+#     ends the job ends this rank too, after it said why; an episode another rank watches keeps
+#     this rank from opening its own on the same stall until that one closes.
 # Every store operation has a deadline; the stuck process group is never used. A fault of the
 # watchdog's own is said once (guard.W012) and the thread goes on.
 
 from __future__ import annotations
 
-import json
+import random
 import threading
 import time
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from distdoctor.core.findings import Finding
-from distdoctor.embedded.guard import policy
-from distdoctor.embedded.guard.channel import STORE_OP_TIMEOUT_S, SideChannel
+from distdoctor.embedded.guard import cadence, policy
+from distdoctor.embedded.guard.channel import CONNECT_TIMEOUT_S, ChannelDown, SideChannel
 from distdoctor.embedded.guard.episodes import Episode, Ledger, facts
+from distdoctor.embedded.guard.looks import Board, parse_answer
+from distdoctor.embedded.guard.mainthread import MainThread
 from distdoctor.embedded.guard.peers import absent_snapshot
 from distdoctor.embedded.guard.record import Recorder
-from distdoctor.embedded.guard.mainthread import MainThread
 from distdoctor.embedded.guard.stall import Stall, StallClock, in_wait, longest, still
 
 
@@ -58,26 +65,51 @@ def recheck_s(hang_timeout: float) -> float:
     return min(max(hang_timeout, 5.0), 60.0)
 
 
-class HangWatch:
-    """The watchdog thread of one guarded process."""
+@dataclass
+class Seen:
+    """What one look found: the verdict's findings and what it rests on."""
+
+    findings: list[Finding]
+    world_known: bool
+    look: int | None = None
+    answers: int = 0                                   # ranks other than this one that answered live
+    states: dict[int, Any] = field(default_factory=dict)  # every answer read (a revision adds late ones)
+    ranks: list[int] = field(default_factory=list)
+    failed: bool = False                               # the diagnosis itself failed (said as a fault)
+    waited_s: float = 0.0                              # how long it waited for answers
+
+    @property
+    def not_heard(self) -> list[int]:
+        return [r for r in self.ranks if r not in self.states or self.states[r].get("absent")]
+
+
+class EpisodeWatch:
+    """The watchdog thread of one guarded process: its stalls as episodes, the looks it answers."""
 
     def __init__(self, host: Host, recorder: Recorder, side: SideChannel | None, *, hang_timeout: float,
-                 answer_s: float, poll_s: float, on_hang: str, flight: Any = None) -> None:
+                 answer_s: float, poll_s: float, on_hang: str, flight: Any = None, world: int = 0) -> None:
         self.host, self.recorder, self.side, self.flight = host, recorder, side, flight
         self.rank = host.rank
+        self.world = world or int(getattr(host, "world", 0) or 2)
         self.hang_timeout, self.answer_s, self.poll_s, self.on_hang = hang_timeout, answer_s, poll_s, on_hang
         self.clock, self.stalls, self.ledger = recorder.clock, StallClock(), Ledger(side)
+        self.board = Board(side, self.rank) if side is not None else None
         self.main: MainThread | None = None                # the main thread's looks, when no recorder counts
         self.stopped = threading.Event()
-        self.next_look = 1
-        self.answered_look = 0
         self.own: Episode | None = None
-        self.following: tuple[int, float] | None = None   # (episode another rank watches, when last seen)
-        self.channel_error: BaseException | None = None   # the store channel's last failure, said when needed
+        self.seen: Seen | None = None                      # the latest look of the episode this rank owns
+        self.following: tuple[int, float] | None = None    # (episode another rank watches, when last seen)
+        self.channel_error: BaseException | None = None    # the store channel's last failure, said when needed
         self.ended = False
-        self.saw_episodes = False                          # this rank opened or answered one (a healthy run: never)
+        self.saw_episodes = False                           # this rank opened or answered one (a healthy run: never)
+        self.retry_at = 0.0                                 # no new look before (a look that found nothing)
+        self.moved: tuple[Any, float] = (None, self.clock())  # (what this rank's counters were, since when)
+        # The first news poll comes at a random moment of the first interval: ranks that start
+        # together do not open their clients together.
+        self.last_news = time.monotonic() - random.uniform(0.0, cadence.busy_interval_s(self.world))
+        self.next_revision = 0.0
 
-    def start(self) -> "HangWatch":
+    def start(self) -> "EpisodeWatch":
         self.thread = threading.Thread(target=self._watch, name="distdoctor-guard-watch", daemon=True)
         self.thread.start()
         return self
@@ -100,20 +132,32 @@ class HangWatch:
     def poll(self) -> None:
         self.recorder.poll()
         stall = self.stall_now()
-        self._answer_looks()
+        self._news()
         if self.stopped.is_set() or self.ended:
             return
         if self.own is not None:
             self._tend(self.own, stall)
-        elif stall is not None and stall.seconds(self.clock()) >= self.hang_timeout and not self._following():
+        elif (stall is not None and stall.seconds(self.clock()) >= self.hang_timeout and not self._following()
+              and self.clock() >= self.retry_at):
             self._open(stall)
 
     def stall_now(self) -> Stall | None:
         """This rank's longest stall now: what the flight recorder counts or, without it, the wait the
         main thread's stack shows (looked at every poll), and the guarded calls still running."""
         if self.flight is not None and self.flight.usable:
-            return longest(self.recorder, self.stalls.update(self.flight.status(), self.clock()))
+            status = self.flight.status()
+            self._moving((tuple(sorted(status.items())), self.recorder.calls))
+            return longest(self.recorder, self.stalls.update(status, self.clock()))
+        self._moving((self.recorder.calls, len(self.recorder.running_records())))
         return longest(self.recorder, self._main_wait())
+
+    def _moving(self, counters: Any) -> None:
+        if counters != self.moved[0]:
+            self.moved = (counters, self.clock())
+
+    def quiet(self) -> bool:
+        """This rank's collectives have not moved for a while: it may be a stall's late rank, or stalled."""
+        return self.clock() - self.moved[1] >= cadence.quiet_after_s(self.hang_timeout)
 
     def _main_wait(self) -> Stall | None:
         """The wait the main thread has stayed in, as a stall. A fault in reading it is said once
@@ -131,37 +175,59 @@ class HangWatch:
             self.main = MainThread(self.rank, self.clock)
         return self.main
 
-    # -- answering the looks other ranks request --------------------------------------------------
-    def _answer_looks(self) -> None:
-        side = self.side
-        if side is None:
+    # -- news: the looks other ranks request, the verdicts this rank waits for ---------------------
+    def _news(self) -> None:
+        board = self.board
+        if board is None:
             return
+        quick = self.quiet() or self.own is not None or self.following is not None
+        interval = cadence.awaiting_interval_s(self.world) if board.awaiting else \
+            cadence.quiet_interval_s(self.world) if quick else cadence.busy_interval_s(self.world)
+        now = time.monotonic()
+        if now - self.last_news < interval:
+            return
+        self.last_news = now
         try:
-            while not self.ended and side.there(side.key("look", self.next_look, "request")):
-                look = self.next_look
-                self.next_look += 1
-                self._answer(look)
+            if board.news():
+                self._on_news(board)
             self.channel_error = None
-        except Exception as exc:  # the store went away (or is slow): said when this rank needs it
+        except Exception as exc:  # the store went away (or is slow, or not reached yet): said when this rank needs it
             self.channel_error = exc
 
-    def _put_state(self, look: int) -> None:
-        side = self.side
-        assert side is not None
-        side.put(side.key("look", look, "state", self.rank), self.host.state())
-        if self.answered_look:
-            side.forget([side.key("look", self.answered_look, "state", self.rank)])
-        self.answered_look = look
+    def _on_news(self, board: Board) -> None:
+        latest = board.latest()
+        first = board.answered == 0
+        for look in range(max(board.answered + 1, latest - 1), latest + 1):
+            if self.ended:
+                return
+            request = board.request(look)
+            if request is None or request.get("rank") == self.rank or not board.fresh(request):
+                continue
+            if first and board.verdict(look) is not None:
+                continue  # a look finished before this rank first asked (it joined late)
+            self._answer(look)
+        board.answered = max(board.answered, latest)
+        for look, since in sorted(board.awaiting.items()):
+            verdict = board.verdict(look)
+            if verdict is not None:
+                board.awaiting.pop(look, None)
+                self._follow(look, verdict)
+            elif time.monotonic() - since > cadence.MAX_ANSWER_S + 2 * recheck_s(self.hang_timeout):
+                board.awaiting.pop(look, None)  # the asking rank ended before its verdict: nothing to follow
+        if self.following is not None and board.closed(self.following[0]):
+            self.following = None
 
     def _answer(self, look: int) -> None:
-        side = self.side
-        assert side is not None
-        self._put_state(look)
-        if not side.wait_for(side.key("look", look, "verdict"), self.answer_s + STORE_OP_TIMEOUT_S):
-            return  # the requesting rank ended before its verdict: nothing to follow
-        verdict = side.get(side.key("look", look, "verdict"))
+        board = self.board
+        assert board is not None
+        board.answer(look, self.host.state())
+        board.awaiting[look] = time.monotonic()
+        self.saw_episodes = True
+
+    def _follow(self, look: int, verdict: dict[str, Any]) -> None:
+        board = self.board
+        assert board is not None
         episode, action = verdict.get("episode"), verdict.get("action")
-        self.saw_episodes = self.saw_episodes or isinstance(episode, int)
         if action == policy.END:
             findings = [Finding.from_dict(f) for f in verdict.get("findings", ())]
             why = [f"{f.id} [{f.cause}] {f.title}" for f in findings] or [str(verdict.get("reason") or "")]
@@ -171,173 +237,239 @@ class HangWatch:
             for line in [f"the job ends, {verdict.get('reason')} (rank {verdict.get('renderer')}'s verdict): "
                          + why[0], *why[1:]]:
                 self.host.say(line)
-            side.count(side.key("look", look, "ack"))
+            board.ack(look)
             self.host.end(None, [], False, findings)
         elif action == policy.WATCH and isinstance(episode, int) and episode != (self.own.id if self.own else None):
             self.following = (episode, self.clock())
 
     def _following(self) -> bool:
-        """True while another rank watches an open episode (this rank's stall is most likely the same)."""
+        """True while this rank waits for the verdict of a look it answered, or another rank watches
+        an open episode (this rank's stall is most likely the same)."""
+        if self.board is not None and self.board.awaiting:
+            return True
         if self.following is None or self.side is None:
             return False
-        episode, seen = self.following
-        try:
-            closed = self.side.there(self.side.key("episode", episode, "closed"))
-        except Exception as exc:
-            self.channel_error, closed = exc, True
         # The owner looks again every recheck_s: silence for three rounds means it is gone.
-        if closed or self.clock() - seen > 3 * recheck_s(self.hang_timeout) + self.answer_s + STORE_OP_TIMEOUT_S:
+        limit = 3 * recheck_s(self.hang_timeout) + cadence.MAX_ANSWER_S
+        if self.clock() - self.following[1] > limit:
             self.following = None
             return False
         return True
 
     # -- a look this rank requests ----------------------------------------------------------------
-    def _look(self, stall: Stall) -> tuple[list[Finding], bool, int | None, int] | None:
-        """(findings, world_known, the look's number or None, answers) for this stall; None when
-        another rank requested this look first (this rank answers it instead)."""
+    def _look(self, stall: Stall, previous: Seen | None = None) -> Seen | None:
+        """What every rank says of this stall; None when another rank requested this look first (this
+        rank answered it instead)."""
         ranks = self.host.group_ranks(stall.group)
-        waited = stall.seconds(self.clock())
-        side = self.side
-        if side is not None:
+        board, seen = self.board, None
+        if board is not None:
             try:
-                look = self.next_look
-                got = side.claim(side.key("look", look, "request"), json.dumps({"rank": self.rank, "group": stall.group}))
-                if json.loads(got).get("rank") != self.rank:
+                look, mine = self._claim(board, stall, previous is None)
+                if not mine:
+                    if look is not None and look not in board.mine:
+                        self._answer(look)
                     return None
-                self.next_look += 1
-                side.forget([side.key("look", look - 2, part) for part in ("request", "verdict", "ack")])
-                self._put_state(look)
-                states = self._collect(look, ranks)
-                answers = sum(1 for r, s in states.items() if r != self.rank and not s.get("absent") and not s.get("final"))
-                return self.host.decide(states, ranks, waited, True), True, look, answers
+                board.answer(look, self.host.state())
+                board.bump()
+                wait = cadence.answer_wait(len(ranks), self.answer_s, self.side.traffic.rtt_s)
+                started = time.monotonic()
+                states = self._collect(look, ranks, wait, previous)
+                seen = Seen([], True, look, sum(1 for r, s in states.items() if r != self.rank and s.get("live")),
+                            states, ranks, waited_s=time.monotonic() - started)
             except Exception as exc:  # the store channel failed now that it is needed: say so, judge alone
                 self.host.fault("store channel", exc)
         elif self.channel_error is not None:
             self.host.fault("store channel", self.channel_error)
-        return self.host.decide({self.rank: self.host.state()}, ranks, waited, False), False, None, 0
+        if seen is None:
+            seen = Seen([], False, states={self.rank: self.host.state()}, ranks=ranks)
+        return self._judged(seen, stall)
 
-    def _collect(self, look: int, ranks: list[int]) -> dict[int, Any]:
-        """Every rank's state for this look (or the final one it left), waiting at most answer_s."""
-        side = self.side
-        assert side is not None
-        until = time.monotonic() + self.answer_s
-        states: dict[int, Any] = {}
-        while True:
-            missing = [r for r in ranks if r not in states]
-            found = {r: v for r, v in zip(missing, side.present([side.key("look", look, "state", r) for r in missing])) if v}
-            for rank in found:
-                try:
-                    states[rank] = side.get(side.key("look", look, "state", rank))
-                except (ValueError, TypeError):
-                    continue
-            states.update(side.read_many("final", [r for r in ranks if r not in states]))
-            if len(states) == len(ranks) or time.monotonic() >= until:
-                break
-            time.sleep(0.05)
+    def _claim(self, board: Board, stall: Stall, first: bool) -> tuple[int | None, bool]:
+        """(the look for this stall, whether this rank asks for it). Ranks stalled in the same collective
+        share one look (claimed per group and sequence number); an owner's later looks are its own."""
+        key = self._stall_key(stall) if first else None
+        if key is None:
+            return board.claim(stall.group)
+        look, mine = board.claim_stall(key)
+        if not mine:
+            return look, False
+        look, mine = board.claim(stall.group, join=False)  # this collective's first: a look of its own
+        if mine:
+            board.number_stall(key, look)
+        return look, mine
+
+    def _stall_key(self, stall: Stall) -> str | None:
+        """The collective this stall is in, the same on every rank stalled in it: the group and the
+        sequence number the recorder (or the guarded call) waits at; None when neither says."""
+        seen = self.stalls.seen.get(stall.group)
+        if seen is not None and seen[1] == stall.since and seen[0].last_completed is not None:
+            return f"{stall.group}/{seen[0].last_completed + 1}"
+        running = self.recorder.oldest_running()
+        if running is not None and running.started == stall.since and running.seq is not None:
+            return f"{running.group}/call{running.seq}"
+        return None
+
+    def _judged(self, seen: Seen, stall: Stall) -> Seen:
+        """The diagnosis of what a look saw. Its own failure is said as the diagnosis' (guard.W012),
+        never as the store's, and leaves the verdict empty and marked failed."""
+        try:
+            seen.findings = self.host.decide(seen.states, seen.ranks, stall.seconds(self.clock()), seen.world_known)
+        except Exception as exc:
+            self.host.fault("diagnosis", exc)
+            seen.findings, seen.failed = [], True
+        return seen
+
+    def _collect(self, look: int, ranks: list[int], wait: cadence.AnswerWait,
+                 previous: Seen | None = None) -> dict[int, Any]:
+        """Every rank's answer to this look (or the final state it left), waiting as cadence says; a
+        rank not heard from gets what /proc proves about it, or "not heard from"."""
+        board, side = self.board, self.side
+        assert board is not None and side is not None
+        started = time.monotonic()
+        states = board.collect(look, ranks, wait, parse_answer, stop=self.stopped.is_set)
+        for state in states.values():
+            state["live"] = True
         # A rank that raised or left answers from its watchdog until its process ends: its final
         # snapshot, not that live answer, is its last word.
-        states.update(side.read_many("final", ranks))
-        hellos = side.read_many("hello", [r for r in ranks if r not in states])
-        for rank in ranks:
-            if rank not in states:
-                states[rank] = {"snapshot": absent_snapshot(rank, hellos.get(rank), self.answer_s).to_dict(),
-                                "absent": True}
+        states.update({r: parse_answer(v) for r, v in side.read_many("final", ranks).items() if isinstance(v, dict)})
+        self._absent(states, ranks, time.monotonic() - started, previous)
         return states
 
-    def _publish(self, look: int | None, findings: list[Finding], decision: policy.Decision,
-                 episode: Episode | None) -> None:
-        if look is None or self.side is None:
+    def _absent(self, states: dict[int, Any], ranks: list[int], waited_s: float, previous: Seen | None) -> None:
+        """The ranks not heard from: what /proc proves of each, or "not heard from" with its last answer."""
+        missing = [r for r in ranks if r not in states]
+        if not missing:
             return
-        try:
-            self.side.put(self.side.key("look", look, "verdict"),
-                          {"findings": [f.to_dict() for f in findings], "renderer": self.rank,
-                           "action": decision.action, "reason": decision.reason,
-                           "episode": episode.id if episode is not None else None})
-        except Exception as exc:
-            self.host.fault("store channel", exc)
+        assert self.side is not None
+        hellos = self.side.read_many("hello", missing)
+        for rank in missing:
+            last = previous.states.get(rank) if previous is not None else None
+            said = ""
+            if isinstance(last, dict) and last.get("live") and last.get("snapshot") is not None:
+                snap = last["snapshot"]
+                said = f"its last answer (look {previous.look}): " + (
+                    f"in {snap.in_collective}" if snap.in_collective else "waiting" if snap.waiting else "outside any collective")
+            states[rank] = {"snapshot": absent_snapshot(rank, hellos.get(rank), waited_s, last=said), "absent": True}
 
-    def _decision(self, findings: list[Finding], world_known: bool, stall: Stall,
-                  deadline_at: float | None = None) -> policy.Decision:
-        now_at = time.time()
-        since_at = now_at - stall.seconds(self.clock())
-        return policy.judge(findings, self.on_hang, world_known=world_known, stall_since_at=since_at,
-                            group_timeout_s=self.host.group_timeout(stall.group), now_at=now_at,
-                            deadline_at=deadline_at)
+    def _revise(self, episode: Episode, stall: Stall) -> None:
+        """Answers that came after the verdict (a loaded store, a slow rank): taken into it, and the
+        verdict said again when they change it."""
+        seen, board = self.seen, self.board
+        if seen is None or board is None or seen.look is None or not seen.not_heard:
+            return
+        heard = [r for r, s in seen.states.items() if not s.get("absent")]
+        late = board.late_answers(seen.look, seen.not_heard, heard)
+        if not late:
+            return
+        kept = {r: s for r, s in seen.states.items() if not s.get("absent")}
+        for rank, value in self.side.read_many(f"look/{seen.look}/state", late, listed=late).items():
+            if isinstance(value, dict):
+                kept[rank] = {**parse_answer(value), "live": True}
+        self._absent(kept, seen.ranks, seen.waited_s, None)
+        revised = self._judged(Seen([], True, seen.look, seen.answers + len(late), kept, seen.ranks,
+                                    waited_s=seen.waited_s), stall)
+        self._verdict_again(episode, stall, revised, "revised")
 
     # -- an episode: opened, tended, closed -------------------------------------------------------
     def _open(self, stall: Stall) -> None:
+        side = self.side
+        if side is not None and not side.connected and not side.gave_up \
+                and stall.seconds(self.clock()) < self.hang_timeout + CONNECT_TIMEOUT_S:
+            try:  # its client is still being opened: the look waits for it (bounded), not judged alone
+                side.client()
+            except ChannelDown:
+                pass
+            if not side.connected:
+                return
         seen = self._look(stall)
         if seen is None:
             return
-        findings, world_known, look, answers = seen
-        decision = self._decision(findings, world_known, stall)
+        if seen.failed or not seen.findings:
+            # Nothing to report now: the next look waits (a look every poll would load the store).
+            self.retry_at = self.clock() + recheck_s(self.hang_timeout)
+        if seen.failed:
+            return
+        decision = self._decision(seen.findings, seen.world_known, stall)
         waited = stall.seconds(self.clock())
         episode = Episode(id=self._new_id(), owner=self.rank, stall=stall, started_at=time.time() - waited,
-                          started_s=stall.since - self.host.started, findings=findings, action=decision.action,
+                          started_s=stall.since - self.host.started, findings=seen.findings, action=decision.action,
                           deadline_at=decision.deadline_at, last_look=self.clock())
         if decision.action == policy.NONE:  # everyone moved on while the ranks were asked: a false alarm
             episode.seconds = waited
             self.host.say(f"a stall of {waited:.1f} s in {self._group_text(stall.group)} cleared while the ranks "
                           f"were asked (hang timeout {self.hang_timeout:g} s); nothing to report, nothing ends")
-            self._publish(look, findings, decision, episode)
+            self._publish(seen.look, seen.findings, decision, episode)
             self._keep(episode)
             return
         heading = (f"a collective has not completed for {waited:.1f} s (hang timeout {self.hang_timeout:g} s)"
                    f" [stall {episode.id}]:")
-        report = self.host.show(findings, heading, self.host.group_ranks(stall.group), decision)
+        report = self.host.show(seen.findings, heading, self.host.group_ranks(stall.group), decision)
         self._keep(episode)
-        self._publish(look, findings, decision, episode)
+        self._publish(seen.look, seen.findings, decision, episode)
         if decision.action == policy.END:
-            self._end(report, look, answers, episode)
-        self.own = episode
+            self._end(report, seen.look, seen.answers, episode)
+        self.own, self.seen = episode, seen
 
     def _tend(self, episode: Episode, stall: Stall | None) -> None:
         if not still(episode.stall, stall):
             self._close(episode)
             return
+        assert stall is not None
         due = self.clock() - episode.last_look >= recheck_s(self.hang_timeout)
         at_deadline = episode.deadline_at is not None and time.time() >= episode.deadline_at
         if due or at_deadline or self._late_rank_left(episode):
             self._relook(episode, stall)
+        elif time.monotonic() >= self.next_revision:
+            self.next_revision = time.monotonic() + cadence.quiet_interval_s(self.world)
+            try:
+                self._revise(episode, stall)
+            except Exception as exc:
+                self.channel_error = exc
 
     def _late_rank_left(self, episode: Episode) -> bool:
         """A late rank raised, left or ended since the last look (it left a final snapshot)."""
         if self.side is None:
             return False
-        late = [r for r in facts(episode.findings)["late"] if isinstance(r, int)]
+        late = {r for r in facts(episode.findings)["late"] if isinstance(r, int)}
+        if not late:
+            return False
         try:
-            return any(self.side.present([self.side.key("final", r) for r in late]))
+            return bool(late & set(self.side.roster("final")))
         except Exception as exc:
             self.channel_error = exc
             return False
 
     def _relook(self, episode: Episode, stall: Stall) -> None:
-        seen = self._look(stall)
+        seen = self._look(stall, self.seen)
         episode.last_look = self.clock()
-        if seen is None:
+        if seen is None or seen.failed:
             return
-        findings, world_known, look, answers = seen
-        decision = self._decision(findings, world_known, episode.stall, episode.deadline_at)
+        self._verdict_again(episode, stall, seen, "changed")
+
+    def _verdict_again(self, episode: Episode, stall: Stall, seen: Seen, what: str) -> None:
+        """A later look's verdict on an open episode: said when it changed, or when it ends the job."""
+        decision = self._decision(seen.findings, seen.world_known, episode.stall, episode.deadline_at)
         if decision.action == policy.NONE:  # the stall cleared meanwhile: closed at the next poll
-            self._publish(look, findings, decision, episode)
+            self._publish(seen.look, seen.findings, decision, episode)
             return
-        changed = [f.id for f in findings[:1]] != [f.id for f in episode.findings[:1]] or \
-            (findings and episode.findings and findings[0].ranks != episode.findings[0].ranks)
+        self.seen = seen
+        changed = replace(episode, findings=seen.findings).identity != episode.identity
         report = None
         if changed or decision.action == policy.END:
-            episode.findings, episode.action, episode.reports = findings, decision.action, episode.reports + 1
+            episode.findings, episode.action, episode.reports = seen.findings, decision.action, episode.reports + 1
             episode.deadline_at = decision.deadline_at or episode.deadline_at
             waited = stall.seconds(self.clock())
-            what = "changed" if changed else "goes on"
-            heading = f"stall {episode.id} {what} after {waited:.1f} s (hang timeout {self.hang_timeout:g} s):"
-            report = self.host.show(findings, heading, self.host.group_ranks(stall.group), decision)
+            verb = what if changed else "goes on"
+            heading = f"stall {episode.id} {verb} after {waited:.1f} s (hang timeout {self.hang_timeout:g} s):"
+            report = self.host.show(seen.findings, heading, self.host.group_ranks(stall.group), decision)
             self._keep(episode)
-        self._publish(look, findings, decision, episode)
+        self._publish(seen.look, seen.findings, decision, episode)
         if decision.action == policy.END:
-            self._end(report, look, answers, episode)
+            self._end(report, seen.look, seen.answers, episode)
 
     def _close(self, episode: Episode) -> None:
-        self.own = None
+        look = self.seen.look if self.seen is not None else None
+        self.own, self.seen = None, None
         episode.seconds = episode.stall.seconds(self.clock())
         known = facts(episode.findings)
         late = known["late"]
@@ -350,9 +482,9 @@ class HangWatch:
             text = f"stall {episode.id} cleared after {episode.seconds:.1f} s{where}"
         self.host.say(text)
         self._keep(episode)
-        if self.side is not None:
+        if self.board is not None:
             try:
-                self.side.put(self.side.key("episode", episode.id, "closed"), round(episode.seconds, 3))
+                self.board.close(episode.id, episode.seconds, look)
             except Exception as exc:
                 self.host.fault("store channel", exc)
 
@@ -362,11 +494,11 @@ class HangWatch:
         self.ended = True
         episode.seconds = episode.stall.seconds(self.clock())
         self._keep(episode)
-        if look is not None and self.side is not None and answers:
-            until = time.monotonic() + 1.0
+        if look is not None and self.board is not None and answers:
+            until = time.monotonic() + cadence.ack_wait_s(self.world)
             try:
-                while time.monotonic() < until and self.side.count(self.side.key("look", look, "ack"), 0) < answers:
-                    time.sleep(0.02)
+                while time.monotonic() < until and self.board.acks(look) < answers:
+                    time.sleep(0.05)
             except Exception:  # the store is gone: nobody is left to read the verdict
                 pass
         self.host.end(report, [], True)
@@ -382,6 +514,24 @@ class HangWatch:
                 self.host.fault("watchdog", exc)
 
     # -- bookkeeping ------------------------------------------------------------------------------
+    def _publish(self, look: int | None, findings: list[Finding], decision: policy.Decision,
+                 episode: Episode | None) -> None:
+        if look is None or self.board is None:
+            return
+        try:
+            self.board.publish(look, findings, self.rank, decision.action, decision.reason,
+                               episode.id if episode is not None else None)
+        except Exception as exc:
+            self.host.fault("store channel", exc)
+
+    def _decision(self, findings: list[Finding], world_known: bool, stall: Stall,
+                  deadline_at: float | None = None) -> policy.Decision:
+        now_at = time.time()
+        since_at = now_at - stall.seconds(self.clock())
+        return policy.judge(findings, self.on_hang, world_known=world_known, stall_since_at=since_at,
+                            group_timeout_s=self.host.group_timeout(stall.group), now_at=now_at,
+                            deadline_at=deadline_at)
+
     def _new_id(self) -> int:
         try:
             return self.ledger.new_id()
@@ -403,10 +553,11 @@ class HangWatch:
         return "the default group" if group in ("0", "default") else f"group {group}"
 
     def publish(self, kind: str, value: dict[str, Any]) -> None:
-        """Leave ``kind/<rank>`` (hello at start, final at the end) for the others to read."""
+        """Leave ``kind/<rank>`` (the final state at the end) for the others to read."""
         if self.side is None:
             return
         try:
-            self.side.put(self.side.key(kind, self.rank), value)
+            # A final state is worth a short wait for a connection still being opened.
+            self.side.publish(kind, self.rank, value, wait_s=cadence.FINAL_WAIT_S)
         except Exception as exc:  # said if the channel is ever needed
             self.channel_error = exc
