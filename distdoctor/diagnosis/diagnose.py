@@ -439,50 +439,174 @@ def _diverged(snaps: Sequence[RankSnapshot]) -> Finding | None:
 
 
 def _all_waiting(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Finding | None:
+    """Every rank waits: a cycle of waits no peer can break (job.E006), or one collective that does
+    not complete, stuck (job.E009, proven only when no rank's connections moved) or slow but moving
+    (job.W010)."""
     waiting = [s for s in snaps if _blocked(s)]
     if not waiting or len(waiting) != len(snaps):
         return None
+    waits = {s.rank: _waiting_op(s)[1] for s in waiting}
+    if any(op is not None and op.op in POINT_TO_POINT for op in waits.values()):
+        verdict, lines = _p2p_waits(waits)
+        if verdict == DEADLOCK:
+            return _p2p_deadlock(snaps, waiting, sorted({op.op for op in waits.values() if op}), lines)
+        return _in_one(snaps, waiting, waited_s, lines, p2p_unknown=verdict == UNKNOWN)
+    apart = _apart(waiting)
+    if apart is not None:
+        return apart
+    return _in_one(snaps, waiting, waited_s)
+
+
+def _in_one(snaps: Sequence[RankSnapshot], waiting: Sequence[RankSnapshot], waited_s: float | None,
+            lines: Sequence[str] = (), p2p_unknown: bool = False) -> Finding:
+    """Every rank in one collective (or in point-to-point calls that match): stuck, or slow but moving."""
     group, op = _waiting_op(waiting[0])
-    ops = {(_waiting_op(s)[1] or PendingOp("?")).op for s in waiting}
-    unmatched = _unmatched_p2p(waiting)
-    if (ops <= POINT_TO_POINT and len(waiting) > 1) or unmatched:  # one rank alone in a recv: its peer is unseen
-        return _p2p_deadlock(snaps, waiting, sorted(ops), unmatched)
+    motion, evidence = _motion(waiting, waited_s)
+    data = _data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None,
+                 waiting=[s.rank for s in waiting], motion=motion, proven=motion == STUCK and not p2p_unknown)
+    detail = "\n".join([_waiters_text(waiting), *lines, *([evidence] if evidence else []), *_thread_lines(snaps)])
+    since = f" for {waited_s:.1f} s" if waited_s else ""
+    if motion == MOVING:
+        return kinds.SLOW(f"Every rank is in {_op_text(group, op)}: it has not completed{since}, but it still moves "
+                          "data", detail=detail, ranks=[s.rank for s in waiting], hosts=_hosts(waiting), data=data)
     title = f"Every rank waits in {_op_text(group, op)} and it does not complete" + (
         f" ({waited_s:.1f} s)" if waited_s else "")
-    detail = "\n".join([_waiters_text(waiting), *_thread_lines(snaps)])
-    return kinds.HANG(title, detail=detail, ranks=[s.rank for s in waiting], hosts=_hosts(waiting),
-                      data=_data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None))
+    return kinds.HANG(title, detail=detail, ranks=[s.rank for s in waiting], hosts=_hosts(waiting), data=data)
 
 
-def _unmatched_p2p(waiting: Sequence[RankSnapshot]) -> list[str]:
-    """Point-to-point waits whose named peer waits in something that cannot match them: a receive
-    from a rank that itself receives, or that waits in a collective (each line says which)."""
-    by_rank = {s.rank: _waiting_op(s)[1] for s in waiting}
-    lines, said = [], set()
-    for rank, op in sorted(by_rank.items()):
-        if op is None or op.op not in POINT_TO_POINT or op.peer is None or op.peer not in by_rank \
-                or (op.peer, rank) in said:
+# What every rank's connections say about the collective they wait in (diagnosis.snapshot.Transport).
+MOVING, STUCK, UNKNOWN_MOTION = "moving", "stuck", "unknown"
+
+
+def motion_window_s(waited_s: float | None) -> float:
+    """How recently a connection must have carried data for the collective to count as moving: half
+    the stall, at least 1 s and at most 60 s (a slow link's chunk, TCP's retransmission back-off)."""
+    return min(60.0, max(1.0, (waited_s or 2.0) / 2))
+
+
+def _motion(waiting: Sequence[RankSnapshot], waited_s: float | None) -> tuple[str, str]:
+    """(MOVING | STUCK | UNKNOWN_MOTION, the evidence in words; "" when no rank's source reads it)."""
+    window = motion_window_s(waited_s)
+    read = [s for s in waiting if s.transport is not None and s.transport.idle_s is not None]
+    moving = [s for s in read if s.transport.idle_s < window]
+    if moving:
+        snap = min(moving, key=lambda s: s.transport.idle_s)
+        carried = f", {_size(snap.transport.bytes)} so far" if snap.transport.bytes is not None else ""
+        return MOVING, (f"it still moves data: rank {snap.rank}'s connections carried data {snap.transport.idle_s:.1f} s "
+                        f"ago{carried} (a rank whose connections moved within {window:.0f} s counts as moving)")
+    if read and len(read) == len(waiting):
+        idle = min(s.transport.idle_s for s in read)
+        return STUCK, (f"nothing moves: no rank's connections carried data for {idle:.1f} s (every rank's connections "
+                       f"read; {window:.0f} s without data counts as stuck)")
+    unread = [s for s in waiting if s not in read]
+    notes = sorted({s.transport.note for s in unread if s.transport is not None and s.transport.note})
+    if len(unread) == len(waiting) and not notes:
+        return UNKNOWN_MOTION, ""
+    return UNKNOWN_MOTION, (f"whether it still moves data could not be read on rank{'s' if len(unread) > 1 else ''} "
+                            f"{format_ranks([s.rank for s in unread])}" + (f" ({'; '.join(notes)[:300]})" if notes else ""))
+
+
+def _size(count: int) -> str:
+    return f"{count / 1e6:.1f} MB" if count >= 100_000 else f"{count} bytes"
+
+
+def _apart(waiting: Sequence[RankSnapshot]) -> Finding | None:
+    """Ranks waiting in collectives of different groups (sequence numbers known) where no collective
+    has all its members in it: none can complete (job.E006); None when they wait in one, or when
+    some collective has every member (it may complete; the others wait for it)."""
+    places: dict[tuple[str, int], list[RankSnapshot]] = {}
+    for snap in waiting:
+        group, op = _waiting_op(snap)
+        if op is None or op.seq is None:
+            return None  # told from stacks alone: which collective each is in cannot be compared
+        places.setdefault((group, op.seq), []).append(snap)
+    if len(places) < 2:
+        return None
+    everyone = {s.rank for s in waiting}
+    for (group, _), members in places.items():
+        progress = members[0].group(group)
+        needed = set(progress.ranks) if progress is not None and progress.ranks else everyone
+        if needed <= {s.rank for s in members}:
+            return None
+    lines = [f"rank {s.rank} waits in {_op_text(*_waiting_op(s))}" for s in waiting][:MAX_LISTED]
+    return kinds.MISMATCH(
+        "Ranks wait in collectives of different groups, and none of them has every member: "
+        + "; ".join(f"rank{'s' if len(m) > 1 else ''} {format_ranks([s.rank for s in m])} in "
+                    f"{_op_text(g, _waiting_op(m[0])[1])}" for (g, _), m in sorted(places.items())),
+        detail="\n".join(lines + ["each collective waits for a rank that waits in another: the ranks issued the groups' "
+                                  "collectives in different orders"]),
+        ranks=sorted(everyone), hosts=_hosts(waiting), data=_data(waiting, waiting=sorted(everyone), proven=True))
+
+
+DEADLOCK, MATCHED, UNKNOWN = "deadlock", "matched", "unknown"
+_BOTH_WAYS = frozenset({"batch_isend_irecv", "_coalesced"})
+
+
+def _direction(op: PendingOp) -> str:
+    return "both" if op.op in _BOTH_WAYS else "recv" if op.receives else "send"
+
+
+def _p2p_waits(waits: dict[int, PendingOp | None]) -> tuple[str, list[str]]:
+    """Whether point-to-point waits can complete: DEADLOCK (each line names waits no peer can match:
+    a cycle, a peer waiting in a collective, every rank receiving or every rank sending), MATCHED
+    (every chain of waits ends in a send and a receive that match: slow, not stuck) or UNKNOWN."""
+    verdict, lines, involved = MATCHED, [], set()
+    for rank in sorted(waits):
+        op = waits[rank]
+        if op is None or op.op not in POINT_TO_POINT or rank in involved:
             continue
-        said.add((rank, op.peer))
-        other = by_rank[op.peer]
+        found, line, ranks = _chain(rank, waits)
+        if found == DEADLOCK:
+            verdict = DEADLOCK
+            involved |= ranks
+            lines.append(line)
+        elif found == UNKNOWN and verdict == MATCHED:
+            verdict = UNKNOWN
+    ops = [op for op in waits.values() if op is not None]
+    directions = {_direction(op) for op in ops if op.op in POINT_TO_POINT}
+    if verdict != DEADLOCK and len(waits) > 1 and len(ops) == len(waits) \
+            and all(op.op in POINT_TO_POINT for op in ops) and directions in ({"recv"}, {"send"}):
+        verb, other = ("receives", "sends") if directions == {"recv"} else ("sends", "receives")
+        return DEADLOCK, [f"every rank {verb} and none {other}: no call can match"]
+    return verdict, lines
+
+
+def _chain(rank: int, waits: dict[int, PendingOp | None]) -> tuple[str, str, set[int]]:
+    """Follow the waits from ``rank`` to its peer, its peer's peer ...: (where the chain ends, the
+    line that says why it cannot complete, the ranks in it)."""
+    seen, current = [rank], rank
+    while True:
+        op = waits[current]
+        assert op is not None
+        peer = op.peer
+        other = waits.get(peer) if peer is not None else None
         if other is None:
-            continue
-        if other.op not in POINT_TO_POINT or (other.peer in (None, rank) and other.receives == op.receives):
-            lines.append(f"rank {rank} waits in {op.describe()} while rank {op.peer} waits in {other.describe()}")
-    return lines
+            return UNKNOWN, "", set(seen)
+        pair = f"rank {current} waits in {op.describe()} while rank {peer} waits in {other.describe()}: neither can complete"
+        if other.op not in POINT_TO_POINT:
+            return DEADLOCK, pair, {current, peer}
+        if other.peer == current:
+            ways = {_direction(op), _direction(other)}
+            return (MATCHED, "", set(seen)) if ways == {"send", "recv"} or "both" in ways else (DEADLOCK, pair, {current, peer})
+        if other.peer is None:
+            return UNKNOWN, "", set(seen)
+        if peer in seen:
+            cycle = seen[seen.index(peer):] + [peer]
+            return DEADLOCK, "ranks " + " -> ".join(map(str, cycle)) + " each wait for the next: a cycle no send breaks", set(cycle)
+        seen.append(peer)
+        current = peer
 
 
 def _p2p_deadlock(snaps: Sequence[RankSnapshot], waiting: Sequence[RankSnapshot], ops: list[str],
-                  unmatched: list[str] = ()) -> Finding:
+                  lines: Sequence[str] = ()) -> Finding:
     title = f"Every rank waits in a point-to-point call ({', '.join(ops)}) that no peer matches" \
         if set(ops) <= POINT_TO_POINT else f"Ranks wait in point-to-point calls their peers do not match ({', '.join(ops)})"
-    cycle = [f"{line}: neither can complete" for line in unmatched]
     return kinds.MISMATCH(
-        title, detail="\n".join([_waiters_text(waiting), *cycle]), ranks=[s.rank for s in waiting],
+        title, detail="\n".join([_waiters_text(waiting), *lines]), ranks=[s.rank for s in waiting],
         hosts=_hosts(waiting),
         remediation="Order sends and receives so each recv has a peer sending to it at that moment (even ranks "
                     "send first, odd ranks receive first), or post both with dist.batch_isend_irecv",
-        data=_data(snaps, ops=ops, waiting=[s.rank for s in waiting]))
+        data=_data(snaps, ops=ops, waiting=[s.rank for s in waiting], proven=True))
 
 
 def _thread_lines(snaps: Sequence[RankSnapshot]) -> list[str]:

@@ -8,6 +8,11 @@
 # diagnosis.diagnose which rank failed first. A launcher that saw a rank fail sends SIGTERM to
 # the others (torchrun within about 0.1 s): while this bounded diagnosis runs the SIGTERM is held,
 # then delivered, so the rank still ends the way the launcher asked.
+# A guarded call that fails leaves its final snapshot before the error reaches the user's code,
+# which may catch it and go on (a retry, a fallback). That final is provisional: when the rank
+# issues another collective it is withdrawn (the rank is alive, its live answers count again),
+# when the exception ends the rank it stands, and when the rank leaves normally its clean
+# final replaces it (process.Guard.shutdown asks `withdrawn()`).
 
 from __future__ import annotations
 
@@ -58,6 +63,7 @@ class CrashHook:
         self.previous: Any = None
         self.previous_thread: Any = None
         self.thread_errors: list[Any] = []
+        self.provisional = False      # the final left by a failed guarded call, until the rank goes on or ends
 
     def install(self) -> None:
         self._install_thread_hook()
@@ -107,6 +113,7 @@ class CrashHook:
 
     def on_exception(self, exc: BaseException, tb: TracebackType | None) -> None:
         guard = self.guard
+        self.provisional = False  # the exception ends the rank: the final its failed call left stands
         if guard.concluded or guard.final_left or isinstance(exc, (KeyboardInterrupt, SystemExit)):
             return
         if isinstance(exc, api.GuardError):  # already reported on every rank of its group
@@ -142,6 +149,8 @@ class CrashHook:
         else:
             own = guard.state(RAISED, error=error, in_collective=snapshots.call_text(call), failed_call=call)
         guard.leave_final(own)
+        if call is not None:
+            self._watch_for_more()
         states: dict[int, Any] = {guard.rank: own}
         side = guard.watch.side if guard.watch is not None else None
         others = [r for r in ranks if r != guard.rank]
@@ -164,3 +173,52 @@ class CrashHook:
                     if rank not in states:
                         states[rank] = {"snapshot": absent_snapshot(rank, hellos.get(rank), wait_s, asked=False).to_dict()}
         return decide(states, [r for r in ranks if r in states], None, world_known=False)
+
+    # -- a failed call's final, while the user's code may still catch the error ---------------------
+    def _issued(self) -> tuple[int, int]:
+        """(guarded calls begun, collectives the recorder counts issued): what grows when the rank goes on."""
+        guard = self.guard
+        flight = guard.flight
+        enqueued = sum(e for e, _ in flight.status().values()) if flight is not None and flight.usable else 0
+        return guard.recorder.calls, enqueued
+
+    def _watch_for_more(self) -> None:
+        """Withdraw the provisional final as soon as the rank issues another call (a thread of its own,
+        started only after a failed call; it ends with the provisional state)."""
+        self.provisional = True
+        try:
+            before = self._issued()
+        except Exception:  # nothing to compare with: the final stays until shutdown replaces it
+            return
+        interval = getattr(self.guard.settings, "poll_s", 0.25)
+
+        def watch() -> None:
+            while self.provisional and not self.guard.shut_down:
+                time.sleep(interval)
+                try:
+                    moved = self.provisional and self._issued() > before
+                except Exception:
+                    return
+                if moved:
+                    self._withdraw()
+                    return
+
+        threading.Thread(target=watch, name="distdoctor-guard-went-on", daemon=True).start()
+
+    def _withdraw(self) -> None:
+        """The rank went on after its failed call: its final is no longer its last word."""
+        guard = self.guard
+        self.provisional = False
+        side = guard.watch.side if guard.watch is not None else None
+        try:
+            if side is not None:
+                side.forget([side.key("final", guard.rank)])
+        except Exception as exc:  # the store is gone: nobody reads the final either
+            guard.fault("store channel", exc)
+        guard.final_left = False
+
+    def withdrawn(self) -> bool:
+        """At a clean shutdown: True when the final left by a failed call is to be replaced (the user's
+        code caught the error and the rank left normally)."""
+        was, self.provisional = self.provisional, False
+        return was

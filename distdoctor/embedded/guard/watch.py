@@ -32,7 +32,7 @@ from distdoctor.embedded.guard.episodes import Episode, Ledger, facts
 from distdoctor.embedded.guard.peers import absent_snapshot
 from distdoctor.embedded.guard.record import Recorder
 from distdoctor.embedded.guard.mainthread import MainThread
-from distdoctor.embedded.guard.stall import Stall, StallClock, in_wait, longest, still
+from distdoctor.embedded.guard.stall import Backoff, Stall, StallClock, in_wait, longest, still
 
 
 class Host(Protocol):
@@ -76,6 +76,7 @@ class HangWatch:
         self.channel_error: BaseException | None = None   # the store channel's last failure, said when needed
         self.ended = False
         self.saw_episodes = False                          # this rank opened or answered one (a healthy run: never)
+        self.backoff = Backoff(max(1.0, hang_timeout / 4), recheck_s(hang_timeout))  # looks that found nothing
 
     def start(self) -> "HangWatch":
         self.thread = threading.Thread(target=self._watch, name="distdoctor-guard-watch", daemon=True)
@@ -209,12 +210,29 @@ class HangWatch:
                 self._put_state(look)
                 states = self._collect(look, ranks)
                 answers = sum(1 for r, s in states.items() if r != self.rank and not s.get("absent") and not s.get("final"))
-                return self.host.decide(states, ranks, waited, True), True, look, answers
             except Exception as exc:  # the store channel failed now that it is needed: say so, judge alone
                 self.host.fault("store channel", exc)
+            else:
+                found = self._diagnosed(stall, states, ranks, waited, True)
+                if found is None:  # said as the diagnosis' fault; the ranks waiting for a verdict get none
+                    self._publish(look, [], policy.Decision(policy.NONE, "the diagnosis failed"), None)
+                    return None
+                return found, True, look, answers
         elif self.channel_error is not None:
             self.host.fault("store channel", self.channel_error)
-        return self.host.decide({self.rank: self.host.state()}, ranks, waited, False), False, None, 0
+        found = self._diagnosed(stall, {self.rank: self.host.state()}, ranks, waited, False)
+        return (found, False, None, 0) if found is not None else None
+
+    def _diagnosed(self, stall: Stall, states: dict[int, Any], ranks: list[int], waited: float,
+                   world_known: bool) -> list[Finding] | None:
+        """The diagnosis' verdict; None when it failed: said once as its own fault (not the store's),
+        and the next look at this stall backs off."""
+        try:
+            return self.host.decide(states, ranks, waited, world_known)
+        except Exception as exc:
+            self.host.fault("diagnosis", exc)
+            self.backoff.empty(stall, self.clock())
+            return None
 
     def _collect(self, look: int, ranks: list[int]) -> dict[int, Any]:
         """Every rank's state for this look (or the final one it left), waiting at most answer_s."""
@@ -266,12 +284,17 @@ class HangWatch:
 
     # -- an episode: opened, tended, closed -------------------------------------------------------
     def _open(self, stall: Stall) -> None:
+        if self.backoff.holds(stall, self.clock()):  # the last look at this stall found nothing: not yet
+            return
         seen = self._look(stall)
         if seen is None:
             return
         findings, world_known, look, answers = seen
         decision = self._decision(findings, world_known, stall)
         waited = stall.seconds(self.clock())
+        if decision.action == policy.NONE and self.backoff.empty(stall, self.clock()) > 1:
+            self._publish(look, findings, decision, None)  # the same stall looked at again: said once
+            return
         episode = Episode(id=self._new_id(), owner=self.rank, stall=stall, started_at=time.time() - waited,
                           started_s=stall.since - self.host.started, findings=findings, action=decision.action,
                           deadline_at=decision.deadline_at, last_look=self.clock())
