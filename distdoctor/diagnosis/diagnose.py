@@ -479,7 +479,7 @@ MOVING, STUCK, UNKNOWN_MOTION = "moving", "stuck", "unknown"
 
 
 def motion_window_s(waited_s: float | None) -> float:
-    """How recently a connection must have carried data for the collective to count as moving: half
+    """How recently a connection must have received data for the collective to count as moving: half
     the stall, at least 1 s and at most 60 s (a slow link's chunk, TCP's retransmission back-off)."""
     return min(60.0, max(1.0, (waited_s or 2.0) / 2))
 
@@ -492,11 +492,11 @@ def _motion(waiting: Sequence[RankSnapshot], waited_s: float | None) -> tuple[st
     if moving:
         snap = min(moving, key=lambda s: s.transport.idle_s)
         carried = f", {_size(snap.transport.bytes)} so far" if snap.transport.bytes is not None else ""
-        return MOVING, (f"it still moves data: rank {snap.rank}'s connections carried data {snap.transport.idle_s:.1f} s "
-                        f"ago{carried} (a rank whose connections moved within {window:.0f} s counts as moving)")
+        return MOVING, (f"it still moves data: rank {snap.rank}'s connections received data {snap.transport.idle_s:.1f} s "
+                        f"ago{carried} (data received within {window:.0f} s counts as moving)")
     if read and len(read) == len(waiting):
         idle = min(s.transport.idle_s for s in read)
-        return STUCK, (f"nothing moves: no rank's connections carried data for {idle:.1f} s (every rank's connections "
+        return STUCK, (f"nothing moves: no rank's connections received data for {idle:.1f} s (every rank's connections "
                        f"read; {window:.0f} s without data counts as stuck)")
     unread = [s for s in waiting if s not in read]
     notes = sorted({s.transport.note for s in unread if s.transport is not None and s.transport.note})

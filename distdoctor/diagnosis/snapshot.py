@@ -197,8 +197,8 @@ class Transport:
     """The backend's own connections of one rank, read when it answered (TCP_INFO of its sockets):
     whether a collective that does not complete still moves data."""
 
-    idle_s: float | None = None               # since any of them last sent or received data; None: unreadable
-    bytes: int | None = None                  # payload bytes they carried so far, both ways
+    idle_s: float | None = None               # since any of them last received data; None: unreadable
+    bytes: int | None = None                  # payload bytes they received so far
     connections: int = 0                      # how many were read
     note: str = ""                            # why it could not be read, or what was read
 

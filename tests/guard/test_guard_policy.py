@@ -45,12 +45,12 @@ def in_p2p(rank: int, op: str, peer: int | None) -> RankSnapshot:
 def test_every_rank_in_one_collective_is_stuck_only_when_no_rank_moved_data():
     stuck = diagnose([in_collective(r, idle_s=15.0) for r in range(4)], waited_s=20.0)
     assert [f.id for f in stuck] == ["job.E009"] and stuck[0].data["proven"] is True
-    assert "nothing moves: no rank's connections carried data for 15.0 s" in stuck[0].detail
+    assert "nothing moves: no rank's connections received data for 15.0 s" in stuck[0].detail
     assert policy.cannot_finish(stuck) is stuck[0]
     # One rank of four whose connections carried data 0.3 s ago: slow, not stuck; watched, a warning.
     slow = diagnose([in_collective(r, idle_s=0.3 if r == 2 else 15.0) for r in range(4)], waited_s=20.0)
     assert [f.id for f in slow] == ["job.W010"] and slow[0].severity is Severity.WARNING
-    assert slow[0].cause == "slow_link" and "rank 2's connections carried data 0.3 s ago, 4.0 MB so far" in slow[0].detail
+    assert slow[0].cause == "slow_link" and "rank 2's connections received data 0.3 s ago, 4.0 MB so far" in slow[0].detail
     assert policy.cannot_finish(slow) is None
     # NCCL (no socket shows its data) or a rank that could not be read: named, never proven, watched.
     unread = diagnose([in_collective(r, idle_s=15.0 if r else None) for r in range(2)], waited_s=20.0)
@@ -126,7 +126,7 @@ def test_transport_reads_a_connections_idle_time_and_bytes_and_leaves_the_store_
         time.sleep(0.3)
         read = transport.read("gloo", excluded_ports=())
         assert read.connections >= 2 and read.idle_s is not None and 0.25 <= read.idle_s < 5
-        assert read.bytes >= 200_000  # sent by one end, received by the other: both are this process's
+        assert read.bytes >= 100_000  # what the receiving end of this process got
         left_out = transport.read("gloo", excluded_ports={server.getsockname()[1]})
         assert left_out.connections == read.connections - 2
         assert transport.read("nccl", ()).idle_s is None and "NVLink" in transport.read("cpu:gloo,cuda:nccl", ()).note

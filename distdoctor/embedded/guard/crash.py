@@ -23,7 +23,7 @@ import time
 from types import TracebackType
 from typing import Any
 
-from distdoctor.diagnosis.snapshot import RAISED
+from distdoctor.diagnosis.snapshot import RAISED, RUNNING
 from distdoctor.embedded.guard import report as api
 from distdoctor.embedded.guard import snapshot as snapshots
 from distdoctor.embedded.guard.peers import absent_snapshot
@@ -53,6 +53,8 @@ class _HeldSigterm:
 
 
 MAX_THREAD_ERRORS = 8
+# A stall that closed this recently is the one a peer's failure ends (torch's timeout closes it first).
+RECENT_S = 10.0
 
 
 class CrashHook:
@@ -114,6 +116,10 @@ class CrashHook:
     def on_exception(self, exc: BaseException, tb: TracebackType | None) -> None:
         guard = self.guard
         self.provisional = False  # the exception ends the rank: the final its failed call left stands
+        if isinstance(exc, api.GuardError) and guard.final_left and not guard.concluded:
+            guard.concluded = True  # a failed call the guard explained: its report, as this rank's last word
+            guard.write_json(exc.report, "exception")
+            return
         if guard.concluded or guard.final_left or isinstance(exc, (KeyboardInterrupt, SystemExit)):
             return
         if isinstance(exc, api.GuardError):  # already reported on every rank of its group
@@ -169,10 +175,26 @@ class CrashHook:
                 guard.fault("store channel", exc)
                 hellos = {}
             if error.consequence:
+                seen = self._last_seen()
                 for rank in others:
                     if rank not in states:
-                        states[rank] = {"snapshot": absent_snapshot(rank, hellos.get(rank), wait_s, asked=False).to_dict()}
+                        absent = absent_snapshot(rank, hellos.get(rank), wait_s, asked=False)
+                        states[rank] = {"snapshot": seen[rank] if absent.status == RUNNING and rank in seen
+                                        else absent.to_dict()}
         return decide(states, [r for r in ranks if r in states], None, world_known=False)
+
+    def _last_seen(self) -> dict[int, dict]:
+        """The peers as the latest look at the stall this rank watches saw them: when torch's own
+        timeout ends that wait, a late rank that is still alive is named at the line it was seen at."""
+        watch = self.guard.watch
+        episode = getattr(watch, "own", None) or getattr(watch, "latest", None)
+        ended = getattr(episode, "seconds", None)
+        if episode is None or (ended is not None and time.time() - (episode.started_at + ended) > RECENT_S):
+            return {}
+        findings = getattr(episode, "findings", None) or ()
+        snaps = (findings[0].data or {}).get("snapshots") or () if findings else ()
+        return {s["rank"]: {**s, "notes": [*(s.get("notes") or ()), f"as the guard's look at stall {episode.id} saw it"]}
+                for s in snaps if isinstance(s, dict) and isinstance(s.get("rank"), int)}
 
     # -- a failed call's final, while the user's code may still catch the error ---------------------
     def _issued(self) -> tuple[int, int]:

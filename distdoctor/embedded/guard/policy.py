@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +94,20 @@ def judge(findings: list[Finding], on_hang: str, *, world_known: bool, stall_sin
     return Decision(WATCH, f"{why}: the job goes on; the guard ends it only if the stall lasts the process group's own "
                            f"timeout ({group_timeout_s:g} s; {deadline - now_at:.0f} s from now), when torch would end "
                            "it too", deadline)
+
+
+# A stall that clears this close to the deadline (or whose guarded call failed) was ended by torch's
+# own timeout, not by the late rank arriving: the guard's start of the stall is up to a poll and
+# gloo's late completion (about 0.75 s) after torch's.
+TORCH_ENDED_S = 1.0
+
+
+def ended_by_torch(deadline_at: float | None, last_calls: list[Any], now_at: float | None = None) -> bool:
+    """Whether a watched stall that just cleared was ended by torch (its timeout, the call failing)."""
+    if last_calls and getattr(last_calls[-1], "failed", False):
+        return True
+    now_at = time.time() if now_at is None else now_at
+    return deadline_at is not None and now_at >= deadline_at - TORCH_ENDED_S
 
 
 def shown(findings: list[Finding], decision: Decision) -> list[Finding]:

@@ -4,13 +4,15 @@
 # (a dead link, a transport fault: it never completes) or slow (a very large tensor, a slow or
 # shared link: it completes in its own time). The flight recorder cannot tell them apart: its
 # counters move only when the collective completes. The kernel can: every TCP connection of the
-# process keeps the milliseconds since it last sent and last received data (tcp_info's
-# tcpi_last_data_sent / tcpi_last_data_recv, Linux 2.6+) and the bytes it carried
-# (tcpi_bytes_acked / tcpi_bytes_received, Linux 4.2+). Gloo moves every byte of a collective over
-# such connections; the job's c10d store (the guard's side channel included) is left out by its port.
-# NCCL moves data over NVLink, PCIe or InfiniBand, where no socket shows it: for a group that is not
-# gloo's alone this says "cannot tell", and the policy then never ends the job before torch would.
-# Read once when the rank answers a look: one listing of /proc/self/fd and one getsockopt per socket.
+# process keeps the milliseconds since it last *received* data (tcp_info's tcpi_last_data_recv) and
+# the bytes it received (tcpi_bytes_received, Linux 4.2+). Received, not sent: a connection whose
+# peer is gone still retransmits (its "last sent" keeps moving), while only data that arrives moves
+# a collective, and every byte a collective moves is received by some rank. Gloo moves every byte
+# over such connections; the job's c10d store (the guard's side channel included) is left out by
+# its port. NCCL moves data over NVLink, PCIe or InfiniBand, where no socket shows it: for a group
+# that is not gloo's alone this says "cannot tell", and the policy then never ends the job before
+# torch would. Read once when the rank answers a look: one listing of /proc/self/fd and one
+# getsockopt per socket.
 
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ from distdoctor.embedded.guard.channel import _tcp_store_address
 
 _ESTABLISHED = 1
 _INFO_BYTES = 136          # up to tcpi_bytes_received
-_TIMES = struct.Struct("=I4xI")   # tcpi_last_data_sent (offset 44), tcpi_last_data_recv (offset 52)
-_BYTES = struct.Struct("=QQ")     # tcpi_bytes_acked (offset 120), tcpi_bytes_received (offset 128)
+_LAST_RECV = struct.Struct("=I")  # tcpi_last_data_recv, offset 52 (ms)
+_RECEIVED = struct.Struct("=Q")   # tcpi_bytes_received, offset 128
 _MAX_SOCKETS = 4096
 
 
@@ -39,7 +41,7 @@ def backend_note(backend: str) -> str:
 
 
 def _info(fd: int, excluded: set[int]) -> tuple[float, int | None] | None:
-    """(seconds since the connection last carried data, its bytes both ways or None) of one
+    """(seconds since the connection last received data, the bytes it received or None) of one
     established TCP socket that is not the store's; None for anything else."""
     try:
         dup = os.dup(fd)
@@ -60,9 +62,8 @@ def _info(fd: int, excluded: set[int]) -> tuple[float, int | None] | None:
             return None
         if ports & excluded or len(raw) < 60 or raw[0] != _ESTABLISHED:
             return None
-        sent_ms, recv_ms = _TIMES.unpack_from(raw, 44)
-        carried = sum(_BYTES.unpack_from(raw, 120)) if len(raw) >= _INFO_BYTES else None
-        return min(sent_ms, recv_ms) / 1000.0, carried
+        received = _RECEIVED.unpack_from(raw, 128)[0] if len(raw) >= _INFO_BYTES else None
+        return _LAST_RECV.unpack_from(raw, 52)[0] / 1000.0, received
     finally:
         sock.close()
 

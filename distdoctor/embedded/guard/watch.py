@@ -76,6 +76,7 @@ class HangWatch:
         self.channel_error: BaseException | None = None   # the store channel's last failure, said when needed
         self.ended = False
         self.saw_episodes = False                          # this rank opened or answered one (a healthy run: never)
+        self.latest: Episode | None = None                 # the episode this rank last opened, changed or closed
         self.backoff = Backoff(max(1.0, hang_timeout / 4), recheck_s(hang_timeout))  # looks that found nothing
 
     def start(self) -> "HangWatch":
@@ -367,7 +368,10 @@ class HangWatch:
         who = (f"rank {late[0]}" if len(late) == 1 else f"ranks {', '.join(map(str, late))}") if late else ""
         op = f"{known['op']}" + (f" #{known['seq']}" if known.get("seq") is not None else "") if known.get("op") else ""
         where = f" ({op} of {self._group_text(known.get('group') or episode.stall.group)})" if op else ""
-        if who and episode.findings and episode.findings[0].id in ("job.E002", "job.E004"):
+        if policy.ended_by_torch(episode.deadline_at, self.recorder.recent(episode.stall.group, 1)):
+            text = (f"stall {episode.id} ended after {episode.seconds:.1f} s{where}, at the process group's own "
+                    "timeout: torch ended the collective (its error follows)")
+        elif who and episode.findings and episode.findings[0].id in ("job.E002", "job.E004"):
             text = f"{who} arrived after {episode.seconds:.1f} s{where}; stall {episode.id} is over"
         else:
             text = f"stall {episode.id} cleared after {episode.seconds:.1f} s{where}"
@@ -414,7 +418,7 @@ class HangWatch:
             return self.ledger.new_id()
 
     def _keep(self, episode: Episode) -> None:
-        self.saw_episodes = True
+        self.saw_episodes, self.latest = True, episode
         try:
             self.ledger.keep(episode)
         except Exception as exc:
