@@ -26,7 +26,7 @@ from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis import kinds
 from distdoctor.diagnosis.frames import is_user_file
 from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNKNOWN, UNREACHABLE,
-                                           PendingOp, RankSnapshot)
+                                           GroupProgress, PendingOp, RankSnapshot)
 
 DEFAULT_GROUP = "0"
 # Calls that need one matching peer, not the whole group: every rank in one of these is a cycle
@@ -82,7 +82,11 @@ def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
     machine; more than 2 s was seen on a loaded one), so a rank that left the collective and
     sleeps in its data loader can still show it pending. When its main thread is in no torch call
     (the user's own code, or the stdlib under it: a queue, a sleep) its real position is what the
-    other ranks' completed count says.
+    other ranks' completed count says. So it is, inside torch, for a rank that already issued a
+    later collective when the pending one is a collective every rank takes part in (all_reduce,
+    all_gather, a barrier ...): its completion anywhere means this rank passed it (gloo was seen to
+    leave it unmarked for seconds while the rank waited in the next one); a root's collective
+    (broadcast, reduce, gather, scatter) can complete on the root before the others received.
     """
     done: dict[str, int] = {}
     for snap in snaps:
@@ -95,13 +99,26 @@ def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
         for group in snap.groups:
             top = done.get(group.group)
             if (group.pending is not None and group.pending.seq is not None and top is not None
-                    and group.pending.seq <= top and _outside_torch(snap)):
+                    and group.pending.seq <= top and (_outside_torch(snap) or _passed(group))):
                 completed = min(top, group.last_enqueued) if group.last_enqueued is not None else top
                 later = next((op for op in group.recent if op.seq is not None and op.seq > completed), None)
                 group = replace(group, last_completed=max(group.last_completed or -1, completed), pending=later)
             groups.append(group)
         out.append(replace(snap, groups=tuple(groups)))
     return out
+
+
+EVERY_RANK_TAKES_PART = frozenset({"all_reduce", "allreduce", "all_gather", "allgather", "_allgather_base",
+                                   "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+                                   "_reduce_scatter_base", "barrier", "all_to_all", "all_to_all_single", "alltoall",
+                                   "alltoall_base", "allreduce_coalesced", "allgather_coalesced"})
+
+
+def _passed(group: GroupProgress) -> bool:
+    """The pending collective is one every rank takes part in, and this rank issued a later one."""
+    pending = group.pending
+    return (pending is not None and pending.op in EVERY_RANK_TAKES_PART and group.last_enqueued is not None
+            and pending.seq is not None and group.last_enqueued > pending.seq)
 
 
 # A straggler or a hang told from the ranks' stacks alone (no flight recorder, no guarded call
@@ -371,7 +388,10 @@ def _ops_by_seq(snaps: Sequence[RankSnapshot]) -> dict[tuple[str, int], dict[int
     table: dict[tuple[str, int], dict[int, PendingOp]] = {}
     for snap in snaps:
         for group in snap.groups:
-            for op in (*group.recent, *([group.pending] if group.pending else [])):
+            # The recorder's own entry wins over the pending op at the same number: a rank inside a
+            # guarded call shows that call as its pending op (the user's all_reduce, not the guard's
+            # verification all_gather the recorder counted), which other ranks' entries do not.
+            for op in (*([group.pending] if group.pending else []), *group.recent):
                 if op.seq is not None:
                     table.setdefault((group.group, op.seq), {})[snap.rank] = op
     return table
@@ -460,7 +480,7 @@ def _all_waiting(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Findi
 def _in_one(snaps: Sequence[RankSnapshot], waiting: Sequence[RankSnapshot], waited_s: float | None,
             lines: Sequence[str] = (), p2p_unknown: bool = False) -> Finding:
     """Every rank in one collective (or in point-to-point calls that match): stuck, or slow but moving."""
-    group, op = _waiting_op(waiting[0])
+    group, op = _as_called(waiting)
     motion, evidence = _motion(waiting, waited_s)
     data = _data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None,
                  waiting=[s.rank for s in waiting], motion=motion, proven=motion == STUCK and not p2p_unknown)
@@ -472,6 +492,18 @@ def _in_one(snaps: Sequence[RankSnapshot], waiting: Sequence[RankSnapshot], wait
     title = f"Every rank waits in {_op_text(group, op)} and it does not complete" + (
         f" ({waited_s:.1f} s)" if waited_s else "")
     return kinds.HANG(title, detail=detail, ranks=[s.rank for s in waiting], hosts=_hosts(waiting), data=data)
+
+
+def _as_called(waiting: Sequence[RankSnapshot]) -> tuple[str, PendingOp | None]:
+    """The collective the ranks wait in as the user called it: a rank inside a guarded call shows
+    that call (its all_reduce) where the recorder counted the guard's verification all_gather."""
+    for snap in waiting:
+        group, op = _waiting_op(snap)
+        progress = snap.group(group)
+        raw = next((r for r in progress.recent if r.seq == op.seq), None) if progress and op else None
+        if raw is not None and (raw.op, raw.sizes) != (op.op, op.sizes):
+            return group, op
+    return _waiting_op(waiting[0])
 
 
 # What every rank's connections say about the collective they wait in (diagnosis.snapshot.Transport).
