@@ -106,12 +106,15 @@ def test_a_watched_stall_ends_no_earlier_than_the_groups_timeout_and_is_a_warnin
     [late] = diagnose([in_collective(0, idle_s=9.0), RankSnapshot(1, status=RUNNING, where=Frame("train.py", 12))])
     assert late.id == "job.E002" and late.severity is Severity.ERROR
     watched = judge([late])
-    assert watched.action == policy.WATCH and watched.deadline_at == 1030.0  # the stall's start + the group's timeout
+    # The stall's start + the group's timeout + a grace, so that torch (whose timeout runs from the
+    # collective's own start, up to a poll earlier) always ends it first.
+    assert watched.action == policy.WATCH and watched.deadline_at == 1030.0 + policy.GRACE_S
     assert judge([late], now_at=1029.9).action == policy.WATCH  # a straggler arriving now still finishes
-    assert judge([late], now_at=1030.0).action == policy.END
+    assert judge([late], now_at=1030.0 + policy.GRACE_S).action == policy.END
     [shown] = policy.shown([late], watched)
     assert (shown.id, shown.severity, shown.title) == ("job.E002", Severity.WARNING, late.title)
-    assert policy.shown([late], judge([late], now_at=1030.0))[0].severity is Severity.ERROR
+    assert policy.shown([late], judge([late], now_at=1032.0))[0].severity is Severity.ERROR
+    assert policy.ended_by_torch(1032.0, [], now_at=1029.5) and not policy.ended_by_torch(1032.0, [], now_at=1028.5)
 
 
 def test_transport_reads_a_connections_idle_time_and_bytes_and_leaves_the_store_out():

@@ -11,9 +11,9 @@
 #     still be alive (E004, frozen, stopped or on another host), a collective that still moves data
 #     (job.W010) or whose motion cannot be read (E009 unproven: NCCL, /proc unreadable), a matched
 #     send and receive that are merely slow, and any verdict seen from one rank alone. A watched
-#     stall is ended at the process group's own timeout counted from when the guard saw it begin
-#     (never earlier than torch ends the collective; torch usually raises first, and the guard's
-#     exception hook then reports it with this diagnosis).
+#     stall is ended at the process group's own timeout counted from when the guard saw it begin,
+#     plus GRACE_S (never earlier than torch ends the collective; torch raises first, and the
+#     guard's exception hook then reports it with this diagnosis).
 # on_hang="exit" ends the job at the first verdict (the tests' policy: CI wants the failure now);
 # on_hang="report" never ends it.
 # Severity follows the consequence: a watched stall is shown as a warning (the job goes on); a
@@ -87,7 +87,7 @@ def judge(findings: list[Finding], on_hang: str, *, world_known: bool, stall_sin
     if group_timeout_s is None:
         return Decision(WATCH, f"{why}; the group's timeout could not be read, so the guard watches until the stall "
                                "clears or torch's own timeout ends the job")
-    deadline = deadline_at if deadline_at is not None else stall_since_at + group_timeout_s
+    deadline = deadline_at if deadline_at is not None else stall_since_at + group_timeout_s + GRACE_S
     if now_at >= deadline:
         return Decision(END, f"{why}, but the process group's timeout ({group_timeout_s:g} s) has passed since the "
                              "stall began: torch would have ended the job by now", deadline)
@@ -96,9 +96,14 @@ def judge(findings: list[Finding], on_hang: str, *, world_known: bool, stall_sin
                            "it too", deadline)
 
 
-# A stall that clears this close to the deadline (or whose guarded call failed) was ended by torch's
-# own timeout, not by the late rank arriving: the guard's start of the stall is up to a poll and
-# gloo's late completion (about 0.75 s) after torch's.
+# The guard's start of a stall is its first poll that saw the group's completed count stand still,
+# which gloo's late completion marking (about 0.5 s, seen up to a few seconds while the next
+# collective blocked) can put a little before the collective's own start: a watched stall is ended
+# GRACE_S after the group's timeout so that torch, whose timeout runs from the collective's start,
+# always ends it first, and the guard's end is only the backstop where torch does not end it.
+GRACE_S = 2.0
+# A stall that clears this close to the group's timeout (or whose guarded call failed) was ended by
+# torch's own timeout, not by the late rank arriving.
 TORCH_ENDED_S = 1.0
 
 
@@ -107,7 +112,7 @@ def ended_by_torch(deadline_at: float | None, last_calls: list[Any], now_at: flo
     if last_calls and getattr(last_calls[-1], "failed", False):
         return True
     now_at = time.time() if now_at is None else now_at
-    return deadline_at is not None and now_at >= deadline_at - TORCH_ENDED_S
+    return deadline_at is not None and now_at >= deadline_at - GRACE_S - TORCH_ENDED_S
 
 
 def shown(findings: list[Finding], decision: Decision) -> list[Finding]:
