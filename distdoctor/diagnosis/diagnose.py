@@ -527,6 +527,14 @@ def _motion(waiting: Sequence[RankSnapshot], waited_s: float | None) -> tuple[st
         return MOVING, (f"it still moves data: rank {snap.rank}'s connections received data {snap.transport.idle_s:.1f} s "
                         f"ago{carried} (data received within {window:.0f} s counts as moving)")
     if read and len(read) == len(waiting):
+        entered = [(s, _waiting_op(s)[1]) for s in waiting]
+        recent = [(s, op.age_s) for s, op in entered if op is None or op.age_s is None or op.age_s < window]
+        if recent:  # the last rank may have just arrived: its data may not have reached anyone yet
+            snap, age = recent[0]
+            since = f"entered it {age:.1f} s ago" if age is not None else "is in it since a time not known"
+            return UNKNOWN_MOTION, (f"no rank's connections received data for {min(s.transport.idle_s for s in read):.1f} s, "
+                                    f"but rank {snap.rank} {since}: too recently to tell a stuck collective from one "
+                                    "that is starting")
         idle = min(s.transport.idle_s for s in read)
         return STUCK, (f"nothing moves: no rank's connections received data for {idle:.1f} s (every rank's connections "
                        f"read; {window:.0f} s without data counts as stuck)")

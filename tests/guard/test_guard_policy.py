@@ -63,6 +63,21 @@ def test_every_rank_in_one_collective_is_stuck_only_when_no_rank_moved_data():
     assert told[0].id == "job.E009" and "moves" not in told[0].detail and told[0].data["proven"] is False
 
 
+def test_a_collective_the_last_rank_just_entered_is_not_proven_stuck():
+    """The late rank arrives as the ranks are asked: its data has not reached anyone yet."""
+    arriving = [in_collective(r, idle_s=15.0) for r in range(3)]
+    arriving[2] = RankSnapshot(2, status=RUNNING, groups=(GroupProgress(
+        "0", last_enqueued=9, last_completed=8, pending=PendingOp("all_reduce", 9, ((1 << 20,),), ("Float",), "scheduled",
+                                                                  0.4)),), transport=Transport(idle_s=15.0, bytes=10))
+    [hang] = diagnose(arriving, waited_s=20.0)
+    assert hang.id == "job.E009" and hang.data["proven"] is False and not policy.cannot_finish([hang])
+    assert "rank 2 entered it 0.4 s ago: too recently to tell" in hang.detail
+    # A look that finds the late rank arrived and the data moving is that stall ending, not a new verdict.
+    [late] = diagnose([in_collective(0, idle_s=9.0), RankSnapshot(1, status=RUNNING, where=Frame("train.py", 12))])
+    [slow] = diagnose([in_collective(r, idle_s=0.1) for r in range(2)], waited_s=10.0)
+    assert policy.arriving([late], [slow]) and not policy.arriving([slow], [late])
+
+
 def test_ranks_in_collectives_of_different_groups_are_a_deadlock_only_when_none_has_all_its_members():
     crossed = diagnose([in_collective(0, seq=3, group="1", members=(0, 1), idle_s=9.0),
                         in_collective(1, seq=7, group="0", members=(0, 1), idle_s=9.0)], waited_s=10.0)

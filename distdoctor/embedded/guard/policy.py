@@ -115,6 +115,12 @@ def ended_by_torch(deadline_at: float | None, last_calls: list[Any], now_at: flo
     return deadline_at is not None and now_at >= deadline_at - GRACE_S - TORCH_ENDED_S
 
 
+def arriving(before: list[Finding], now: list[Finding]) -> bool:
+    """A stall of a late or silent rank whose new look finds every rank in the collective and data
+    moving: the late rank arrived and the collective is completing, not a new verdict."""
+    return bool(before and now) and before[0].id in ("job.E002", "job.E004") and now[0].id == "job.W010"
+
+
 def shown(findings: list[Finding], decision: Decision) -> list[Finding]:
     """The verdict as it is shown: a stall the guard watches is a warning while it lasts (the job goes
     on); one that ends the job stays an error. IDs stay; only the severity says the consequence."""

@@ -347,6 +347,10 @@ class HangWatch:
             return
         changed = [f.id for f in findings[:1]] != [f.id for f in episode.findings[:1]] or \
             (findings and episode.findings and findings[0].ranks != episode.findings[0].ranks)
+        if changed and decision.action != policy.END and policy.arriving(episode.findings, findings):
+            # The late rank arrived and the collective is completing: the stall closes at a poll soon.
+            self._publish(look, episode.findings, decision, episode)
+            return
         report = None
         if changed or decision.action == policy.END:
             episode.findings, episode.action, episode.reports = findings, decision.action, episode.reports + 1
