@@ -220,7 +220,12 @@ def judge_fault(mode: str, outcome: Outcome, event: dict[str, Any]) -> tuple[lis
     problems = [] if outcome.code not in (0, None) and hits and all(i in EXPECTED[mode] for i, _ in named) else \
         [f"{mode}: exit {outcome.code}, reports named {named}, expected {EXPECTED[mode]} for ranks {sorted(wanted)}: "
          f"{_tail(outcome.output)}"]
-    return problems, (f"{hits[0][0]} ranks {hits[0][1]}, exit {outcome.code}" if hits else f"nothing right: {named}")
+    if not hits:
+        return problems, f"nothing right: {named}"
+    extra = sorted(set(hits[0][1]) - wanted)
+    also = "" if not extra or mode == "recvcycle" else \
+        f" (also named: rank{'s' if len(extra) > 1 else ''} {', '.join(map(str, extra))}, ended by the launcher after it)"
+    return problems, f"{hits[0][0]} ranks {hits[0][1]}, exit {outcome.code}{also}"
 
 
 def _tail(text: str) -> str:
