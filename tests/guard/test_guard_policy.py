@@ -154,9 +154,18 @@ def test_transport_reads_a_connections_idle_time_and_bytes_and_leaves_the_store_
             sock.close()
 
 
-def test_a_crash_inside_the_diagnosis_is_named_as_such_and_its_looks_back_off():
-    store, clock = MemoryStore(), FakeClock()
+def stalled_watch(host: FakeHost) -> tuple[HangWatch, FakeClock]:
+    """One rank's watchdog (hang timeout 4 s) whose guarded call has run for 5 s."""
+    clock = FakeClock()
     recorder = Recorder(clock=clock)
+    watch = HangWatch(host, recorder, SideChannel(MemoryStore(), "p"), hang_timeout=4, answer_s=0.05, poll_s=0.01,
+                      on_hang="auto").start()
+    recorder.begin(call())
+    clock.now += 5
+    return watch, clock
+
+
+def test_a_crash_inside_the_diagnosis_is_named_as_such_and_its_looks_back_off():
     host = FakeHost(0, lambda: state(0, pending_seq=5))
     looks = []
 
@@ -165,11 +174,8 @@ def test_a_crash_inside_the_diagnosis_is_named_as_such_and_its_looks_back_off():
         raise KeyError("a diagnosis bug")
 
     host.decide = broken
-    watch = HangWatch(host, recorder, SideChannel(store, "p"), hang_timeout=4, answer_s=0.05, poll_s=0.01,
-                      on_hang="auto").start()
+    watch, clock = stalled_watch(host)
     try:
-        recorder.begin(call())
-        clock.now += 5
         assert wait_until(lambda: host.faults)
         time.sleep(0.3)  # about 30 polls
         assert [part for part, _ in host.faults] == ["diagnosis"] and isinstance(host.faults[0][1], KeyError)
@@ -183,14 +189,9 @@ def test_a_crash_inside_the_diagnosis_is_named_as_such_and_its_looks_back_off():
 
 
 def test_a_look_that_finds_nothing_is_said_once_and_the_same_stall_is_looked_at_again_later_and_later():
-    store, clock = MemoryStore(), FakeClock()
-    recorder = Recorder(clock=clock)
     host = FakeHost(0, lambda: state(0))  # asked, this rank is in nothing: its own stall clock disagrees
-    watch = HangWatch(host, recorder, SideChannel(store, "p"), hang_timeout=4, answer_s=0.05, poll_s=0.01,
-                      on_hang="auto").start()
+    watch, clock = stalled_watch(host)
     try:
-        recorder.begin(call())
-        clock.now += 5
         assert wait_until(lambda: host.said)
         time.sleep(0.3)
         assert len([s for s in host.said if "cleared while the ranks were asked" in s]) == 1, host.said
