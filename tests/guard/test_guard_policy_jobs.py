@@ -85,6 +85,8 @@ def test_an_evaluation_longer_than_the_groups_timeout_ends_when_torch_ends_it_wi
     assert f"`time.sleep(seconds)  # LINE:evaluate` at {line('evaluate')}" in first["title"]
     if reports(tmp_path, "exception"):
         assert "Timed out waiting 10000ms" in first["detail"]  # torch's own end, as the consequence
+    [stall] = json.loads((tmp_path / "stalls.json").read_text())
+    assert stall["severity"] == "error" and stall["late_rank"] == 0 and stall["seconds"] >= 9, stall
     # No earlier than torch: the stall began about 3 steps in; the job ran at least the group's timeout.
     assert took >= 10 and "the guard ends it only if the stall lasts the process group's own timeout (10 s;" in out
 

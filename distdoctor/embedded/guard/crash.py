@@ -119,6 +119,7 @@ class CrashHook:
         if isinstance(exc, api.GuardError) and guard.final_left and not guard.concluded:
             guard.concluded = True  # a failed call the guard explained: its report, as this rank's last word
             guard.write_json(exc.report, "exception")
+            self._stall_ends_with_the_run()
             return
         if guard.concluded or guard.final_left or isinstance(exc, (KeyboardInterrupt, SystemExit)):
             return
@@ -139,6 +140,22 @@ class CrashHook:
         sys.stderr.write(api.render_text(report, heading) + "\n")
         sys.stderr.flush()
         guard.write_json(report, "exception")
+        self._stall_ends_with_the_run()
+
+    def _stall_ends_with_the_run(self) -> None:
+        """The stall this rank watches is still open as its exception ends it: in stalls.json it is an
+        error, with how long it lasted."""
+        watch = self.guard.watch
+        episode = getattr(watch, "own", None)
+        if episode is None or episode.seconds is not None:
+            return
+        episode.seconds, episode.ended_run = episode.stall.seconds(watch.clock()), True
+        try:
+            watch.ledger.keep(episode)
+        except Exception as exc:  # the store is gone: this rank's report is what is left
+            self.guard.fault("store channel", exc)
+            return
+        self.guard.stalls_changed()
 
     def verdict(self, exc: BaseException, tb: TracebackType | None, ranks: list[int], call: Any = None) -> list[Any]:
         """Leave this rank's final snapshot; the job's findings from it and the peers' finals.

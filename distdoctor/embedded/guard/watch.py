@@ -373,6 +373,7 @@ class HangWatch:
         op = f"{known['op']}" + (f" #{known['seq']}" if known.get("seq") is not None else "") if known.get("op") else ""
         where = f" ({op} of {self._group_text(known.get('group') or episode.stall.group)})" if op else ""
         if policy.ended_by_torch(episode.deadline_at, self.recorder.recent(episode.stall.group, 1)):
+            episode.ended_run = True
             text = (f"stall {episode.id} ended after {episode.seconds:.1f} s{where}, at the process group's own "
                     "timeout: torch ended the collective (its error follows)")
         elif who and episode.findings and episode.findings[0].id in ("job.E002", "job.E004"):
