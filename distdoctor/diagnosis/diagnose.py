@@ -461,7 +461,7 @@ def _diverged(snaps: Sequence[RankSnapshot]) -> Finding | None:
 def _all_waiting(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Finding | None:
     """Every rank waits: a cycle of waits no peer can break (job.E006), or one collective that does
     not complete, stuck (job.E009, proven only when no rank's connections moved) or slow but moving
-    (job.W010)."""
+    (job.W011)."""
     waiting = [s for s in snaps if _blocked(s)]
     if not waiting or len(waiting) != len(snaps):
         return None

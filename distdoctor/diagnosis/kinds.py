@@ -34,7 +34,7 @@ HANG = finding_kind(
     "job.E009", cause="collective_timeout_hang", title="Every rank waits in the same collective and none completes it",
     hint="Every rank arrived, so suspect the transport: the interface (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME), a firewall between hosts, NCCL's P2P or IB path; run `distdoctor check` and `distdoctor bench` on these hosts")
 SLOW = finding_kind(
-    "job.W010", cause="slow_link", title="Every rank is in one collective that has not completed, but it still moves data",
+    "job.W011", cause="slow_link", title="Every rank is in one collective that has not completed, but it still moves data",
     hint="Nothing is stuck: the collective is slow (a very large tensor, a slow or shared link); run `distdoctor bench` for the links, send less per collective, or raise hang_timeout above your longest collective")
 # Progress over several looks (diagnosis.progress): what the looks prove about a job that is not failing.
 RUNNING = finding_kind(

@@ -49,7 +49,7 @@ def test_every_rank_in_one_collective_is_stuck_only_when_no_rank_moved_data():
     assert policy.cannot_finish(stuck) is stuck[0]
     # One rank of four whose connections carried data 0.3 s ago: slow, not stuck; watched, a warning.
     slow = diagnose([in_collective(r, idle_s=0.3 if r == 2 else 15.0) for r in range(4)], waited_s=20.0)
-    assert [f.id for f in slow] == ["job.W010"] and slow[0].severity is Severity.WARNING
+    assert [f.id for f in slow] == ["job.W011"] and slow[0].severity is Severity.WARNING
     assert slow[0].cause == "slow_link" and "rank 2's connections received data 0.3 s ago, 4.0 MB so far" in slow[0].detail
     assert policy.cannot_finish(slow) is None
     # NCCL (no socket shows its data) or a rank that could not be read: named, never proven, watched.
@@ -87,7 +87,7 @@ def test_ranks_in_collectives_of_different_groups_are_a_deadlock_only_when_none_
     waiting = diagnose([in_collective(0, seq=3, group="1", members=(0, 1), idle_s=0.2),
                         in_collective(1, seq=3, group="1", members=(0, 1), idle_s=0.2),
                         in_collective(2, seq=7, group="0", members=(0, 1, 2), idle_s=9.0)], waited_s=10.0)
-    assert [f.id for f in waiting] == ["job.W010"]
+    assert [f.id for f in waiting] == ["job.W011"]
 
 
 def test_point_to_point_waits_are_a_deadlock_only_in_a_cycle_or_against_a_collective():

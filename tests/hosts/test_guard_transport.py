@@ -1,7 +1,7 @@
 """The guard's proof that a collective is stuck, across lab hosts: with gloo's traffic dropped (a firewall
 that lets only the store's port through) every rank waits and no connection receives data, job.E009 is
 proven and the job ended; its twin, the same all_reduce over a throttled link (tc tbf), is slow but
-moving: job.W010, watched as a warning, and the job finishes."""
+moving: job.W011, watched as a warning, and the job finishes."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_a_collective_whose_traffic_is_dropped_is_proven_stuck_and_the_job_ended
     assert "job.E009 [collective_timeout_hang] Every rank waits in all_reduce #" in out, out[-4000:]
     assert "nothing moves: no rank's connections received data for" in out
     assert "the guard ends the job: no rank can advance (job.E009 [collective_timeout_hang])" in out
-    assert "Errors (1)" in out and "job.W010" not in out
+    assert "Errors (1)" in out and "job.W011" not in out
 
 
 def test_the_same_collective_over_a_throttled_link_is_slow_not_stuck_watched_and_finishes(make_lab, tmp_path):
@@ -80,7 +80,7 @@ def test_the_same_collective_over_a_throttled_link_is_slow_not_stuck_watched_and
     run, out = transfer(lab, tmp_path, 2 << 20, throttle)  # 8 MB each way at 4 Mbit/s: about 16 s
     assert run.code(0) == 0 and run.code(1) == 0, run.describe()
     assert "the guard ends the job" not in out and "job.E009" not in out, out[-4000:]
-    assert "job.W010 [slow_link] Every rank is in all_reduce #" in out and "but it still moves data" in out
+    assert "job.W011 [slow_link] Every rank is in all_reduce #" in out and "but it still moves data" in out
     assert "the guard watches: every rank is in the collective and it still moves data: slow, not stuck" in out
     assert "Warnings (1)" in out and "Errors (" not in out
     assert "stall 1 cleared after" in out

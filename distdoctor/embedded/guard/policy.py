@@ -9,7 +9,7 @@
 #   - everything else is reported and watched: a live rank outside any collective (job.E002: a
 #     rank-0-only checkpoint, evaluation, I/O, a slow batch), a rank that does not answer but may
 #     still be alive (E004, frozen, stopped or on another host), a collective that still moves data
-#     (job.W010) or whose motion cannot be read (E009 unproven: NCCL, /proc unreadable), a matched
+#     (job.W011) or whose motion cannot be read (E009 unproven: NCCL, /proc unreadable), a matched
 #     send and receive that are merely slow, and any verdict seen from one rank alone. A watched
 #     stall is ended at the process group's own timeout counted from when the guard saw it begin,
 #     plus GRACE_S (never earlier than torch ends the collective; torch raises first, and the
@@ -35,7 +35,7 @@ CANNOT_FINISH = frozenset({"job.E001", "job.E003", "job.E005", "job.E006", "job.
 _WATCHED = {
     "job.E002": "a rank that may still arrive is outside the collective",
     "job.E004": "a rank that does not answer may still be alive (frozen, stopped, or slow to answer)",
-    "job.W010": "every rank is in the collective and it still moves data: slow, not stuck",
+    "job.W011": "every rank is in the collective and it still moves data: slow, not stuck",
     "job.E009": "every rank is in the collective, but whether it still moves data cannot be read",
     "job.E006": "the point-to-point calls may still match (their peers cannot all be read)",
 }
@@ -118,7 +118,7 @@ def ended_by_torch(deadline_at: float | None, last_calls: list[Any], now_at: flo
 def arriving(before: list[Finding], now: list[Finding]) -> bool:
     """A stall of a late or silent rank whose new look finds every rank in the collective and data
     moving: the late rank arrived and the collective is completing, not a new verdict."""
-    return bool(before and now) and before[0].id in ("job.E002", "job.E004") and now[0].id == "job.W010"
+    return bool(before and now) and before[0].id in ("job.E002", "job.E004") and now[0].id == "job.W011"
 
 
 def shown(findings: list[Finding], decision: Decision) -> list[Finding]:
