@@ -10,7 +10,8 @@
 #   4. a rank alive and outside any collective while others wait: the straggler;
 #   5. ranks at one sequence number with different operations, sizes or dtypes: a mismatch
 #      (also reported beside 1-4 when the recorder's history shows one);
-#   6. every rank waiting in the same collective: a hang with no more specific cause.
+#   6. every rank waiting: in waits no peer can match (a cycle), or in one collective, proven stuck
+#      (no rank's connections received data) or slow but moving (diagnosis.stuck).
 # Nothing failed and nobody waits: no finding (the caller says what it looked at).
 
 from __future__ import annotations
@@ -27,12 +28,9 @@ from distdoctor.diagnosis import kinds
 from distdoctor.diagnosis.frames import is_user_file
 from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNKNOWN, UNREACHABLE,
                                            GroupProgress, PendingOp, RankSnapshot)
+from distdoctor.diagnosis.stuck import DEADLOCK, MOVING, POINT_TO_POINT, STUCK, UNKNOWN_WAITS, motion, p2p_waits
 
 DEFAULT_GROUP = "0"
-# Calls that need one matching peer, not the whole group: every rank in one of these is a cycle
-# of sends or receives that can never match, not a transport fault.
-POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
-                            "recv_object_list", "_coalesced"})
 # Collectives whose inputs may differ in size between ranks by design: all_to_all with split sizes
 # (every mixture-of-experts layer), the object collectives (each rank's pickle has its own length;
 # the flight recorder shows the padded all_gather / gather under them, which agree), gather and
@@ -467,10 +465,10 @@ def _all_waiting(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Findi
         return None
     waits = {s.rank: _waiting_op(s)[1] for s in waiting}
     if any(op is not None and op.op in POINT_TO_POINT for op in waits.values()):
-        verdict, lines = _p2p_waits(waits)
+        verdict, lines = p2p_waits(waits)
         if verdict == DEADLOCK:
             return _p2p_deadlock(snaps, waiting, sorted({op.op for op in waits.values() if op}), lines)
-        return _in_one(snaps, waiting, waited_s, lines, p2p_unknown=verdict == UNKNOWN)
+        return _in_one(snaps, waiting, waited_s, lines, p2p_unknown=verdict == UNKNOWN_WAITS)
     apart = _apart(waiting)
     if apart is not None:
         return apart
@@ -481,12 +479,12 @@ def _in_one(snaps: Sequence[RankSnapshot], waiting: Sequence[RankSnapshot], wait
             lines: Sequence[str] = (), p2p_unknown: bool = False) -> Finding:
     """Every rank in one collective (or in point-to-point calls that match): stuck, or slow but moving."""
     group, op = _as_called(waiting)
-    motion, evidence = _motion(waiting, waited_s)
+    moves, evidence = motion([(s.rank, _waiting_op(s)[1], s.transport) for s in waiting], waited_s)
     data = _data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None,
-                 waiting=[s.rank for s in waiting], motion=motion, proven=motion == STUCK and not p2p_unknown)
+                 waiting=[s.rank for s in waiting], motion=moves, proven=moves == STUCK and not p2p_unknown)
     detail = "\n".join([_waiters_text(waiting), *lines, *([evidence] if evidence else []), *_thread_lines(snaps)])
     since = f" for {waited_s:.1f} s" if waited_s else ""
-    if motion == MOVING:
+    if moves == MOVING:
         return kinds.SLOW(f"Every rank is in {_op_text(group, op)}: it has not completed{since}, but it still moves "
                           "data", detail=detail, ranks=[s.rank for s in waiting], hosts=_hosts(waiting), data=data)
     title = f"Every rank waits in {_op_text(group, op)} and it does not complete" + (
@@ -504,50 +502,6 @@ def _as_called(waiting: Sequence[RankSnapshot]) -> tuple[str, PendingOp | None]:
         if raw is not None and (raw.op, raw.sizes) != (op.op, op.sizes):
             return group, op
     return _waiting_op(waiting[0])
-
-
-# What every rank's connections say about the collective they wait in (diagnosis.snapshot.Transport).
-MOVING, STUCK, UNKNOWN_MOTION = "moving", "stuck", "unknown"
-
-
-def motion_window_s(waited_s: float | None) -> float:
-    """How recently a connection must have received data for the collective to count as moving: half
-    the stall, at least 1 s and at most 60 s (a slow link's chunk, TCP's retransmission back-off)."""
-    return min(60.0, max(1.0, (waited_s or 2.0) / 2))
-
-
-def _motion(waiting: Sequence[RankSnapshot], waited_s: float | None) -> tuple[str, str]:
-    """(MOVING | STUCK | UNKNOWN_MOTION, the evidence in words; "" when no rank's source reads it)."""
-    window = motion_window_s(waited_s)
-    read = [s for s in waiting if s.transport is not None and s.transport.idle_s is not None]
-    moving = [s for s in read if s.transport.idle_s < window]
-    if moving:
-        snap = min(moving, key=lambda s: s.transport.idle_s)
-        carried = f", {_size(snap.transport.bytes)} so far" if snap.transport.bytes is not None else ""
-        return MOVING, (f"it still moves data: rank {snap.rank}'s connections received data {snap.transport.idle_s:.1f} s "
-                        f"ago{carried} (data received within {window:.0f} s counts as moving)")
-    if read and len(read) == len(waiting):
-        entered = [(s, _waiting_op(s)[1]) for s in waiting]
-        recent = [(s, op.age_s) for s, op in entered if op is None or op.age_s is None or op.age_s < window]
-        if recent:  # the last rank may have just arrived: its data may not have reached anyone yet
-            snap, age = recent[0]
-            since = f"entered it {age:.1f} s ago" if age is not None else "is in it since a time not known"
-            return UNKNOWN_MOTION, (f"no rank's connections received data for {min(s.transport.idle_s for s in read):.1f} s, "
-                                    f"but rank {snap.rank} {since}: too recently to tell a stuck collective from one "
-                                    "that is starting")
-        idle = min(s.transport.idle_s for s in read)
-        return STUCK, (f"nothing moves: no rank's connections received data for {idle:.1f} s (every rank's connections "
-                       f"read; {window:.0f} s without data counts as stuck)")
-    unread = [s for s in waiting if s not in read]
-    notes = sorted({s.transport.note for s in unread if s.transport is not None and s.transport.note})
-    if len(unread) == len(waiting) and not notes:
-        return UNKNOWN_MOTION, ""
-    return UNKNOWN_MOTION, (f"whether it still moves data could not be read on rank{'s' if len(unread) > 1 else ''} "
-                            f"{format_ranks([s.rank for s in unread])}" + (f" ({'; '.join(notes)[:300]})" if notes else ""))
-
-
-def _size(count: int) -> str:
-    return f"{count / 1e6:.1f} MB" if count >= 100_000 else f"{count} bytes"
 
 
 def _apart(waiting: Sequence[RankSnapshot]) -> Finding | None:
@@ -576,65 +530,6 @@ def _apart(waiting: Sequence[RankSnapshot]) -> Finding | None:
         detail="\n".join(lines + ["each collective waits for a rank that waits in another: the ranks issued the groups' "
                                   "collectives in different orders"]),
         ranks=sorted(everyone), hosts=_hosts(waiting), data=_data(waiting, waiting=sorted(everyone), proven=True))
-
-
-DEADLOCK, MATCHED, UNKNOWN = "deadlock", "matched", "unknown"
-_BOTH_WAYS = frozenset({"batch_isend_irecv", "_coalesced"})
-
-
-def _direction(op: PendingOp) -> str:
-    return "both" if op.op in _BOTH_WAYS else "recv" if op.receives else "send"
-
-
-def _p2p_waits(waits: dict[int, PendingOp | None]) -> tuple[str, list[str]]:
-    """Whether point-to-point waits can complete: DEADLOCK (each line names waits no peer can match:
-    a cycle, a peer waiting in a collective, every rank receiving or every rank sending), MATCHED
-    (every chain of waits ends in a send and a receive that match: slow, not stuck) or UNKNOWN."""
-    verdict, lines, involved = MATCHED, [], set()
-    for rank in sorted(waits):
-        op = waits[rank]
-        if op is None or op.op not in POINT_TO_POINT or rank in involved:
-            continue
-        found, line, ranks = _chain(rank, waits)
-        if found == DEADLOCK:
-            verdict = DEADLOCK
-            involved |= ranks
-            lines.append(line)
-        elif found == UNKNOWN and verdict == MATCHED:
-            verdict = UNKNOWN
-    ops = [op for op in waits.values() if op is not None]
-    directions = {_direction(op) for op in ops if op.op in POINT_TO_POINT}
-    if verdict != DEADLOCK and len(waits) > 1 and len(ops) == len(waits) \
-            and all(op.op in POINT_TO_POINT for op in ops) and directions in ({"recv"}, {"send"}):
-        verb, other = ("receives", "sends") if directions == {"recv"} else ("sends", "receives")
-        return DEADLOCK, [f"every rank {verb} and none {other}: no call can match"]
-    return verdict, lines
-
-
-def _chain(rank: int, waits: dict[int, PendingOp | None]) -> tuple[str, str, set[int]]:
-    """Follow the waits from ``rank`` to its peer, its peer's peer ...: (where the chain ends, the
-    line that says why it cannot complete, the ranks in it)."""
-    seen, current = [rank], rank
-    while True:
-        op = waits[current]
-        assert op is not None
-        peer = op.peer
-        other = waits.get(peer) if peer is not None else None
-        if other is None:
-            return UNKNOWN, "", set(seen)
-        pair = f"rank {current} waits in {op.describe()} while rank {peer} waits in {other.describe()}: neither can complete"
-        if other.op not in POINT_TO_POINT:
-            return DEADLOCK, pair, {current, peer}
-        if other.peer == current:
-            ways = {_direction(op), _direction(other)}
-            return (MATCHED, "", set(seen)) if ways == {"send", "recv"} or "both" in ways else (DEADLOCK, pair, {current, peer})
-        if other.peer is None:
-            return UNKNOWN, "", set(seen)
-        if peer in seen:
-            cycle = seen[seen.index(peer):] + [peer]
-            return DEADLOCK, "ranks " + " -> ".join(map(str, cycle)) + " each wait for the next: a cycle no send breaks", set(cycle)
-        seen.append(peer)
-        current = peer
 
 
 def _p2p_deadlock(snaps: Sequence[RankSnapshot], waiting: Sequence[RankSnapshot], ops: list[str],
