@@ -142,6 +142,7 @@ def run(mode: str, duration_s: float, events: list[dict[str, Any]], hang_s: floa
             except ProcessLookupError:
                 pass
     outcome.wall_s, outcome.output = time.monotonic() - started, (out / "output.txt").read_text(errors="replace")
+    (out / "rss.json").write_text(json.dumps({str(r): samples for r, samples in outcome.rss.items()}))
     return outcome
 
 
