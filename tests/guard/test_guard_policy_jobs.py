@@ -33,9 +33,10 @@ def stall_reports(out: str) -> list[str]:
 
 
 def test_a_straggler_arriving_in_the_last_seconds_before_the_groups_timeout_finishes(tmp_path):
-    """Group timeout 20 s, rank 1 arrives 18.5 s late: plain torch finishes; so must the guarded job (the
-    guard used to end it up to 60 s, here 3 s, before the group's timeout). Reported as a warning."""
-    result, _ = guarded_run(SCRIPT, ["lastminute", "20", "18.5"], tmp_path, "--hang-timeout", "3", timeout=180)
+    """Group timeout 20 s, rank 1 arrives 18 s late: plain torch finishes; so must the guarded job (the
+    guard used to end it up to 60 s, here 3 s, before the group's timeout: at about 17.5 s). Reported
+    as a warning."""
+    result, _ = guarded_run(SCRIPT, ["lastminute", "20", "18"], tmp_path, "--hang-timeout", "3", timeout=180)
     out = result.stdout
     assert result.returncode == 0, out[-6000:]
     assert "rank 0 done" in out and "rank 1 done" in out and "the guard ends the job" not in out
@@ -46,11 +47,11 @@ def test_a_straggler_arriving_in_the_last_seconds_before_the_groups_timeout_fini
     deadline = re.search(r"the guard ends it only if the stall lasts the process group's own timeout \(20 s; (\d+) s "
                          r"from now\)", out)
     assert deadline and 15 <= int(deadline.group(1)) <= 19.5, out[-3000:]
-    assert re.search(r"rank 1 arrived after 1[89]\.\d s \(all_reduce #\d+ of the default group\); stall 1 is over", out)
+    assert re.search(r"rank 1 arrived after 1[789]\.\d s \(all_reduce #\d+ of the default group\); stall 1 is over", out)
     [hang] = reports(tmp_path, "hang")
     assert [(f["id"], f["severity"]) for f in hang["findings"]] == [("job.E002", "warning")] and hang["status"] == "warning"
     [stall] = json.loads((tmp_path / "stalls.json").read_text())
-    assert stall["action"] == "watch" and 18 <= stall["seconds"] <= 21
+    assert stall["action"] == "watch" and stall["severity"] == "warning" and 17.5 <= stall["seconds"] <= 21
 
 
 def plain_run(args: list[str], cwd: Path) -> tuple[subprocess.Popen, float]:
