@@ -127,14 +127,24 @@ def child_train(mode: str, steps: int, batch: int = 20) -> None:
 
 
 def watchdog_poll_s(g) -> float:
-    """The watchdog's work per poll (torch's recorder status, the store's request key), timed here."""
-    side, rounds = g.watch.side, 200
+    """The watchdog's work per poll, timed here: torch's recorder status every poll, and the store's
+    news request (the same read, without changing what the watchdog has seen) at its share of polls:
+    one every busy interval (cadence.busy_interval_s)."""
+    from distdoctor.embedded.guard import cadence
+
+    watch, rounds = g.watch, 200
     start = time.perf_counter()
     for _ in range(rounds):
         g.flight.status()
-        if side is not None:
-            side.there(side.key("look", g.watch.next_look, "request"))
-    return (time.perf_counter() - start) / rounds
+    status_s = (time.perf_counter() - start) / rounds
+    side = watch.side
+    if side is None:
+        return status_s
+    start = time.perf_counter()
+    for _ in range(rounds):
+        side.count(side.key("news"), 0)
+    news_s = (time.perf_counter() - start) / rounds
+    return status_s + news_s * min(1.0, watch.poll_s / cadence.busy_interval_s(watch.world))
 
 
 def child_hang(mark_file: str) -> None:

@@ -10,7 +10,8 @@
 #   4. a rank alive and outside any collective while others wait: the straggler;
 #   5. ranks at one sequence number with different operations, sizes or dtypes: a mismatch
 #      (also reported beside 1-4 when the recorder's history shows one);
-#   6. every rank waiting in the same collective: a hang with no more specific cause;
+#   6. every rank waiting: in waits no peer can match (a cycle), or in one collective, proven stuck
+#      (no rank's connections received data) or slow but moving (diagnosis.stuck);
 #   7. ranks waiting while others were not heard from in time (the guard asked and no answer came,
 #      nothing proves why): said as such, never as a cause of theirs.
 # Nothing failed and nobody waits: no finding (the caller says what it looked at). A rank not heard
@@ -33,13 +34,10 @@ from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis import kinds
 from distdoctor.diagnosis.frames import is_user_file
 from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, NOT_HEARD, RAISED, RUNNING, UNKNOWN,
-                                           UNREACHABLE, PendingOp, RankSnapshot)
+                                           UNREACHABLE, GroupProgress, PendingOp, RankSnapshot)
+from distdoctor.diagnosis.stuck import DEADLOCK, MOVING, POINT_TO_POINT, STUCK, UNKNOWN_WAITS, motion, p2p_waits
 
 DEFAULT_GROUP = "0"
-# Calls that need one matching peer, not the whole group: every rank in one of these is a cycle
-# of sends or receives that can never match, not a transport fault.
-POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
-                            "recv_object_list", "_coalesced"})
 # Collectives whose inputs may differ in size between ranks by design: all_to_all with split sizes
 # (every mixture-of-experts layer), the object collectives (each rank's pickle has its own length;
 # the flight recorder shows the padded all_gather / gather under them, which agree), gather and
@@ -89,7 +87,11 @@ def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
     machine; more than 2 s was seen on a loaded one), so a rank that left the collective and
     sleeps in its data loader can still show it pending. When its main thread is in no torch call
     (the user's own code, or the stdlib under it: a queue, a sleep) its real position is what the
-    other ranks' completed count says.
+    other ranks' completed count says. So it is, inside torch, for a rank that already issued a
+    later collective when the pending one is a collective every rank takes part in (all_reduce,
+    all_gather, a barrier ...): its completion anywhere means this rank passed it (gloo was seen to
+    leave it unmarked for seconds while the rank waited in the next one); a root's collective
+    (broadcast, reduce, gather, scatter) can complete on the root before the others received.
     """
     done: dict[str, int] = {}
     for snap in snaps:
@@ -102,7 +104,7 @@ def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
         for group in snap.groups:
             top = done.get(group.group)
             if (group.pending is not None and group.pending.seq is not None and top is not None
-                    and group.pending.seq <= top and _outside_torch(snap)):
+                    and group.pending.seq <= top and (_outside_torch(snap) or _passed(group))):
                 completed = min(top, group.last_enqueued) if group.last_enqueued is not None else top
                 later = next((op for op in group.recent if op.seq is not None and op.seq > completed), None)
                 group = replace(group, last_completed=max(group.last_completed or -1, completed), pending=later)
@@ -110,6 +112,19 @@ def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
         changed = any(new is not old for new, old in zip(groups, snap.groups))
         out.append(replace(snap, groups=tuple(groups)) if changed else snap)
     return out
+
+
+EVERY_RANK_TAKES_PART = frozenset({"all_reduce", "allreduce", "all_gather", "allgather", "_allgather_base",
+                                   "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+                                   "_reduce_scatter_base", "barrier", "all_to_all", "all_to_all_single", "alltoall",
+                                   "alltoall_base", "allreduce_coalesced", "allgather_coalesced"})
+
+
+def _passed(group: GroupProgress) -> bool:
+    """The pending collective is one every rank takes part in, and this rank issued a later one."""
+    pending = group.pending
+    return (pending is not None and pending.op in EVERY_RANK_TAKES_PART and group.last_enqueued is not None
+            and pending.seq is not None and group.last_enqueued > pending.seq)
 
 
 # A straggler or a hang told from the ranks' stacks alone (no flight recorder, no guarded call
@@ -434,7 +449,10 @@ def _ops_by_seq(snaps: Sequence[RankSnapshot]) -> dict[tuple[str, int], dict[int
     table: dict[tuple[str, int], dict[int, PendingOp]] = {}
     for snap in snaps:
         for group in snap.groups:
-            for op in (*group.recent, *([group.pending] if group.pending else [])):
+            # The recorder's own entry wins over the pending op at the same number: a rank inside a
+            # guarded call shows that call as its pending op (the user's all_reduce, not the guard's
+            # verification all_gather the recorder counted), which other ranks' entries do not.
+            for op in (*([group.pending] if group.pending else []), *group.recent):
                 if op.seq is not None:
                     table.setdefault((group.group, op.seq), {})[snap.rank] = op
     return table
@@ -505,52 +523,95 @@ def _diverged(snaps: Sequence[RankSnapshot]) -> Finding | None:
 
 
 def _all_waiting(snaps: Sequence[RankSnapshot], waited_s: float | None) -> Finding | None:
+    """Every rank waits: a cycle of waits no peer can break (job.E006), or one collective that does
+    not complete, stuck (job.E009, proven only when no rank's connections moved) or slow but moving
+    (job.W011)."""
     waiting = [s for s in snaps if _blocked(s)]
     if not waiting or len(waiting) != len(snaps):
         return None
-    group, op = _waiting_op(waiting[0])
-    ops = {(_waiting_op(s)[1] or PendingOp("?")).op for s in waiting}
-    unmatched = _unmatched_p2p(waiting)
-    if (ops <= POINT_TO_POINT and len(waiting) > 1) or unmatched:  # one rank alone in a recv: its peer is unseen
-        return _p2p_deadlock(snaps, waiting, sorted(ops), unmatched)
+    waits = {s.rank: _waiting_op(s)[1] for s in waiting}
+    if any(op is not None and op.op in POINT_TO_POINT for op in waits.values()):
+        verdict, lines = p2p_waits(waits)
+        if len(lines) > MAX_LINES:  # a cycle around thousands of ranks: the first pairs say what it is
+            lines = lines[:MAX_LINES - 1] + [f"… and {len(lines) - MAX_LINES + 1} more such pairs"]
+        if verdict == DEADLOCK:
+            return _p2p_deadlock(snaps, waiting, sorted({op.op for op in waits.values() if op}), lines)
+        return _in_one(snaps, waiting, waited_s, lines, p2p_unknown=verdict == UNKNOWN_WAITS)
+    apart = _apart(waiting)
+    if apart is not None:
+        return apart
+    return _in_one(snaps, waiting, waited_s)
+
+
+def _in_one(snaps: Sequence[RankSnapshot], waiting: Sequence[RankSnapshot], waited_s: float | None,
+            lines: Sequence[str] = (), p2p_unknown: bool = False) -> Finding:
+    """Every rank in one collective (or in point-to-point calls that match): stuck, or slow but moving."""
+    group, op = _as_called(waiting)
+    moves, evidence = motion([(s.rank, _waiting_op(s)[1], s.transport) for s in waiting], waited_s)
+    data = _data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None,
+                 waiting=[s.rank for s in waiting], motion=moves, proven=moves == STUCK and not p2p_unknown)
+    detail = "\n".join([_waiters_text(waiting), *lines, *([evidence] if evidence else []), *_thread_lines(snaps)])
+    since = f" for {waited_s:.1f} s" if waited_s else ""
+    if moves == MOVING:
+        return kinds.SLOW(f"Every rank is in {_op_text(group, op)}: it has not completed{since}, but it still moves "
+                          "data", detail=detail, ranks=[s.rank for s in waiting], hosts=_hosts(waiting), data=data)
     title = f"Every rank waits in {_op_text(group, op)} and it does not complete" + (
         f" ({waited_s:.1f} s)" if waited_s else "")
-    detail = "\n".join([_waiters_text(waiting), *_thread_lines(snaps)])
-    return kinds.HANG(title, detail=detail, ranks=[s.rank for s in waiting], hosts=_hosts(waiting),
-                      data=_data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None))
+    return kinds.HANG(title, detail=detail, ranks=[s.rank for s in waiting], hosts=_hosts(waiting), data=data)
 
 
-def _unmatched_p2p(waiting: Sequence[RankSnapshot]) -> list[str]:
-    """Point-to-point waits whose named peer waits in something that cannot match them: a receive
-    from a rank that itself receives, or that waits in a collective (each line says which)."""
-    by_rank = {s.rank: _waiting_op(s)[1] for s in waiting}
-    lines, said = [], set()
-    for rank, op in sorted(by_rank.items()):
-        if op is None or op.op not in POINT_TO_POINT or op.peer is None or op.peer not in by_rank \
-                or (op.peer, rank) in said:
-            continue
-        said.add((rank, op.peer))
-        other = by_rank[op.peer]
-        if other is None:
-            continue
-        if other.op not in POINT_TO_POINT or (other.peer in (None, rank) and other.receives == op.receives):
-            lines.append(f"rank {rank} waits in {op.describe()} while rank {op.peer} waits in {other.describe()}")
-    if len(lines) > MAX_LINES:  # a cycle around thousands of ranks: the first pairs say what it is
-        lines = lines[:MAX_LINES - 1] + [f"… and {len(lines) - MAX_LINES + 1} more such pairs"]
-    return lines
+def _as_called(waiting: Sequence[RankSnapshot]) -> tuple[str, PendingOp | None]:
+    """The collective the ranks wait in as the user called it: a rank inside a guarded call shows
+    that call (its all_reduce) where the recorder counted the guard's verification all_gather."""
+    for snap in waiting:
+        group, op = _waiting_op(snap)
+        progress = snap.group(group)
+        raw = next((r for r in progress.recent if r.seq == op.seq), None) if progress and op else None
+        if raw is not None and (raw.op, raw.sizes) != (op.op, op.sizes):
+            return group, op
+    return _waiting_op(waiting[0])
+
+
+def _apart(waiting: Sequence[RankSnapshot]) -> Finding | None:
+    """Ranks waiting in collectives of different groups (sequence numbers known) where no collective
+    has all its members in it: none can complete (job.E006); None when they wait in one, or when
+    some collective has every member (it may complete; the others wait for it)."""
+    places: dict[tuple[str, int], list[RankSnapshot]] = {}
+    for snap in waiting:
+        group, op = _waiting_op(snap)
+        if op is None or op.seq is None:
+            return None  # told from stacks alone: which collective each is in cannot be compared
+        places.setdefault((group, op.seq), []).append(snap)
+    if len(places) < 2:
+        return None
+    everyone = {s.rank for s in waiting}
+    for (group, _), members in places.items():
+        progress = members[0].group(group)
+        needed = set(progress.ranks) if progress is not None and progress.ranks else everyone
+        if needed <= {s.rank for s in members}:
+            return None
+    lines = [f"{ranks_label(sorted(s.rank for s in m))} wait{'s' if len(m) == 1 else ''} in {_op_text(g, _waiting_op(m[0])[1])}"
+             for (g, _), m in sorted(places.items())]
+    lines = lines if len(lines) <= MAX_LINES else lines[:MAX_LINES - 1] + [f"… and {len(lines) - MAX_LINES + 1} more places"]
+    return kinds.MISMATCH(
+        "Ranks wait in collectives of different groups, and none of them has every member: "
+        + "; ".join(f"rank{'s' if len(m) > 1 else ''} {format_ranks([s.rank for s in m])} in "
+                    f"{_op_text(g, _waiting_op(m[0])[1])}" for (g, _), m in sorted(places.items())),
+        detail="\n".join(lines + ["each collective waits for a rank that waits in another: the ranks issued the groups' "
+                                  "collectives in different orders"]),
+        ranks=sorted(everyone), hosts=_hosts(waiting), data=_data(waiting, waiting=sorted(everyone), proven=True))
 
 
 def _p2p_deadlock(snaps: Sequence[RankSnapshot], waiting: Sequence[RankSnapshot], ops: list[str],
-                  unmatched: list[str] = ()) -> Finding:
+                  lines: Sequence[str] = ()) -> Finding:
     title = f"Every rank waits in a point-to-point call ({', '.join(ops)}) that no peer matches" \
         if set(ops) <= POINT_TO_POINT else f"Ranks wait in point-to-point calls their peers do not match ({', '.join(ops)})"
-    cycle = [f"{line}: neither can complete" for line in unmatched]
     return kinds.MISMATCH(
-        title, detail="\n".join([_waiters_text(waiting), *cycle]), ranks=[s.rank for s in waiting],
+        title, detail="\n".join([_waiters_text(waiting), *lines]), ranks=[s.rank for s in waiting],
         hosts=_hosts(waiting),
         remediation="Order sends and receives so each recv has a peer sending to it at that moment (even ranks "
                     "send first, odd ranks receive first), or post both with dist.batch_isend_irecv",
-        data=_data(snaps, ops=ops, waiting=[s.rank for s in waiting]))
+        data=_data(snaps, ops=ops, waiting=[s.rank for s in waiting], proven=True))
 
 
 # -- 7. who was not heard from --------------------------------------------------------------------

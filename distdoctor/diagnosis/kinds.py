@@ -36,6 +36,9 @@ HANG = finding_kind(
 NOT_HEARD = finding_kind(
     "job.W010", cause="unknown", title="Ranks wait in a collective and the ranks not heard from in time may be why",
     hint="Nothing names a cause yet: the ranks not heard from may be slow to answer (a loaded host or store), frozen, dead or unseen from here; the guard looks again and revises its verdict, or run `distdoctor stacks` on their hosts")
+SLOW = finding_kind(
+    "job.W011", cause="slow_link", title="Every rank is in one collective that has not completed, but it still moves data",
+    hint="Nothing is stuck: the collective is slow (a very large tensor, a slow or shared link); run `distdoctor bench` for the links, send less per collective, or raise hang_timeout above your longest collective")
 # Progress over several looks (diagnosis.progress): what the looks prove about a job that is not failing.
 RUNNING = finding_kind(
     "job.I001", cause="unknown", title="Running: every rank moved between reads",

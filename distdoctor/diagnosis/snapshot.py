@@ -229,6 +229,28 @@ class RaisedError:
 
 
 @dataclass(frozen=True)
+class Transport:
+    """The backend's own connections of one rank, read when it answered (TCP_INFO of its sockets):
+    whether a collective that does not complete still moves data."""
+
+    idle_s: float | None = None               # since any of them last received data; None: unreadable
+    bytes: int | None = None                  # payload bytes they received so far
+    connections: int = 0                      # how many were read
+    note: str = ""                            # why it could not be read, or what was read
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"idle_s": self.idle_s, "bytes": self.bytes, "connections": self.connections, "note": self.note}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> "Transport | None":
+        if not isinstance(raw, Mapping):
+            return None
+        count = _int(raw.get("bytes"))
+        return cls(_seconds(raw.get("idle_s")), count if count is not None and count >= 0 else None,
+                   max(0, _int(raw.get("connections")) or 0), _text(raw.get("note"), 300))
+
+
+@dataclass(frozen=True)
 class RankSnapshot:
     """One rank: its process, its progress per process group, its main thread's stack, its error."""
 
@@ -253,6 +275,7 @@ class RankSnapshot:
     may_spin: bool = False                    # it sits where the CPU may spin without progress
     still_s: float | None = None              # how long its main thread has stayed where it is now (the same
                                               # wait, or the same line doing no work), when its source watched it
+    transport: Transport | None = None        # its backend's connections, when its source could read them (the guard)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -285,7 +308,8 @@ class RankSnapshot:
                 "in_collective": self.in_collective, "error": self.error.to_dict() if self.error else None,
                 "time": self.time, "collectives": self.collectives, "source": self.source,
                 "notes": list(self.notes), "thread_errors": [e.to_dict() for e in self.thread_errors],
-                "cpu_s": self.cpu_s, "proc_state": self.proc_state, "may_spin": self.may_spin, "still_s": self.still_s}
+                "cpu_s": self.cpu_s, "proc_state": self.proc_state, "may_spin": self.may_spin, "still_s": self.still_s,
+                "transport": self.transport.to_dict() if self.transport else None}
 
     @classmethod
     def from_dict(cls, raw: Any) -> "RankSnapshot | None":
@@ -305,4 +329,5 @@ class RankSnapshot:
             thread_errors=tuple(e for e in (RaisedError.from_dict(x) for x in _items(raw.get("thread_errors"))) if e),
             cpu_s=_seconds(raw.get("cpu_s")), proc_state=_state_letter(raw.get("proc_state")),
             may_spin=raw.get("may_spin") is True, still_s=_seconds(raw.get("still_s")),
+            transport=Transport.from_dict(raw.get("transport")),
         )

@@ -223,7 +223,7 @@ def test_a_watched_straggler_is_ended_at_the_groups_own_timeout_with_the_diagnos
         assert wait_until(lambda: hosts[0].shown)
         assert hosts[0].shown[0][2].action == policy.WATCH and not hosts[0].ended
         deadline = hosts[0].shown[0][2].deadline_at
-        assert deadline == pytest.approx(time.time() - 6 + 30 - policy.margin_s(30), abs=2)
+        assert deadline == pytest.approx(time.time() - 6 + 30 + policy.GRACE_S, abs=2)  # the group's own timeout, no earlier
         watches[0].own.deadline_at = time.time()  # the group's timeout is here
         assert wait_until(lambda: hosts[0].ended and hosts[1].ended)
         assert hosts[0].shown[-1][2].action == policy.END and "timeout" in hosts[0].shown[-1][2].reason
@@ -298,7 +298,8 @@ def test_the_policy_ends_only_what_cannot_finish():
     assert judge([finding("job.E004", **dead)]).action == policy.END
     assert judge([finding("job.E004", **silent)]).action == policy.WATCH
     assert judge([finding("job.E009")], world_known=False).action == policy.WATCH  # one rank's view only
-    assert judge([finding("job.E002")], now_at=1800.0).action == policy.END     # the group's timeout is near
+    assert judge([finding("job.E002")], now_at=1800.0).action == policy.WATCH   # torch ends it first
+    assert judge([finding("job.E002")], now_at=1800.0 + policy.GRACE_S).action == policy.END  # the backstop
     assert judge([finding("job.E002")], group_timeout_s=None).deadline_at is None
     assert judge([], now_at=1.0).action == policy.NONE
 

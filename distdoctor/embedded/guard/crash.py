@@ -8,6 +8,11 @@
 # diagnosis.diagnose which rank failed first. A launcher that saw a rank fail sends SIGTERM to
 # the others (torchrun within about 0.1 s): while this bounded diagnosis runs the SIGTERM is held,
 # then delivered, so the rank still ends the way the launcher asked.
+# A guarded call that fails leaves its final snapshot before the error reaches the user's code,
+# which may catch it and go on (a retry, a fallback). That final is provisional: when the rank
+# issues another collective it is withdrawn (the rank is alive, its live answers count again),
+# when the exception ends the rank it stands, and when the rank leaves normally its clean
+# final replaces it (process.Guard.shutdown asks `withdrawn()`).
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import time
 from types import TracebackType
 from typing import Any
 
-from distdoctor.diagnosis.snapshot import RAISED
+from distdoctor.diagnosis.snapshot import RAISED, RUNNING
 from distdoctor.embedded.guard import report as api
 from distdoctor.embedded.guard import snapshot as snapshots
 from distdoctor.embedded.guard.peers import absent_snapshot
@@ -48,6 +53,8 @@ class _HeldSigterm:
 
 
 MAX_THREAD_ERRORS = 8
+# A stall that closed this recently is the one a peer's failure ends (torch's timeout closes it first).
+RECENT_S = 10.0
 
 
 class CrashHook:
@@ -58,6 +65,7 @@ class CrashHook:
         self.previous: Any = None
         self.previous_thread: Any = None
         self.thread_errors: list[Any] = []
+        self.provisional = False      # the final left by a failed guarded call, until the rank goes on or ends
 
     def install(self) -> None:
         self._install_thread_hook()
@@ -107,6 +115,12 @@ class CrashHook:
 
     def on_exception(self, exc: BaseException, tb: TracebackType | None) -> None:
         guard = self.guard
+        self.provisional = False  # the exception ends the rank: the final its failed call left stands
+        if isinstance(exc, api.GuardError) and guard.final_left and not guard.concluded:
+            guard.concluded = True  # a failed call the guard explained: its report, as this rank's last word
+            guard.write_json(exc.report, "exception")
+            self._stall_ends_with_the_run()
+            return
         if guard.concluded or guard.final_left or isinstance(exc, (KeyboardInterrupt, SystemExit)):
             return
         if isinstance(exc, api.GuardError):  # already reported on every rank of its group
@@ -126,6 +140,22 @@ class CrashHook:
         sys.stderr.write(api.render_text(report, heading) + "\n")
         sys.stderr.flush()
         guard.write_json(report, "exception")
+        self._stall_ends_with_the_run()
+
+    def _stall_ends_with_the_run(self) -> None:
+        """The stall this rank watches is still open as its exception ends it: in stalls.json it is an
+        error, with how long it lasted."""
+        watch = self.guard.watch
+        episode = getattr(watch, "own", None)
+        if episode is None or episode.seconds is not None:
+            return
+        episode.seconds, episode.ended_run = episode.stall.seconds(watch.clock()), True
+        try:
+            watch.ledger.keep(episode)
+        except Exception as exc:  # the store is gone: this rank's report is what is left
+            self.guard.fault("store channel", exc)
+            return
+        self.guard.stalls_changed()
 
     def verdict(self, exc: BaseException, tb: TracebackType | None, ranks: list[int], call: Any = None) -> list[Any]:
         """Leave this rank's final snapshot; the job's findings from it and the peers' finals.
@@ -142,6 +172,8 @@ class CrashHook:
         else:
             own = guard.state(RAISED, error=error, in_collective=snapshots.call_text(call), failed_call=call)
         guard.leave_final(own)
+        if call is not None:
+            self._watch_for_more()
         states: dict[int, Any] = {guard.rank: own}
         side = guard.watch.side if guard.watch is not None else None
         others = [r for r in ranks if r != guard.rank]
@@ -160,7 +192,72 @@ class CrashHook:
                 guard.fault("store channel", exc)
                 hellos = {}
             if error.consequence:
+                seen = self._last_seen()
                 for rank in others:
                     if rank not in states:
-                        states[rank] = {"snapshot": absent_snapshot(rank, hellos.get(rank), wait_s, asked=False).to_dict()}
+                        absent = absent_snapshot(rank, hellos.get(rank), wait_s, asked=False)
+                        states[rank] = {"snapshot": seen[rank] if absent.status == RUNNING and rank in seen
+                                        else absent.to_dict()}
         return decide(states, [r for r in ranks if r in states], None, world_known=False)
+
+    def _last_seen(self) -> dict[int, dict]:
+        """The peers as the latest look at the stall this rank watches saw them: when torch's own
+        timeout ends that wait, a late rank that is still alive is named at the line it was seen at."""
+        watch = self.guard.watch
+        episode = getattr(watch, "own", None) or getattr(watch, "latest", None)
+        ended = getattr(episode, "seconds", None)
+        if episode is None or (ended is not None and time.time() - (episode.started_at + ended) > RECENT_S):
+            return {}
+        findings = getattr(episode, "findings", None) or ()
+        snaps = (findings[0].data or {}).get("snapshots") or () if findings else ()
+        return {s["rank"]: {**s, "notes": [*(s.get("notes") or ()), f"as the guard's look at stall {episode.id} saw it"]}
+                for s in snaps if isinstance(s, dict) and isinstance(s.get("rank"), int)}
+
+    # -- a failed call's final, while the user's code may still catch the error ---------------------
+    def _issued(self) -> tuple[int, int]:
+        """(guarded calls begun, collectives the recorder counts issued): what grows when the rank goes on."""
+        guard = self.guard
+        flight = guard.flight
+        enqueued = sum(e for e, _ in flight.status().values()) if flight is not None and flight.usable else 0
+        return guard.recorder.calls, enqueued
+
+    def _watch_for_more(self) -> None:
+        """Withdraw the provisional final as soon as the rank issues another call (a thread of its own,
+        started only after a failed call; it ends with the provisional state)."""
+        self.provisional = True
+        try:
+            before = self._issued()
+        except Exception:  # nothing to compare with: the final stays until shutdown replaces it
+            return
+        interval = getattr(self.guard.settings, "poll_s", 0.25)
+
+        def watch() -> None:
+            while self.provisional and not self.guard.shut_down:
+                time.sleep(interval)
+                try:
+                    moved = self.provisional and self._issued() > before
+                except Exception:
+                    return
+                if moved:
+                    self._withdraw()
+                    return
+
+        threading.Thread(target=watch, name="distdoctor-guard-went-on", daemon=True).start()
+
+    def _withdraw(self) -> None:
+        """The rank went on after its failed call: its final is no longer its last word."""
+        guard = self.guard
+        self.provisional = False
+        side = guard.watch.side if guard.watch is not None else None
+        try:
+            if side is not None:
+                side.forget([side.key("final", guard.rank)])
+        except Exception as exc:  # the store is gone: nobody reads the final either
+            guard.fault("store channel", exc)
+        guard.final_left = False
+
+    def withdrawn(self) -> bool:
+        """At a clean shutdown: True when the final left by a failed call is to be replaced (the user's
+        code caught the error and the rank left normally)."""
+        was, self.provisional = self.provisional, False
+        return was

@@ -36,6 +36,7 @@ class Episode:
     seconds: float | None = None           # its duration once closed
     reports: int = 1
     last_look: float = 0.0                 # time.monotonic of the last look at every rank
+    ended_run: bool = False                # torch's timeout ended its collective, or the run ended with it open
 
     @property
     def identity(self) -> tuple:
@@ -57,6 +58,9 @@ class Episode:
             "started_s": round(self.started_s, 3), "started_at": round(self.started_at, 3),
             "seconds": None if self.seconds is None else round(self.seconds, 3),
             "verdict": first.id if first else None, "cause": first.cause if first else None,
+            # A stall the guard watched and that cleared is a warning; one that ended the job (the guard,
+            # torch's timeout) or was still open when the run ended is an error (policy.shown).
+            "severity": "error" if self.action == "end" or self.ended_run else "warning",
             "title": first.title if first else None, "action": self.action, "reports": self.reports,
             "reported_by": self.owner,
         }
@@ -173,5 +177,5 @@ def summary_line(records: list[dict[str, Any]], omitted: dict[str, Any] | None, 
         op = f" in {top['op']}" + (f" #{top['seq']}" if top.get("seq") is not None else "") if top.get("op") else ""
         text += f"; the longest {top['seconds']:.1f} s: {who}" + (f" at {top['where']}" if top.get("where") else "") + op
     if open_now:
-        text += f"; {open_now} still open"
+        text += f"; {open_now} still open as this rank ends (an error: the run ended with {'it' if open_now == 1 else 'them'} open)"
     return text

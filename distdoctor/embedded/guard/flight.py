@@ -16,7 +16,7 @@ import json
 import os
 import pickle
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from distdoctor.diagnosis.flight_recorder import read_dump
 from distdoctor.diagnosis.snapshot import GroupProgress
@@ -73,37 +73,69 @@ def _problem_from_env(env: Mapping[str, str]) -> str:
     return ""
 
 
+# A read that fails (torch's recorder busy or resetting, a dump torch could not build) is tried
+# again: after RETRY_FIRST_S, then twice as late each time, at most RETRY_MOST_S apart. In between
+# the recorder counts as unusable (the watchdog falls back to the main thread's look), and one
+# good read brings it back.
+RETRY_FIRST_S = 0.5
+RETRY_MOST_S = 60.0
+
+
 class FlightRecorder:
     """This process's recorder: its groups' progress, cheap status polls, the dump as evidence."""
 
-    def __init__(self, c10d_module: Any, env: Mapping[str, str], launch_note: str = "") -> None:
+    def __init__(self, c10d_module: Any, env: Mapping[str, str], launch_note: str = "",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._json = getattr(c10d_module, "_dump_fr_trace_json", None)
         self._pickle = getattr(c10d_module, "_dump_fr_trace", None)
-        self.problem = launch_note or _problem_from_env(env)
-        if self._json is None and self._pickle is None and not self.problem:
-            self.problem = "this torch has no flight recorder (torch._C._distributed_c10d._dump_fr_trace_json)"
+        self.off = launch_note or _problem_from_env(env)   # off for the whole run: this torch, this setting
+        if self._json is None and self._pickle is None and not self.off:
+            self.off = "this torch has no flight recorder (torch._C._distributed_c10d._dump_fr_trace_json)"
+        self.clock = clock
+        self.failures = 0                                    # failed reads in a row
+        self.failure = ""                                    # the last one, in words
+        self.retry_at = 0.0                                  # clock(): no read before this after a failure
+
+    @property
+    def problem(self) -> str:
+        """Why the recorder cannot be read now ("" when it can)."""
+        if self.off:
+            return self.off
+        if self.failures and self.clock() < self.retry_at:
+            return (f"reading torch's flight recorder failed ({self.failures} time{'s' if self.failures > 1 else ''} "
+                    f"in a row; tried again in {self.retry_at - self.clock():.1f} s): {self.failure}")
+        return ""
 
     @property
     def usable(self) -> bool:
         return not self.problem
 
-    def _dump(self, collectives: bool) -> dict[str, Any] | None:
-        if self._json is not None:
-            return json.loads(self._json(includeCollectives=collectives, onlyActive=False))
-        if self._pickle is not None:
-            # The process's own recorder, read back in the same process: no foreign input.
-            return pickle.loads(self._pickle(includeCollectives=collectives, includeStackTraces=False))
-        return None
+    def _failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        self.failure = f"{type(exc).__name__}: {str(exc)[:200]}"
+        self.retry_at = self.clock() + min(RETRY_MOST_S, RETRY_FIRST_S * 2 ** (self.failures - 1))
+
+    def _read(self, collectives: bool) -> dict[str, Any] | None:
+        """One dump; a failure is counted (the next read waits) and gives None, never an exception."""
+        try:
+            if self._json is not None:
+                dump = json.loads(self._json(includeCollectives=collectives, onlyActive=False))
+            elif self._pickle is not None:
+                # The process's own recorder, read back in the same process: no foreign input.
+                dump = pickle.loads(self._pickle(includeCollectives=collectives, includeStackTraces=False))
+            else:
+                return None
+        except Exception as exc:  # the recorder must never take the guard down
+            self._failed(exc)
+            return None
+        self.failures, self.failure = 0, ""
+        return dump
 
     def status(self) -> dict[str, tuple[int, int]]:
         """group -> (last enqueued, last completed); {} when the recorder cannot tell."""
         if not self.usable:
             return {}
-        try:
-            raw = (self._dump(False) or {}).get("pg_status") or {}
-        except Exception as exc:  # the recorder must never take the guard down
-            self.problem = f"reading torch's flight recorder failed: {type(exc).__name__}: {str(exc)[:200]}"
-            return {}
+        raw = (self._read(False) or {}).get("pg_status") or {}
         out = {}
         for group, state in raw.items() if isinstance(raw, Mapping) else ():
             if isinstance(state, Mapping):
@@ -118,11 +150,8 @@ class FlightRecorder:
         """Every group's progress with its pending op and recent entries (the full dump)."""
         if not self.usable:
             return ()
-        try:
-            return read_dump(self._dump(True), time.time_ns()) or ()
-        except Exception as exc:  # the recorder must never take the guard down
-            self.problem = f"reading torch's flight recorder failed: {type(exc).__name__}: {str(exc)[:200]}"
-            return ()
+        dump = self._read(True)
+        return (read_dump(dump, time.time_ns()) or ()) if dump is not None else ()
 
     def torch_dump(self) -> bytes | None:
         """The dump in torch's own pickle form (what torch's fr_trace analyzer reads)."""

@@ -1,29 +1,44 @@
 """What a stall's verdict means for the job: end it now, or report it and watch (on_hang)."""
 
-# on_hang="auto" (the default) ends a job only when it cannot finish:
+# on_hang="auto" (the default) ends a job only when it cannot finish, and never before torch would:
 #   - a rank raised, died or was killed (job.E001, E005; E004 when its process is known to have
 #     ended), a rank left while the others wait (E003), ranks wait in collectives that cannot
-#     match (E006-E008, a dropped send guard.E009), or every rank waits in one collective that
-#     does not complete (E009): the job ends right after the report;
-#   - a live rank outside any collective (job.E002: a rank-0-only checkpoint, evaluation, I/O, a
-#     slow batch) or a rank that does not answer but may still be alive (E004, frozen or on
-#     another host), and any verdict seen from one rank alone (no cross-rank view): reported and
-#     watched, and ended only when the process group's own timeout would end the job anyway; the
-#     guard then ends it a little before torch does, with its diagnosis instead of a generic one.
+#     match (E006-E008, a dropped send guard.E009: a receive cycle, a peer waiting in a collective),
+#     or every rank waits in one collective and no rank's connections moved data (E009 proven by
+#     the transport's counters): the job ends right after the report;
+#   - everything else is reported and watched: a live rank outside any collective (job.E002: a
+#     rank-0-only checkpoint, evaluation, I/O, a slow batch), a rank that does not answer but may
+#     still be alive (E004, frozen, stopped or on another host), a collective that still moves data
+#     (job.W011) or whose motion cannot be read (E009 unproven: NCCL, /proc unreadable), a matched
+#     send and receive that are merely slow, and any verdict seen from one rank alone. A watched
+#     stall is ended at the process group's own timeout counted from when the guard saw it begin,
+#     plus GRACE_S (never earlier than torch ends the collective; torch raises first, and the
+#     guard's exception hook then reports it with this diagnosis).
 # on_hang="exit" ends the job at the first verdict (the tests' policy: CI wants the failure now);
 # on_hang="report" never ends it.
+# Severity follows the consequence: a watched stall is shown as a warning (the job goes on); a
+# verdict that ends the job, or a stall still open when the run ends, is an error.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from distdoctor.core.findings import Finding
+from distdoctor.core.findings import Finding, Severity
 from distdoctor.diagnosis.snapshot import EXITED, KILLED
 
 END, WATCH, NONE = "end", "watch", "none"
 CANNOT_FINISH = frozenset({"job.E001", "job.E003", "job.E005", "job.E006", "job.E007", "job.E008", "job.E009",
                            "guard.E009"})
+# Why a verdict that may still clear is watched, by its finding.
+_WATCHED = {
+    "job.E002": "a rank that may still arrive is outside the collective",
+    "job.E004": "a rank that does not answer may still be alive (frozen, stopped, or slow to answer)",
+    "job.W011": "every rank is in the collective and it still moves data: slow, not stuck",
+    "job.E009": "every rank is in the collective, but whether it still moves data cannot be read",
+    "job.E006": "the point-to-point calls may still match (their peers cannot all be read)",
+}
 
 
 @dataclass(frozen=True)
@@ -33,11 +48,6 @@ class Decision:
     deadline_at: float | None = None  # epoch seconds: when a watched stall is ended (the group's timeout)
 
 
-def margin_s(timeout_s: float) -> float:
-    """How long before the group's timeout the guard ends a watched stall (it must come first)."""
-    return min(60.0, max(3.0, 0.03 * timeout_s))
-
-
 def _ended(finding: Finding) -> bool:
     """job.E004 whose missing ranks' processes are known to have ended (not merely silent)."""
     missing = set((finding.data or {}).get("missing") or finding.ranks)
@@ -45,10 +55,16 @@ def _ended(finding: Finding) -> bool:
     return bool(snaps) and all(s.get("status") in (KILLED, EXITED) for s in snaps)
 
 
+def _proven(finding: Finding) -> bool:
+    """A finding the diagnosis could not prove (a hang whose motion it could not read, waits whose
+    peers it could not all read) says so with data["proven"] False."""
+    return (finding.data or {}).get("proven", True) is not False
+
+
 def cannot_finish(findings: list[Finding]) -> Finding | None:
     """The finding that says no rank can advance, if any."""
     for finding in findings:
-        if finding.id in CANNOT_FINISH or (finding.id == "job.E004" and _ended(finding)):
+        if (finding.id in CANNOT_FINISH and _proven(finding)) or (finding.id == "job.E004" and _ended(finding)):
             return finding
     return None
 
@@ -67,17 +83,50 @@ def judge(findings: list[Finding], on_hang: str, *, world_known: bool, stall_sin
     if blocker is not None:
         return Decision(END, f"no rank can advance ({blocker.id} [{blocker.cause}])")
     why = ("every rank but this one is unseen (no cross-rank view)" if not world_known
-           else "a rank that may still arrive is outside the collective")
+           else _WATCHED.get(findings[0].id, "the job may still finish"))
     if group_timeout_s is None:
         return Decision(WATCH, f"{why}; the group's timeout could not be read, so the guard watches until the stall "
                                "clears or torch's own timeout ends the job")
-    deadline = deadline_at if deadline_at is not None else stall_since_at + group_timeout_s - margin_s(group_timeout_s)
+    deadline = deadline_at if deadline_at is not None else stall_since_at + group_timeout_s + GRACE_S
     if now_at >= deadline:
-        return Decision(END, f"{why}, but the process group's timeout ({group_timeout_s:g} s) ends the job now "
-                             "anyway", deadline)
-    return Decision(WATCH, f"{why}: the job goes on; the guard ends it only at the process group's own timeout "
-                           f"({group_timeout_s:g} s), in {deadline - now_at:.0f} s, if the stall has not cleared",
-                    deadline)
+        return Decision(END, f"{why}, but the process group's timeout ({group_timeout_s:g} s) has passed since the "
+                             "stall began: torch would have ended the job by now", deadline)
+    return Decision(WATCH, f"{why}: the job goes on; the guard ends it only if the stall lasts the process group's own "
+                           f"timeout ({group_timeout_s:g} s; {deadline - now_at:.0f} s from now), when torch would end "
+                           "it too", deadline)
+
+
+# The guard's start of a stall is its first poll that saw the group's completed count stand still,
+# which gloo's late completion marking (about 0.5 s, seen up to a few seconds while the next
+# collective blocked) can put a little before the collective's own start: a watched stall is ended
+# GRACE_S after the group's timeout so that torch, whose timeout runs from the collective's start,
+# always ends it first, and the guard's end is only the backstop where torch does not end it.
+GRACE_S = 2.0
+# A stall that clears this close to the group's timeout (or whose guarded call failed) was ended by
+# torch's own timeout, not by the late rank arriving.
+TORCH_ENDED_S = 1.0
+
+
+def ended_by_torch(deadline_at: float | None, last_calls: list[Any], now_at: float | None = None) -> bool:
+    """Whether a watched stall that just cleared was ended by torch (its timeout, the call failing)."""
+    if last_calls and getattr(last_calls[-1], "failed", False):
+        return True
+    now_at = time.time() if now_at is None else now_at
+    return deadline_at is not None and now_at >= deadline_at - GRACE_S - TORCH_ENDED_S
+
+
+def arriving(before: list[Finding], now: list[Finding]) -> bool:
+    """A stall of a late or silent rank whose new look finds every rank in the collective and data
+    moving: the late rank arrived and the collective is completing, not a new verdict."""
+    return bool(before and now) and before[0].id in ("job.E002", "job.E004") and now[0].id == "job.W011"
+
+
+def shown(findings: list[Finding], decision: Decision) -> list[Finding]:
+    """The verdict as it is shown: a stall the guard watches is a warning while it lasts (the job goes
+    on); one that ends the job stays an error. IDs stay; only the severity says the consequence."""
+    if decision.action != WATCH:
+        return list(findings)
+    return [f.with_(severity=Severity.WARNING) if f.severity > Severity.WARNING else f for f in findings]
 
 
 def group_timeout_s(pg: Any) -> float | None:

@@ -7,11 +7,12 @@ import functools
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from distdoctor.diagnosis.snapshot import FINISHED, RUNNING, RankSnapshot
-from distdoctor.embedded.guard import evidence
+from distdoctor.embedded.guard import evidence, transport
 from distdoctor.embedded.guard import findings as gf
 from distdoctor.embedded.guard import report as api
 from distdoctor.embedded.guard import snapshot as snapshots
@@ -166,7 +167,7 @@ class Guard:
         if self.watch is not None:
             self.watch.stop(join_s=1.0)
             self.watch.finish()
-            if not self.final_left:
+            if not self.final_left or self.crash.withdrawn():  # withdrawn: a failed call's error was caught
                 self.leave_final(self.state(FINISHED, keep=False))
             self.stall_summary(wait_s=self.settings.answer_s)
             evidence.finish(self.settings.report_dir, self.rank, self.world, self.flight, self.watch.saw_episodes)
@@ -320,9 +321,10 @@ class Guard:
     def snapshot(self, status: str = RUNNING, **given: Any) -> RankSnapshot:
         groups = {name: ranks for name, ranks in self.groups.values()}
         blind = self.blind_spots()
-        return snapshots.build(rank=self.rank, status=status, recorder=self.recorder, groups=groups,
+        snap = snapshots.build(rank=self.rank, status=status, recorder=self.recorder, groups=groups,
                                flight=self.flight, notes=[blind.title] if blind else [],
                                thread_errors=self.crash.thread_errors, main=self._main_look(), **given)
+        return replace(snap, transport=transport.read_for(self.dist)) if status == RUNNING else snap
 
     def _main_look(self) -> RankSnapshot | None:
         """The watchdog's latest look at the main thread (made only without the recorder); a fault in
@@ -419,7 +421,9 @@ class Guard:
             return "\n".join(lines)
 
     def show(self, findings: list[Finding], heading: str, ranks: list[int], decision: Any) -> Report:
-        """A stall's verdict: the report on stderr and in the report directory, and what happens next."""
+        """A stall's verdict: the report on stderr and in the report directory, and what happens next
+        (a watched stall is shown as a warning: embedded.guard.policy.shown)."""
+        findings = policy.shown(findings, decision)
         missing = sorted({r for f in findings if f.cause == "rank_missing" for r in f.ranks})
         blind = self.blind_spots()
         report = self.report(findings + ([blind] if blind else []), ranks=ranks, missing=missing)

@@ -79,3 +79,33 @@ def longest(recorder: Any, *found: Stall | None) -> Stall | None:
 def still(opened: Stall, now: Stall | None) -> bool:
     """True while the stall an episode opened on holds: this rank has not moved since."""
     return now is not None and now.since <= opened.since + SAME_STALL_S
+
+
+class Backoff:
+    """Looks at one stall that came back without a verdict (everyone had moved, or the diagnosis
+    failed) are spaced out: the first retry after ``first_s``, each next one twice as late, at most
+    ``most_s``; a new stall starts afresh."""
+
+    def __init__(self, first_s: float, most_s: float) -> None:
+        self.first_s, self.most_s = first_s, max(first_s, most_s)
+        self.stall: Stall | None = None
+        self.until = 0.0
+        self.wait_s = 0.0
+        self.tries = 0
+
+    def _same(self, stall: Stall) -> bool:
+        return self.stall is not None and abs(stall.since - self.stall.since) <= SAME_STALL_S
+
+    def holds(self, stall: Stall, now: float) -> bool:
+        """True while this stall's next look must wait."""
+        if not self._same(stall):
+            self.stall, self.tries = None, 0
+            return False
+        return now < self.until
+
+    def empty(self, stall: Stall, now: float) -> int:
+        """A look at ``stall`` gave no verdict: the next waits longer. Returns how many in a row."""
+        same = self._same(stall)
+        self.wait_s = min(self.most_s, self.wait_s * 2) if same else self.first_s
+        self.stall, self.until, self.tries = stall, now + self.wait_s, (self.tries + 1 if same else 1)
+        return self.tries

@@ -39,7 +39,7 @@ from distdoctor.embedded.guard.looks import Board, parse_answer
 from distdoctor.embedded.guard.mainthread import MainThread
 from distdoctor.embedded.guard.peers import absent_snapshot
 from distdoctor.embedded.guard.record import Recorder
-from distdoctor.embedded.guard.stall import Stall, StallClock, in_wait, longest, still
+from distdoctor.embedded.guard.stall import Backoff, Stall, StallClock, in_wait, longest, still
 
 
 class Host(Protocol):
@@ -102,7 +102,8 @@ class EpisodeWatch:
         self.channel_error: BaseException | None = None    # the store channel's last failure, said when needed
         self.ended = False
         self.saw_episodes = False                           # this rank opened or answered one (a healthy run: never)
-        self.retry_at = 0.0                                 # no new look before (a look that found nothing)
+        self.latest: Episode | None = None                  # the episode this rank last opened, changed or closed
+        self.backoff = Backoff(max(1.0, hang_timeout / 4), recheck_s(hang_timeout))  # looks that found nothing
         self.moved: tuple[Any, float] = (None, self.clock())  # (what this rank's counters were, since when)
         # The first news poll comes at a random moment of the first interval: ranks that start
         # together do not open their clients together.
@@ -137,8 +138,7 @@ class EpisodeWatch:
             return
         if self.own is not None:
             self._tend(self.own, stall)
-        elif (stall is not None and stall.seconds(self.clock()) >= self.hang_timeout and not self._following()
-              and self.clock() >= self.retry_at):
+        elif stall is not None and stall.seconds(self.clock()) >= self.hang_timeout and not self._following():
             self._open(stall)
 
     def stall_now(self) -> Stall | None:
@@ -372,6 +372,8 @@ class EpisodeWatch:
 
     # -- an episode: opened, tended, closed -------------------------------------------------------
     def _open(self, stall: Stall) -> None:
+        if self.backoff.holds(stall, self.clock()):  # the last look at this stall found nothing: not yet
+            return
         side = self.side
         if side is not None and not side.connected and not side.gave_up \
                 and stall.seconds(self.clock()) < self.hang_timeout + CONNECT_TIMEOUT_S:
@@ -384,13 +386,17 @@ class EpisodeWatch:
         seen = self._look(stall)
         if seen is None:
             return
-        if seen.failed or not seen.findings:
-            # Nothing to report now: the next look waits (a look every poll would load the store).
-            self.retry_at = self.clock() + recheck_s(self.hang_timeout)
-        if seen.failed:
+        if seen.failed:  # said as the diagnosis' fault; the ranks waiting for a verdict get none
+            self.backoff.empty(stall, self.clock())
+            self._publish(seen.look, [], policy.Decision(policy.NONE, "the diagnosis failed"), None)
             return
         decision = self._decision(seen.findings, seen.world_known, stall)
         waited = stall.seconds(self.clock())
+        # Nothing to report now: the next look at this stall waits, longer each time (a look every poll
+        # would load the store), and the same stall looked at again is said once.
+        if decision.action == policy.NONE and self.backoff.empty(stall, self.clock()) > 1:
+            self._publish(seen.look, seen.findings, decision, None)
+            return
         episode = Episode(id=self._new_id(), owner=self.rank, stall=stall, started_at=time.time() - waited,
                           started_s=stall.since - self.host.started, findings=seen.findings, action=decision.action,
                           deadline_at=decision.deadline_at, last_look=self.clock())
@@ -454,6 +460,10 @@ class EpisodeWatch:
             return
         self.seen = seen
         changed = replace(episode, findings=seen.findings).identity != episode.identity
+        if changed and decision.action != policy.END and policy.arriving(episode.findings, seen.findings):
+            # The late rank arrived and the collective is completing: the stall closes at a poll soon.
+            self._publish(seen.look, episode.findings, decision, episode)
+            return
         report = None
         if changed or decision.action == policy.END:
             episode.findings, episode.action, episode.reports = seen.findings, decision.action, episode.reports + 1
@@ -476,7 +486,11 @@ class EpisodeWatch:
         who = (f"rank {late[0]}" if len(late) == 1 else f"ranks {', '.join(map(str, late))}") if late else ""
         op = f"{known['op']}" + (f" #{known['seq']}" if known.get("seq") is not None else "") if known.get("op") else ""
         where = f" ({op} of {self._group_text(known.get('group') or episode.stall.group)})" if op else ""
-        if who and episode.findings and episode.findings[0].id in ("job.E002", "job.E004"):
+        if policy.ended_by_torch(episode.deadline_at, self.recorder.recent(episode.stall.group, 1)):
+            episode.ended_run = True
+            text = (f"stall {episode.id} ended after {episode.seconds:.1f} s{where}, at the process group's own "
+                    "timeout: torch ended the collective (its error follows)")
+        elif who and episode.findings and episode.findings[0].id in ("job.E002", "job.E004"):
             text = f"{who} arrived after {episode.seconds:.1f} s{where}; stall {episode.id} is over"
         else:
             text = f"stall {episode.id} cleared after {episode.seconds:.1f} s{where}"
@@ -541,7 +555,7 @@ class EpisodeWatch:
             return self.ledger.new_id()
 
     def _keep(self, episode: Episode) -> None:
-        self.saw_episodes = True
+        self.saw_episodes, self.latest = True, episode
         try:
             self.ledger.keep(episode)
         except Exception as exc:

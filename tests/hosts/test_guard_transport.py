@@ -1,0 +1,86 @@
+"""The guard's proof that a collective is stuck, across lab hosts: with gloo's traffic dropped (a firewall
+that lets only the store's port through) every rank waits and no connection receives data, job.E009 is
+proven and the job ended; its twin, the same all_reduce over a throttled link (tc tbf), is slow but
+moving: job.W011, watched as a warning, and the job finishes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from host_worlds import MASTER_PORT, RankSpec, start_world
+
+pytestmark = pytest.mark.hosts
+SCRIPT = Path(__file__).resolve().parents[1] / "guard" / "scripts" / "policy_job.py"
+THROTTLE = ["tbf", "rate", "4mbit", "burst", "32kbit", "latency", "400ms"]
+
+
+def tc(ns: str, *args: str) -> None:
+    subprocess.run(["tc", "-n", ns, *args], check=True, capture_output=True, text=True, timeout=10)
+
+
+def both_ends(lab, host: str):
+    h = lab.hosts[host]
+    return ((h.ns, h.ifname), (lab.bridge_ns, h.port))
+
+
+def only_the_store_passes(lab, host: str) -> None:
+    """Drop every packet to and from ``host`` but the c10d store's (a firewall on the backend's ports):
+    an htb root whose default class drops (pfifo limit 0) and a class for the store's port (this
+    kernel has no sch_prio; the lab's neighbours are permanent, so no ARP is needed)."""
+    for ns, dev in both_ends(lab, host):
+        tc(ns, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "30")
+        for classid in ("1:1", "1:30"):
+            tc(ns, "class", "add", "dev", dev, "parent", "1:", "classid", classid, "htb", "rate", "10gbit")
+        tc(ns, "qdisc", "add", "dev", dev, "parent", "1:30", "handle", "30:", "pfifo", "limit", "0")
+        for direction in ("dport", "sport"):
+            tc(ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match", "ip",
+               direction, str(MASTER_PORT), "0xffff", "flowid", "1:1")
+
+
+def throttle(lab, host: str) -> None:
+    for ns, dev in both_ends(lab, host):
+        tc(ns, "qdisc", "replace", "dev", dev, "root", *THROTTLE)
+
+
+def transfer(lab, tmp_path: Path, floats: int, fault) -> tuple:
+    """Two ranks (hosta, hostb) under `distdoctor guard --hang-timeout 3`; ``fault`` is applied once both
+    are ready, before the all_reduce of ``floats`` starts."""
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    argv = [sys.executable, "-m", "distdoctor", "guard", "--hang-timeout", "3", "--report-dir", str(tmp_path / "reports"),
+            "--", sys.executable, str(SCRIPT), "transfer", str(floats), str(flags)]
+    run = start_world(lab, [RankSpec("hosta", 0), RankSpec("hostb", 1)], argv, bound=150, label="transfer")
+    deadline = time.monotonic() + 120
+    while len(list(flags.glob("ready*"))) < 2 and time.monotonic() < deadline:
+        assert all(s.popen.poll() is None for s in run.ranks.values()), run.describe()
+        time.sleep(0.2)
+    fault(lab, "hostb")
+    (flags / "go").write_text("")
+    run.wait()
+    return run, run.output(0) + run.output(1)
+
+
+def test_a_collective_whose_traffic_is_dropped_is_proven_stuck_and_the_job_ended(make_lab, tmp_path):
+    lab = make_lab(("hosta", "hostb"))
+    run, out = transfer(lab, tmp_path, 1 << 20, only_the_store_passes)
+    assert run.code(0) == 1 and run.code(1) == 1, run.describe()
+    assert "job.E009 [collective_timeout_hang] Every rank waits in all_reduce #" in out, out[-4000:]
+    assert "nothing moves: no rank's connections received data for" in out
+    assert "the guard ends the job: no rank can advance (job.E009 [collective_timeout_hang])" in out
+    assert "Errors (1)" in out and "job.W011" not in out
+
+
+def test_the_same_collective_over_a_throttled_link_is_slow_not_stuck_watched_and_finishes(make_lab, tmp_path):
+    lab = make_lab(("hosta", "hostb"))
+    run, out = transfer(lab, tmp_path, 2 << 20, throttle)  # 8 MB each way at 4 Mbit/s: about 16 s
+    assert run.code(0) == 0 and run.code(1) == 0, run.describe()
+    assert "the guard ends the job" not in out and "job.E009" not in out, out[-4000:]
+    assert "job.W011 [slow_link] Every rank is in all_reduce #" in out and "but it still moves data" in out
+    assert "the guard watches: every rank is in the collective and it still moves data: slow, not stuck" in out
+    assert "Warnings (1)" in out and "Errors (" not in out
+    assert "stall 1 cleared after" in out
