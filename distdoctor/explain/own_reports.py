@@ -97,6 +97,36 @@ def findings_of_report(report: dict, file: str) -> list[Finding]:
     return out
 
 
+MAX_FILES_NAMED = 3  # reports named in a folded finding's detail; data.also_in lists the rest by count
+
+
+def fold_alike(findings: list[Finding]) -> list[Finding]:
+    """One finding for each verdict several reports carry: every rank of a failed job may write its
+    own report with the same verdict (the failing rank's, and each peer whose call failed with it),
+    and 4,096 copies of one answer read as 4,096 answers. The first keeps its place and names the others."""
+    firsts: dict[tuple, int] = {}
+    files: dict[int, list[str]] = {}
+    out: list[Finding] = []
+    for finding in findings:
+        key = (finding.id, finding.cause, finding.ranks, finding.title)
+        if key in firsts:
+            files[firsts[key]].append(str(finding.data.get("from_report", "")))
+            continue
+        firsts[key] = len(out)
+        files[len(out)] = []
+        out.append(finding)
+    for index, others in files.items():
+        if others:
+            named = ", ".join(others[:MAX_FILES_NAMED]) + (f" and {len(others) - MAX_FILES_NAMED} more"
+                                                           if len(others) > MAX_FILES_NAMED else "")
+            finding = out[index]
+            out[index] = finding.with_(
+                detail=f"{finding.detail}\nThe same finding is in {len(others)} more report"
+                       f"{'s' if len(others) > 1 else ''}: {named}",
+                data={**finding.data, "also_in": len(others)})
+    return out
+
+
 def summary(reports: list[dict]) -> str:
     """One line: what the reports say overall."""
     statuses = [_text(r.get("status", "?"), 40) for r in reports]

@@ -32,7 +32,7 @@ from typing import Any
 from distdoctor.explain.candidates import GENERIC_CEILING, Ranked, describe, rank_candidates, rank_family
 from distdoctor.diagnosis.origin import DIST_ERRORS
 from distdoctor.explain.catalog import Catalog, render_template
-from distdoctor.explain.own_reports import findings_of_report
+from distdoctor.explain.own_reports import findings_of_report, fold_alike
 from distdoctor.explain.ranks import split_prefix
 from distdoctor.explain.sanitize import clean_quote
 from distdoctor.explain.scan import MAX_EVIDENCE, Accumulator, Group
@@ -158,7 +158,7 @@ def findings_from(acc: Accumulator, catalog: Catalog, progress: dict[int, int] |
 
     progress: per input, the last line that shows the job making progress; a transient warning
     (a retry) that every input went on past is no failure (rule 0)."""
-    reported = [f for file, report in acc.own_reports for f in findings_of_report(report, file)]
+    reported = fold_alike([f for file, report in acc.own_reports for f in findings_of_report(report, file)])
     groups = [g for g in acc.groups.values() if not _outgrown(g, progress or {})]
     if not groups:
         if acc.empty_files:

@@ -107,6 +107,29 @@ def test_a_hang_reports_snapshots_join_the_job_without_a_second_copy_of_its_verd
     assert found[0].cause == "worker_exception" and found[0].ranks == (1,)
 
 
+def test_every_ranks_report_of_one_verdict_reads_as_one_finding(tmp_path):
+    """The guard writes an exception report on the failing rank and on each peer whose call failed with
+    it, all with the one verdict: one finding names the other reports; another verdict stays apart."""
+    from distdoctor.core.report import build_report
+    from distdoctor.diagnosis.diagnose import diagnose
+    from distdoctor.diagnosis.snapshot import GroupProgress, PendingOp, RankSnapshot
+
+    waiting = RankSnapshot(0, status="running", groups=(GroupProgress("0", (0, 1), 7, 6, PendingOp("all_reduce", 7)),))
+    late = RankSnapshot(1, status="running", groups=(GroupProgress("0", (0, 1), 6, 6),))
+    report = build_report(diagnose([waiting, late]), []).to_dict()
+    for rank in range(6):
+        (tmp_path / f"exception-rank{rank}.json").write_text(json.dumps(report))
+    found = explain_files([str(tmp_path)]).findings
+    assert [f.id for f in found] == ["job.E002"] and found[0].data["also_in"] == 5, [(f.id, f.title) for f in found]
+    assert "The same finding is in 5 more reports" in found[0].detail and "and 2 more" in found[0].detail
+    # A report of another verdict (rank 0 behind, rank 1 waiting) is not folded into it.
+    other = build_report(diagnose([RankSnapshot(0, status="running", groups=(GroupProgress("0", (0, 1), 6, 6),)),
+                                   RankSnapshot(1, status="running", groups=(GroupProgress("0", (0, 1), 7, 6, PendingOp("all_reduce", 7)),))]), [])
+    (tmp_path / "other.json").write_text(json.dumps(other.to_dict()))
+    found = explain_files([str(tmp_path)]).findings
+    assert sorted(f.ranks for f in found if f.id == "job.E002") == [(0,), (1,)], [(f.id, f.title) for f in found]
+
+
 def test_thousands_of_ranks_give_a_bounded_answer():
     text = "".join("\n".join(prefixed(r, PEER)) + "\n" for r in range(2000))
     top = explain_text(text).findings[0]
