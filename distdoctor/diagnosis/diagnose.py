@@ -384,6 +384,12 @@ def _left_early(snaps: Sequence[RankSnapshot]) -> Finding | None:
     if not waiting or not left:
         return None
     group, op = _waiting_op(waiting[0])
+    # A rank that left after completing the collective the others wait in proves their states older
+    # than its own (no rank completes a collective alone): they have completed it since. Such a view
+    # names no one (the guard's look took a waiting rank's answer before the leaver's last word).
+    left = [s for s in left if not _completed(s, group, op)]
+    if not left:
+        return None
     leavers = "; ".join(said_alike(
         ((s.rank, _exit_text(s) + (f" ({_progress_text(s, group)})" if _progress_text(s, group) else "") + _where(s))
          for s in left), lambda label, text, ranks: f"{label} {text}"))
@@ -393,6 +399,13 @@ def _left_early(snaps: Sequence[RankSnapshot]) -> Finding | None:
     return kinds.UNEVEN(title, detail=detail, ranks=[s.rank for s in left], hosts=_hosts(left),
                         data=_data(snaps, group=group, seq=op.seq if op else None, op=op.op if op else None,
                                    left=[s.rank for s in left], waiting=[s.rank for s in waiting]))
+
+
+def _completed(snap: RankSnapshot, group: str, op: PendingOp | None) -> bool:
+    """Whether ``snap`` completed the collective ``op`` of ``group`` (by its sequence number)."""
+    progress = snap.group(group)
+    return (op is not None and op.seq is not None and progress is not None
+            and progress.last_completed is not None and progress.last_completed >= op.seq)
 
 
 def _missing(snaps: Sequence[RankSnapshot]) -> Finding | None:
@@ -640,12 +653,11 @@ def _heard(finding: Finding, snaps: Sequence[RankSnapshot]) -> Finding:
     if not silent:
         return finding.with_(data=data)
     data["not_heard"] = [s.rank for s in silent]
-    places: dict[str, list[int]] = {}
-    for snap in silent:
-        places.setdefault("; ".join(snap.notes) or "no answer", []).append(snap.rank)
-    why = [f"rank{'s' if len(r) > 1 else ''} {format_ranks(r)}: {text}" for text, r in places.items()]
-    line = (f"heard from {len(snaps) - len(silent)} of {len(snaps)} ranks; not heard from: "
-            + _listed(why))
+    # Ranks whose reasons differ only in numbers (a look's number, a time) are said once, within a
+    # bounded number of parts whatever the world size.
+    why = said_alike([(s.rank, "; ".join(s.notes) or "no answer") for s in silent],
+                     lambda label, text, ranks: f"{label}: {text}")
+    line = f"heard from {len(snaps) - len(silent)} of {len(snaps)} ranks; not heard from: " + "; ".join(why)
     return finding.with_(data=data, detail=f"{finding.detail}\n{line}" if finding.detail else line)
 
 

@@ -76,6 +76,16 @@ def test_a_rank_that_exited_cleanly_while_others_wait_had_fewer_batches():
     assert "its last collective in the default group: #11" in finding.detail and "Join" in finding.remediation
 
 
+def test_a_rank_that_left_after_completing_the_collective_others_wait_in_proves_their_view_old():
+    # The guard's look took rank 0's answer (waiting in #12), then rank 1 arrived, both completed #12
+    # and more, and rank 1 left: its last word (#16) is newer than rank 0's. No rank is named.
+    left = RankSnapshot(1, status="exited", exit_code=0, groups=(GroupProgress("0", (), 16, 16),))
+    assert [f.id for f in diagnose([waiting(0), left])] == []
+    # The twin: it left at #11, before the collective rank 0 waits in: uneven inputs.
+    left = RankSnapshot(1, status="exited", exit_code=0, groups=(GroupProgress("0", (), 11, 11),))
+    assert only(diagnose([waiting(0), left])).id == "job.E003"
+
+
 def test_a_rank_that_never_answered_is_missing():
     finding = only(diagnose([waiting(0)], world_size=2))
     assert (finding.id, finding.ranks) == ("job.E004", (1,))
