@@ -124,8 +124,13 @@ class PendingOp:
         return f"{self.op}{seq}{peer}" + (f" ({shapes})" if shapes else "")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"op": self.op, "seq": self.seq, "sizes": [list(s) for s in self.sizes],
+        # Made once (it is immutable, and one parsed op is shared by thousands of ranks' snapshots).
+        made = self.__dict__.get("_as_dict")
+        if made is None:
+            made = self.__dict__["_as_dict"] = {
+                "op": self.op, "seq": self.seq, "sizes": [list(s) for s in self.sizes],
                 "dtypes": list(self.dtypes), "state": self.state, "age_s": self.age_s, "peer": self.peer}
+        return dict(made)
 
     @classmethod
     def from_dict(cls, raw: Any) -> "PendingOp | None":
@@ -184,10 +189,14 @@ class GroupProgress:
                 and self.last_enqueued > self.last_completed)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"group": self.group, "ranks": list(self.ranks), "last_enqueued": self.last_enqueued,
+        made = self.__dict__.get("_as_dict")  # made once: it is immutable (a snapshot copied shares it)
+        if made is None:
+            made = self.__dict__["_as_dict"] = {
+                "group": self.group, "ranks": list(self.ranks), "last_enqueued": self.last_enqueued,
                 "last_completed": self.last_completed,
                 "pending": self.pending.to_dict() if self.pending else None,
                 "recent": [op.to_dict() for op in self.recent]}
+        return dict(made)
 
     @classmethod
     def from_dict(cls, raw: Any) -> "GroupProgress | None":
