@@ -57,7 +57,10 @@ def test_a_straggler_is_named_with_its_line_while_the_others_wait_in_a_cpp_colle
         assert (tmp_path / "snapshots" / f"rank{rank}.json").exists()
         dump = pickle.loads((tmp_path / "flight_recorder" / f"distdoctor_fr_rank_{rank}").read_bytes())
         assert {"version", "pg_status", "entries"} <= set(dump) and dump["entries"]
-    for rank in range(nproc):  # every rank said why it ends: the report, or the verdict in one line
+    # Every waiting rank said why it ends: the report, or the verdict in one line. The sleeping rank
+    # reads the verdict at its quiet poll (1 s); on a loaded machine torchrun may end it with SIGTERM
+    # first, once the others have exited.
+    for rank in waiting:
         assert f"distdoctor guard (rank {rank}): the job ends, on_hang='exit' (rank " in result.stdout or \
             f"distdoctor guard (rank {rank}): a collective has not completed" in result.stdout, result.stdout[-5000:]
 
@@ -78,7 +81,9 @@ def test_an_exception_in_one_rank_is_named_on_the_other_ranks_with_their_failure
         assert finding["title"] == "Rank 1 raised ValueError: bad batch at step 3"
         assert f"at {line('raise')}" in finding["detail"]
     peers = [r for r in reports(tmp_path, "exception") if "consequence" in r["findings"][0]["detail"]]
-    assert all(re.search(r"rank [023] failed with RuntimeError", r["findings"][0]["detail"]) for r in peers)
+    # Peers whose errors read alike are said once as ranges ("ranks 0, 2 failed with RuntimeError").
+    said = [re.search(r"ranks? ([\d, \-]+) failed with RuntimeError", r["findings"][0]["detail"]) for r in peers]
+    assert all(m and set(re.findall(r"\d+", m.group(1))) <= {"0", "2", "3"} for m in said), said
     if nproc == 2:
         named = ("distdoctor guard (rank 0): this rank's RuntimeError is a consequence" in result.stdout
                  or "distdoctor guard (rank 0): the guard ends the job: no rank can advance (job.E001" in result.stdout)

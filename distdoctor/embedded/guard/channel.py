@@ -172,6 +172,16 @@ class SideChannel:
             raise ChannelDown(f"not connected to the job's store yet{f' ({self.problem})' if self.problem else ''}")
         return self._talk
 
+    def settle(self, wait_s: float) -> bool:
+        """Wait up to ``wait_s`` for a connection in progress to end; True when none is left. A process
+        must not exit with this thread inside torch's C++ connect: when it returns into a finalizing
+        interpreter, the thread is unwound through C++ frames that do not allow it, and the process
+        aborts ("terminate called without an active exception", exit -6) after a clean run."""
+        connecting = self._connecting
+        if connecting is not None and connecting is not threading.current_thread():
+            connecting.join(wait_s)
+        return self._connecting is None or not self._connecting.is_alive()
+
     def _start_connecting(self) -> None:
         now = time.monotonic()
         if self._connect is None or self.gave_up:

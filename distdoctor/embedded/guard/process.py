@@ -31,6 +31,10 @@ from distdoctor.core.findings import Finding
 from distdoctor.core.report import Report, WorldSummary, build_report
 from distdoctor.machine.launchers import detect
 
+# At the rank's end, how long it waits for the watchdog's store request or the channel's connect in
+# progress (each bounded by torch's own timeouts) before the interpreter may finalize around them.
+SETTLE_S = 10.0
+
 
 class Guard:
     def __init__(self, settings: Any) -> None:
@@ -171,6 +175,7 @@ class Guard:
                 self.leave_final(self.state(FINISHED, keep=False))
             self.stall_summary(wait_s=self.settings.answer_s)
             evidence.finish(self.settings.report_dir, self.rank, self.world, self.flight, self.watch.saw_episodes)
+            self.watch.settle(SETTLE_S)
         if self.findings and not self.concluded:
             report = self.report()
             sys.stderr.write(api.render_text(report, f"distdoctor guard (rank {self.rank}) at {where}:") + "\n")

@@ -122,6 +122,16 @@ class EpisodeWatch:
         if join_s and thread is not None and thread is not threading.current_thread():
             thread.join(join_s)
 
+    def settle(self, wait_s: float) -> None:
+        """At the rank's end: wait (bounded) for this thread's store request and the channel's connect
+        in progress, so that no thread is inside torch's C++ code when the interpreter finalizes."""
+        until = time.monotonic() + wait_s
+        thread = getattr(self, "thread", None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(max(0.0, until - time.monotonic()))
+        if self.side is not None:
+            self.side.settle(max(0.0, until - time.monotonic()))
+
     # -- the loop ---------------------------------------------------------------------------------
     def _watch(self) -> None:
         while not self.stopped.wait(self.poll_s):
