@@ -281,3 +281,21 @@ def test_a_rank_that_joins_late_answers_the_look_in_progress_and_not_the_ones_do
         assert wait_until(lambda: done_by.get_if_present(done_by.key("look/2/state", 2)) is not None, 20)
     finally:
         watch.stop()
+
+
+def test_a_rank_that_ends_waits_for_a_connect_in_progress_before_the_interpreter_finalizes():
+    # A connect still inside torch's C++ when the interpreter finalizes aborts a clean run at exit
+    # ("terminate called without an active exception"): the rank's end waits for it, bounded.
+    release = threading.Event()
+
+    def slow_connect():
+        release.wait(10)
+        return object()
+
+    side = SideChannel(None, "t", slow_connect)
+    with pytest.raises(channel.ChannelDown):
+        side.client()  # starts the connect in its own thread
+    assert not side.settle(0.2)  # still connecting: the bound is kept, the answer says so
+    threading.Timer(0.3, release.set).start()
+    assert side.settle(5.0) and side.connected
+    assert SideChannel(None, "t", slow_connect).settle(0.0)  # nothing started: nothing to wait for
