@@ -105,12 +105,7 @@ _ONE_WORKER_GROUPS = (("tests/hosts/", "hosts"), ("tests/launchers/", "launchers
                           "tests/explain/test_real_jobs.py", "tests/explain/test_recorder_dumps.py",
                           "tests/explain/test_wrapped_jobs.py",
                           "tests/stacks/test_stacks_jobs.py", "tests/stacks/test_watch.py",
-                          "tests/bench/test_bench_loopback.py")),
-                      # The jobs at scale (48 real ranks, 4,096 simulated, 32-rank stacks and check) each
-                      # take the 2 cores for minutes: one at a time, never two of them against each other.
-                      *((path, "at-scale") for path in (
-                          "tests/guard/test_guard_scale.py", "tests/guard/test_guard_scale_sim.py",
-                          "tests/stacks/test_stacks_at_scale.py", "tests/crossrank/test_check_at_scale.py")))
+                          "tests/bench/test_bench_loopback.py")))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items (its own hook of this name)

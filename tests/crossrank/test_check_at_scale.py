@@ -44,6 +44,7 @@ def faulty():
 
 
 @pytest.mark.multiproc
+@pytest.mark.at_scale
 def test_32_ranks_end_ok_with_every_collective_passed(healthy):
     report, _, code = healthy
     assert code == 0 and report["status"] in ("ok", "warning"), report["findings"]
@@ -55,6 +56,7 @@ def test_32_ranks_end_ok_with_every_collective_passed(healthy):
 
 
 @pytest.mark.multiproc
+@pytest.mark.at_scale
 def test_32_ranks_print_no_native_trace_on_the_terminal(healthy):
     _, stderr, _ = healthy
     assert not [line for line in stderr.splitlines() if any(mark in line for mark in NATIVE_MARKS)], stderr[-3000:]
@@ -62,6 +64,7 @@ def test_32_ranks_print_no_native_trace_on_the_terminal(healthy):
 
 
 @pytest.mark.multiproc
+@pytest.mark.at_scale
 def test_the_twin_a_fault_on_32_ranks_is_named_once_for_all_of_them(faulty):
     report, stderr, code = faulty
     assert code == 1

@@ -18,7 +18,7 @@ import pytest
 from distdoctor.embedded.guard import cadence
 from guard_torchrun import launch, line_of
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.multiproc, pytest.mark.at_scale, pytest.mark.timeout(900)]
 SCRIPT = Path(__file__).with_name("scripts") / "scale_job.py"
 NPROC, LATE, HANG_TIMEOUT, SLEEP_S = 48, 37, 15.0, 30.0
 

@@ -14,7 +14,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import scale_sim  # noqa: E402
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.multiproc, pytest.mark.at_scale, pytest.mark.timeout(600)]
 WORLD, HANG_TIMEOUT, BOUND_S = 4096, 5.0, 240.0
 
 

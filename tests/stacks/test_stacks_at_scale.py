@@ -31,6 +31,7 @@ def big_job(tmp_path_factory):
 
 
 @pytest.mark.multiproc
+@pytest.mark.at_scale
 def test_32_ranks_the_sleeping_rank_is_named_alone_with_its_line(big_job):
     job, report, code, took = big_job
     late = finding(report, "job.E002")
@@ -41,6 +42,7 @@ def test_32_ranks_the_sleeping_rank_is_named_alone_with_its_line(big_job):
 
 
 @pytest.mark.multiproc
+@pytest.mark.at_scale
 def test_32_ranks_every_rank_was_read_and_the_report_stays_short(big_job):
     _, report, _, _ = big_job
     (view,) = report["data"]["stacks"]["jobs"]
