@@ -284,11 +284,6 @@ class EpisodeWatch:
                 wait = cadence.answer_wait(len(ranks), self.answer_s, self.side.traffic.rtt_s)
                 started = time.monotonic()
                 states = self._collect(look, ranks, wait, previous)
-                if states.get(self.rank, {}).get("live"):
-                    # This rank answered first, before the others' answers came in: answered again
-                    # now, so that its older state is never paired with a peer's newer last word.
-                    self.recorder.poll()
-                    states[self.rank] = {**parse_answer(self.host.state()), "live": True}
                 seen = Seen([], True, look, sum(1 for r, s in states.items() if r != self.rank and s.get("live")),
                             states, ranks, waited_s=time.monotonic() - started)
             except Exception as exc:  # the store channel failed now that it is needed: say so, judge alone
