@@ -34,6 +34,7 @@ from distdoctor.explain import reader as _reader
 from distdoctor.explain.reason import findings_from, skipped_finding
 from distdoctor.explain.scan import Accumulator, Scanner
 from distdoctor.explain.job import job_findings, rank_config_finding
+from distdoctor.explain.locality import one_host
 from distdoctor.explain.snapshots import JobEvidence, anonymous_error, build_snapshots, error_lines
 from distdoctor.explain.structured import read_structured
 from distdoctor.core.report import Report, WorldSummary, build_report
@@ -121,6 +122,7 @@ def _read_job(sources: list[LogSource], catalog: Catalog, marks: dict | None = N
     acc.empty_files = [f for f in acc.empty_files if acc.empty_file_ranks.get(f) not in spoke]
     acc.progress_seen = bool(evidence.collector.progress)
     acc.quiet_ranks -= {r for r, t in evidence.collector.ranks.items() if t.errors or t.error_file}
+    acc.one_host = one_host(acc, evidence.collector)
     findings = findings_from(acc, catalog, evidence.collector.progress)
     snaps: list = []
     try:

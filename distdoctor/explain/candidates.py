@@ -75,11 +75,33 @@ def rank_candidates(sig: Signature, fields: dict, acc: Accumulator, catalog: Cat
             if delta:
                 r.confidence += delta
                 r.reasons.append(f"rank {who}'s log is empty or ends without an error")
+    _on_one_host(ranked, acc)
     for r in ranked:
         ceiling = max(GENERIC_CEILING, own_conf) if r is own and sig.role == "cause" else GENERIC_CEILING
         r.confidence = round(min(ceiling, max(FLOOR, r.confidence)), 3)
     # Stable: equal confidences keep the catalog's (prior) order.
-    return sorted(ranked, key=lambda r: -r.confidence)
+    return sorted(_causes_only(ranked), key=lambda r: -r.confidence)
+
+
+# Causes that need a network between hosts: on one host every address is the host's own.
+BETWEEN_HOSTS = ("wrong_interface", "firewall", "ib_rdma_issue", "slow_link")
+
+
+def _on_one_host(ranked: list[Ranked], acc: Accumulator) -> None:
+    """A job the logs show on one host: the causes that need a network between hosts are out."""
+    if not acc.one_host:
+        return
+    for r in ranked:
+        if r.cause in BETWEEN_HOSTS:
+            r.confidence = FLOOR
+            r.reasons.append(f"one host ({acc.one_host}): no network between hosts to fail")
+
+
+def _causes_only(ranked: list[Ranked]) -> list[Ranked]:
+    """`unknown` is no cause to rank: a signature whose own reading is unknown (a native crash) keeps
+    its alternatives, which are."""
+    causes = [r for r in ranked if r.cause != "unknown"]
+    return causes or ranked
 
 
 THREAD_COUNT_SUFFIX = " labelled threads with this message"
@@ -176,6 +198,7 @@ def _add_cues(ranked: list[Ranked], acc: Accumulator, cues: dict) -> None:
 def apply_cues(ranked: list[Ranked], acc: Accumulator, catalog: Catalog, ignore: tuple[str, ...] = ()) -> list[Ranked]:
     """Alternatives the job's verdict leaves open, reordered by the cue lines of the logs (capped, sorted)."""
     _add_cues(ranked, acc, {c.name: c for c in catalog.cues if c.name not in ignore})
+    _on_one_host(ranked, acc)
     for r in ranked:
         r.confidence = round(min(GENERIC_CEILING, max(FLOOR, r.confidence)), 3)
     return sorted(ranked, key=lambda r: -r.confidence)

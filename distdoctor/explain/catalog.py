@@ -60,6 +60,20 @@ def _long_wait(value: str) -> str:
     return "yes" if seconds >= 600 else ""
 
 
+def _exit_signal(value: str) -> str:
+    """An exit code read as the signal that ended the process: a shell's or a container's 128+N (139:
+    SIGSEGV), a launcher's -N (-6: SIGABRT), or a signal's name as printed (Segmentation fault)."""
+    value = value.strip()
+    named = {"segmentation fault": "SIGSEGV", "aborted": "SIGABRT", "illegal instruction": "SIGILL",
+             "floating point exception": "SIGFPE", "bus error": "SIGBUS"}
+    if value.lower() in named:
+        return named[value.lower()]
+    if value.lstrip("-").isdigit() and len(value) < 5:
+        number = int(value)
+        return _signal_name(str(number - 128 if number > 128 else abs(number)))
+    return _signal_name(value)
+
+
 def _barrier_mid_training(fields: dict[str, str]) -> str:
     """A one-element all-reduce (NumelIn=1) or a BARRIER op, past the first collectives after init: what
     barrier() and a metric's reduction issue mid-training (right after init, it is the init's own)."""
@@ -83,6 +97,8 @@ DERIVATIONS: dict[str, Callable[[str], str]] = {
     "not_shm": lambda value: "" if "/dev/shm" in value or "torch_" in value else "yes",
     # A hang in the first collectives after init (where blocked P2P shows) rather than mid-training.
     "first_collectives": lambda value: "yes" if value.isdigit() and len(value) < 4 and int(value) <= 2 else "",
+    "exit_signal": lambda value: _exit_signal(value),
+    "is_abort": lambda value: "yes" if _exit_signal(value) == "SIGABRT" else "",
 }
 
 
@@ -180,6 +196,13 @@ class Signature:
     # connection closed), late (a wait timed out) or refused (nothing listened at the address it
     # published). What the silent rank's state is weighed by.
     peer: str = ""
+    # A line that says something failed without saying what (NCCL's WARN lines, the watchdog's status
+    # lines, a rendezvous that printed its start): it speaks only when nothing else in the logs does,
+    # else it is folded under what does as a consequence.
+    fallback: bool = False
+    # Literal texts that end what this signature says when they come after it in the same input (the
+    # agent's "Rendezvous complete for workers" after its rendezvous began): the signature is dropped.
+    until: tuple[str, ...] = ()
 
     @property
     def cause(self) -> str:
@@ -325,6 +348,8 @@ def _parse_signature(entry: Mapping[str, Any], kind_of: Callable[[str, str], Fin
         transient=bool(entry.get("transient", False)),
         family=entry.get("family", ""),
         peer=entry.get("peer", ""),
+        fallback=bool(entry.get("fallback", False)),
+        until=tuple(entry.get("until", ())),
     )
     if sig.family and sig.family not in FAMILIES:
         raise CatalogError(f"{where}: family {sig.family!r} is not in threads.toml's signature vocabulary")

@@ -344,9 +344,11 @@ def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Se
     if primary.id not in OPEN:
         return own, CONFIDENCE.get(primary.id, 0.6), []
     options = OPEN[primary.id]
+    family = VERDICT_FAMILY.get(primary.id)
     if primary.id == job_kinds.MISSING.id and first is not None and first.error is None \
             and first.exit_code is not None and first.exit_code > 0:
         options = _exit_without_error(snaps)
+        family = "child_failed_only"  # torchrun's summary of a worker whose own error is not in the logs
     if primary.id == job_kinds.UNEVEN.id and not (first and first.status == EXITED and first.exit_code == 0):
         options = [(c, conf - 0.15 if c == "uneven_inputs" else conf, why, tell) for c, conf, why, tell in options]
     ranked = [Ranked(_kind_for(cause, catalog, own), conf, why, tell, []) for cause, conf, why, tell in options]
@@ -354,9 +356,9 @@ def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Se
     if primary.id == job_kinds.MISSING.id:
         _weigh_how_peers_failed(ranked, peer_states(snaps, catalog), said_finished=FINISHED_WORDS in said)
     _weigh_activity(ranked, said)
-    if primary.id in VERDICT_FAMILY:
+    if family:
         # A verdict read from an exit code alone: how often each cause was behind it in the labelled threads.
-        ranked = from_threads(ranked, VERDICT_FAMILY[primary.id], acc, catalog, load_priors())
+        ranked = from_threads(ranked, family, acc, catalog, load_priors())
     # The kill the verdict is about is no further evidence for it.
     ranked = apply_cues(ranked, acc, catalog, ignore=("sigkill_line",) if primary.id == job_kinds.KILLED.id else ())
     top = ranked[0]
@@ -394,6 +396,9 @@ def _exit_without_error(snaps: Sequence[RankSnapshot]) -> list[tuple[str, float,
          "because its peer was gone, that peer ran out of batches first",
          "the failing rank's own error names a closed connection or a timeout"),
         ("rank_missing", 0.2, "the rank failed because a peer vanished", "the failing rank's own error"),
+        ("oom_killed_rank", 0.15, "memory ran out: a DataLoader worker the OOM killer ended makes its rank raise and "
+         "exit 1 (DataLoader worker ... is killed by signal: Killed), and a peer it killed makes the others fail",
+         "dmesg -T | grep -i 'killed process' on the rank's host at that time"),
     ]
 
 

@@ -46,7 +46,7 @@ FAMILIES = (
     "nccl_system_error", "nccl_internal_error", "nccl_remote_error", "nccl_invalid_usage", "nccl_cuda_error",
     "connection_closed", "connection_refused", "address_in_use", "os_error_in_rank", "killed_signal",
     "terminated_signal", "child_failed_only", "worker_traceback", "cuda_oom", "cuda_error", "ddp_reducer_error",
-    "mismatch_error", "init_error", "other_distributed",
+    "mismatch_error", "init_error", "other_distributed", "crash_signal",
 )
 CUES = (
     "docker", "kubernetes", "slurm", "multi_node", "single_node", "wsl_or_windows", "ib_or_rdma",

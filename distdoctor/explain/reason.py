@@ -110,11 +110,24 @@ def assign_roots(groups: list[Group]) -> list[Root]:
             explainer = owner.get(id(explainer))
         if explainer is not None:
             roots[id(explainer)].consequences.append(group)
+    _fold_fallbacks(roots)
     for root in roots.values():
         _absorb_same_line(root)
         if root.group.signature.role == "crash" and any(c.ranks - root.group.ranks for c in root.consequences):
             root.confidence = min(MAX_CONFIDENCE, root.confidence + CORROBORATION_BONUS)
     return sorted(roots.values(), key=lambda r: (-r.confidence, r.group.order))
+
+
+def _fold_fallbacks(roots: dict[int, Root]) -> None:
+    """Rule 1b: a line that says something failed without saying what (a fallback signature) speaks
+    only when nothing else does; beside another reading it is that reading's consequence."""
+    speaking = sorted((r for r in roots.values() if not r.group.signature.fallback), key=lambda r: r.group.order)
+    if not speaking:
+        return
+    for gid, root in list(roots.items()):
+        if root.group.signature.fallback:
+            speaking[0].consequences += [root.group, *root.consequences]
+            del roots[gid]
 
 
 def _absorb_same_line(root: Root) -> None:
@@ -159,7 +172,7 @@ def findings_from(acc: Accumulator, catalog: Catalog, progress: dict[int, int] |
     progress: per input, the last line that shows the job making progress; a transient warning
     (a retry) that every input went on past is no failure (rule 0)."""
     reported = fold_alike([f for file, report in acc.own_reports for f in findings_of_report(report, file)])
-    groups = [g for g in acc.groups.values() if not _outgrown(g, progress or {})]
+    groups = [g for g in acc.groups.values() if not _outgrown(g, progress or {}) and not _ended(g, acc)]
     if not groups:
         if acc.empty_files:
             return reported + [_empty_logs_finding(acc, catalog)]
@@ -185,6 +198,12 @@ def findings_from(acc: Accumulator, catalog: Catalog, progress: dict[int, int] |
 def _outgrown(group: Group, progress: dict[int, int]) -> bool:
     """A transient warning whose every occurrence the job went on past, in the same input."""
     return group.signature.transient and all(progress.get(src, -1) > line for src, line in group.last_at.items())
+
+
+def _ended(group: Group, acc: Accumulator) -> bool:
+    """What the group says was ended later in every input it is in (a rendezvous that then completed)."""
+    ends = acc.ended.get(group.signature.name)
+    return bool(ends) and all(ends.get(src, -1) > line for src, line in group.last_at.items())
 
 
 def _silent(acc: Accumulator) -> set[int]:

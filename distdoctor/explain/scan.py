@@ -176,6 +176,10 @@ class Accumulator:
     own_reports: list[tuple[str, dict]] = field(default_factory=list)
     # NCCL versions the logs' INFO lines name (two of them: ranks or nodes run different NCCL builds).
     nccl_versions: set[str] = field(default_factory=set)
+    # Signature name -> input index -> the last line of a text that ends what it says (its `until`).
+    ended: dict[str, dict[int, int]] = field(default_factory=dict)
+    # Why the logs show a job on one host ("" when they do not): no network between hosts to blame.
+    one_host: str = ""
 
     def add_cue(self, cue: Cue, evidence: dict[str, Any]) -> None:
         entry = self.cues.get(cue.name)
@@ -263,6 +267,7 @@ class Scanner:
                 self._gated.setdefault(word, []).append(entry)
         self._cues_dropped = 0
         self._relevance = list(RELEVANCE_TOKENS.items()) + [(w, 0) for w in GATE_ONLY if w in self._gated]
+        self._until = [(sig.name, token) for sig in catalog.signatures for token in sig.until]
 
     def scan(self, source: LogSource, source_index: int) -> int:
         """Scan one input; return how many lines in it matched a signature or looked like an error."""
@@ -275,6 +280,7 @@ class Scanner:
             if marks is not None:
                 marks.block(block, first_line)
             self._scan_block(block, first_line, source, source_index, context)
+            self._mark_ends(block, first_line, source_index)
             if self.ranks is not None:
                 self.ranks.block(block, first_line, source.name, source_index, source.rank_hint)
             self._drop_seen_cues()
@@ -289,6 +295,13 @@ class Scanner:
             else:
                 self.acc.quiet_ranks.discard(source.rank_hint)
         return self._noticed
+
+    def _mark_ends(self, block: str, first_line: int, source_index: int) -> None:
+        """Where a text that ends a signature's reading was last seen in this input (one rfind per text)."""
+        for name, token in self._until:
+            pos = block.rfind(token)
+            if pos != -1:
+                self.acc.ended.setdefault(name, {})[source_index] = first_line + block.count("\n", 0, pos)
 
     def _drop_seen_cues(self) -> None:
         """A cue counts once: its tokens stop being searched after it was seen (NCCL INFO chatter
