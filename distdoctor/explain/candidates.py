@@ -80,7 +80,7 @@ def rank_candidates(sig: Signature, fields: dict, acc: Accumulator, catalog: Cat
         ceiling = max(GENERIC_CEILING, own_conf) if r is own and sig.role == "cause" else GENERIC_CEILING
         r.confidence = round(min(ceiling, max(FLOOR, r.confidence)), 3)
     # Stable: equal confidences keep the catalog's (prior) order.
-    return sorted(_causes_only(ranked), key=lambda r: -r.confidence)
+    return sorted(_causes_only(ranked) if sig.role == "crash" else ranked, key=lambda r: -r.confidence)
 
 
 # Causes that need a network between hosts: on one host every address is the host's own.
@@ -98,8 +98,9 @@ def _on_one_host(ranked: list[Ranked], acc: Accumulator) -> None:
 
 
 def _causes_only(ranked: list[Ranked]) -> list[Ranked]:
-    """`unknown` is no cause to rank: a signature whose own reading is unknown (a native crash) keeps
-    its alternatives, which are."""
+    """`unknown` is no cause to rank: a crash whose own reading is unknown (a native crash) keeps its
+    alternatives, which are. (A rank's own error read as `unknown`, CUDA out of memory, stays: the job's
+    diagnosis names it the rank's own failure.)"""
     causes = [r for r in ranked if r.cause != "unknown"]
     return causes or ranked
 

@@ -90,6 +90,7 @@ DERIVATIONS: dict[str, Callable[[str], str]] = {
     "shape": _shape,
     "more_joined": _more_joined,
     "seq_tag": lambda value: f" #{value}",
+    "paren": lambda value: f" ({value})",
     "long_wait": _long_wait,
     "barrier_mid_training": _barrier_mid_training,
     # A path in shared memory (/dev/shm, torch's /torch_ segments) or elsewhere (a disk the job writes).

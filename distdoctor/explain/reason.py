@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from distdoctor.explain.advice import advice
 from distdoctor.explain.candidates import GENERIC_CEILING, Ranked, describe, rank_candidates, rank_family
 from distdoctor.diagnosis.origin import DIST_ERRORS
 from distdoctor.explain.catalog import Catalog, render_template
@@ -178,8 +179,9 @@ def findings_from(acc: Accumulator, catalog: Catalog, progress: dict[int, int] |
             return reported + [_empty_logs_finding(acc, catalog)]
         if acc.own_reports:
             return reported
-        found = _exception_finding(acc, catalog) or _unknown_finding(acc, catalog)
-        return [_distributed_fallback(found, acc, catalog)]
+        went_on = _went_on(acc, progress or {})
+        found = _exception_finding(acc, catalog) or _unknown_finding(acc, catalog, went_on)
+        return [_distributed_fallback(found, acc, catalog, went_on)]
     roots = assign_roots(groups)
     findings: list[Finding] = list(reported)
     mismatch = watchdog_mismatch(roots)
@@ -447,7 +449,16 @@ UNRECOGNISED = [
 _DISTRIBUTED = re.compile(r"torch[/.]distributed|distributed_c10d|ProcessGroup|c10d|NCCL WARN|gloo/")
 
 
-def _distributed_fallback(found: Finding, acc: Accumulator, catalog: Catalog) -> Finding:
+def _went_on(acc: Accumulator, progress: dict[int, int]) -> bool:
+    """The output shows the job at work after its last error-looking line (in that line's input), or at
+    all when no line looks like an error: as far as these logs tell, nothing failed."""
+    errors = [(src, line) for score, src, line, *_ in acc.relevant if score >= 2]
+    if not errors:
+        return acc.progress_seen
+    return all(progress.get(src, -1) > line for src, line in errors)
+
+
+def _distributed_fallback(found: Finding, acc: Accumulator, catalog: Catalog, went_on: bool) -> Finding:
     """A failure with torch.distributed in the log that no signature names: still ranked candidates,
     never 'unknown'. A log with nothing of torch.distributed in it, or one that shows no failure
     (no error line, or the job at work after it), keeps its reading."""
@@ -456,7 +467,7 @@ def _distributed_fallback(found: Finding, acc: Accumulator, catalog: Catalog) ->
         return found
     if "ctx_torch_distributed" not in acc.cues and not any(_DISTRIBUTED.search(text) for *_, text in acc.relevant):
         return found
-    if found.id == "log.W030" and acc.progress_seen:
+    if found.id == "log.W030" and went_on:
         return found  # the job went on: as far as these logs tell, nothing failed
     raised = (found.data.get("exception") or "").rsplit(".", 1)[-1]
     if raised and raised != "RuntimeError" and raised not in DIST_ERRORS:
@@ -474,17 +485,19 @@ def _distributed_fallback(found: Finding, acc: Accumulator, catalog: Catalog) ->
                     data=data, check=CHECK_NAME, confidence=min(top.confidence, EXCEPTION_CONFIDENCE))
 
 
-def _unknown_finding(acc: Accumulator, catalog: Catalog) -> Finding:
+def _unknown_finding(acc: Accumulator, catalog: Catalog, went_on: bool) -> Finding:
     kind = catalog.kinds["log.W030"]
     lines = sorted(acc.relevant, key=lambda item: (item[1], item[2]))
     evidence = [{"file": f, "line": n, "text": clean_quote(t)} for _, _, n, f, t in lines]
-    if evidence and acc.progress_seen:
+    failed = any(score >= 2 for score, *_ in acc.relevant)
+    steps = advice(acc, len(catalog.signatures), failed and not went_on)
+    if evidence and went_on:
         detail = ["No known failure signature matched, and the output shows the job at work (progress bars, steps, "
                   "losses): as far as these logs tell, nothing failed. The lines that look most relevant:"] \
             + _quote(evidence, len(evidence))
     elif evidence:
         detail = ["No known failure signature matched. The lines that look most relevant:"] + _quote(evidence, len(evidence))
-    elif acc.progress_seen:
+    elif went_on:
         detail = ["No line looks like an error (no 'error', 'failed', 'timeout', 'killed' ...), and the output shows "
                   "the job at work (progress bars, steps, losses): as far as these logs tell, nothing failed. If the "
                   "job hung, its last lines are where each rank stopped; for a live job, distdoctor stacks shows where "
@@ -493,10 +506,9 @@ def _unknown_finding(acc: Accumulator, catalog: Catalog) -> Finding:
         detail = ["No known failure signature matched, and no line looks like an error (no 'error', 'failed', "
                   "'timeout', 'killed' ...). The job may have been stopped from outside, or the log is not its output."]
     return kind(
-        detail="\n".join(detail),
-        remediation="Read the quoted lines; rerun with NCCL_DEBUG=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL "
-        "TORCH_CPP_LOG_LEVEL=INFO for more, or run distdoctor check on the nodes.",
-        data={"evidence": evidence, "signature": None},
+        detail="\n".join(detail + steps.lines()),
+        remediation="Collect " + "; then ".join(steps.collect_next[:2]) + ".",
+        data={"evidence": evidence, "signature": None, **steps.to_dict()},
         check=CHECK_NAME,
         confidence=0.0,
     )

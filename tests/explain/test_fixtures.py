@@ -35,8 +35,10 @@ REAL = {
     "launch_deprecated_local_rank": ("log.E028", "launcher_misuse", "unrecognized arguments: --local-rank=0", None),
     "uneven_inputs": ("log.E021", "uneven_inputs", "exhausted inputs", (0,)),
     "torchrun_sigkill": ("log.E025", "oom_killed_rank", "exitcode  : -9", (3,)),
-    "torchrun_sigsegv": ("log.E029", "unknown", "(SIGSEGV)", (1,)),
-    "torchrun_sigabrt": ("log.E029", "unknown", "(SIGABRT)", (1,)),
+    # The job's own native call crashed (ctypes.string_at(0), os.abort()): a native crash is ranked
+    # causes, not `unknown`, and the job's own code is among the first three.
+    "torchrun_sigsegv": (None, "worker_exception", "(SIGSEGV)", (1,), TOP3),
+    "torchrun_sigabrt": (None, "worker_exception", "(SIGABRT)", (1,), TOP3),
 }
 
 SYNTHETIC = {
