@@ -34,6 +34,15 @@ BLOCK_SIZE = 1 << 20
 # memory by the tail kept (a 10 GB log of a job that ran for days fails at its end).
 HEAD_BYTES = 1 << 30
 TAIL_BYTES = 64 << 20
+# The middle of such a log is not scanned, but its failures are not lost: each block of it is searched
+# for these texts (one bytes.find each), and the lines around a hit are scanned with their true line
+# numbers, up to MIDDLE_WINDOWS windows of about MIDDLE_WINDOW_BYTES each per input, over the first
+# MIDDLE_BYTES of the middle (each text costs about 0.3 s per GB searched; beyond, lines are counted only).
+MIDDLE_BYTES = 2 << 30
+MIDDLE_TOKENS = (b"Traceback (most recent call last)", b"Watchdog caught", b"Timeout at NCCL work", b"NCCL WARN",
+                 b"ChildFailedError", b"exitcode", b"Socket Timeout", b"Segmentation fault", b"timed out")
+MIDDLE_WINDOWS = 256
+MIDDLE_WINDOW_BYTES = 32 << 10
 STDIN_NAME = "<stdin>"
 _ANSI = re.compile(r"\x1b\[[0-?]{0,64}[ -/]{0,8}[@-~]|\x1b\][^\x07\x1b\n]{0,4096}(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_.-]?([0-9]{1,7})(?![0-9])", re.I)
@@ -333,12 +342,15 @@ def _skip_to_tail(source: LogSource, stream, pending: bytes, decoder, block_size
     bytes (no matching); memory that of the tail kept."""
     tail: collections.deque[bytes] = collections.deque()
     kept = 0
+    windows = [MIDDLE_WINDOWS]
     while True:
         tail.append(pending)
         kept += len(pending)
         while len(tail) > 1 and kept - len(tail[0]) >= TAIL_BYTES:
             dropped = tail.popleft()
             kept -= len(dropped)
+            if windows[0] > 0 and source.skipped_bytes < MIDDLE_BYTES:
+                yield from _middle_windows(source, dropped, windows)
             source.lines += dropped.count(b"\n")
             source.skipped_bytes += len(dropped)
         try:
@@ -361,6 +373,31 @@ def _skip_to_tail(source: LogSource, stream, pending: bytes, decoder, block_size
             end = newline + 1 if newline >= pos else end  # blocks end at a line end (a longer line is cut)
         yield from _emit(source, decoder, data[pos:end], source.lines + 1, final=end >= len(data))
         pos = end
+
+
+def _middle_windows(source: LogSource, chunk: bytes, budget: list[int]) -> Iterator[tuple[str, int]]:
+    """The lines around each failure text in a chunk of a huge log's middle, as blocks with their true
+    line numbers (source.lines is the count of lines before the chunk). A window is cut at line ends
+    inside the chunk; overlapping ones are merged; budget[0] counts the windows left for this input."""
+    spans: list[list[int]] = []
+    for token in MIDDLE_TOKENS:
+        hit = chunk.find(token)
+        while hit != -1 and len(spans) < budget[0]:
+            start = chunk.rfind(b"\n", 0, max(0, hit - MIDDLE_WINDOW_BYTES // 2)) + 1
+            end = chunk.find(b"\n", min(len(chunk), hit + MIDDLE_WINDOW_BYTES // 2))
+            spans.append([start, len(chunk) if end == -1 else end + 1])
+            hit = chunk.find(token, spans[-1][1])
+    merged: list[list[int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    for start, end in merged[:budget[0]]:
+        budget[0] -= 1
+        text = chunk[start:end].decode("utf-8", "replace")
+        text = _ANSI.sub("", text) if "\x1b" in text else text
+        yield (text if text.endswith("\n") else text + "\n"), source.lines + chunk.count(b"\n", 0, start) + 1
 
 
 def _emit(source: LogSource, decoder: codecs.IncrementalDecoder, data: bytes, line_no: int, *, final: bool):

@@ -54,6 +54,7 @@ def test_a_10_gb_log_is_read_in_bounded_time_and_memory_with_true_line_numbers(m
     # The real bounds are 1 GiB of head and 64 MiB of tail; smaller ones here keep the test's CPU small.
     monkeypatch.setattr(reader, "HEAD_BYTES", 8 << 20)
     monkeypatch.setattr(reader, "TAIL_BYTES", 8 << 20)
+    monkeypatch.setattr(reader, "MIDDLE_BYTES", 64 << 20)  # the middle's search has its own test below
     mib = 9_537  # 10.0 GB
     stream = Endless(mib)
     tracemalloc.start()
@@ -70,6 +71,41 @@ def test_a_10_gb_log_is_read_in_bounded_time_and_memory_with_true_line_numbers(m
     assert top.data["evidence"][0]["line"] > mib * 16_384 if top.data.get("evidence") else True
     assert peak < 64 << 20, peak
     assert elapsed < 300  # reading 10 GB without matching it: seconds here; generous for a loaded machine
+
+
+class Middle(Endless):
+    """Chatter with a watchdog timeout in its middle (between the head and the tail scanned), then more chatter."""
+
+    WATCHDOG = (b"[rank3]:[E1127 10:00:00.000 ProcessGroupNCCL.cpp:629] [Rank 3] Watchdog caught collective operation "
+                b"timeout: WorkNCCL(SeqNum=77, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for "
+                b"600081 milliseconds before timing out.\n")
+
+    def __init__(self, mib: int, at: int) -> None:
+        super().__init__(mib)
+        self.tail, self.at = b"", at
+
+    def read(self, n: int = -1) -> bytes:
+        if self.left == self.at:
+            self.left -= 1
+            self.pending += self.WATCHDOG + self.chunk
+        return super().read(n)
+
+
+def test_a_failure_in_the_middle_of_a_huge_log_is_found_with_its_true_line_number(monkeypatch):
+    # A 2 GB log scaled down: 8 MiB of head and of tail scanned, the watchdog line 20 MiB in, in the middle.
+    monkeypatch.setattr(reader, "HEAD_BYTES", 8 << 20)
+    monkeypatch.setattr(reader, "TAIL_BYTES", 8 << 20)
+    mib, at = 40, 20
+    tracemalloc.start()
+    report = explain_files(["-"], stdin=Middle(mib, at))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    top = report.findings[0]
+    assert top.data.get("signature") == "nccl_watchdog_timeout" and top.ranks == (3,), (top.id, top.title)
+    line = (mib - at) * 16_384 + 1   # the chatter of the blocks before it, then the watchdog line
+    assert top.data["evidence"][0]["line"] == line and "SeqNum=77" in top.data["evidence"][0]["text"]
+    assert report.checks[0]["skipped_bytes"] > 16 << 20 and report.checks[0]["lines"] == mib * 16_384 + 1
+    assert peak < 64 << 20, peak
 
 
 def test_a_log_cut_mid_line_inside_a_traceback_names_the_rank_that_raised():
