@@ -420,6 +420,36 @@ def torchrun_sigabrt(tmp: Path) -> str:
     return _torchrun_kill(tmp, 2, 1, "os.abort()")
 
 
+# -- a job torchelastic restarted, run as a new user would -----------------------------------------
+
+STALE_RESTART_SCRIPT = """
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+config = {"lr": 0.1}
+for step in range(4):
+    if attempt == 0 and step == 2 and RANK == 1:
+        print(config["batch_size"])
+    dist.all_reduce(torch.ones(2))
+    print(f"rank {RANK} attempt {attempt} step {step}", flush=True)
+"""
+
+
+@scenario
+def elastic_restart_stale(tmp: Path) -> str:
+    """torchrun --standalone --nproc-per-node 2 --max-restarts 1, the plain env:// init a new user writes:
+    attempt 0's rank 1 raises KeyError; torch 2.13's restart reads the Gloo addresses attempt 0 left in
+    the agent's store, and a rank's connectFullMesh is refused on loopback (one host). Whether a
+    restart meets a stale address is a race: the job is run until one does (most runs recover)."""
+    script = write_script(tmp, "train.py", STALE_RESTART_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "--max-restarts", "1", str(script)]
+    for _ in range(12):
+        out = run(cmd, base_env(), limit=120)
+        if "connectFullMesh failed" in out and "Connection refused" in out:
+            return out
+    raise RuntimeError("12 restarts all recovered: no stale address met")
+
+
 def main(names: list[str]) -> int:
     FIXTURES.mkdir(parents=True, exist_ok=True)
     chosen = names or list(SCENARIOS)

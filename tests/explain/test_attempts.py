@@ -56,6 +56,22 @@ def test_the_jobs_end_is_its_last_attempt_and_the_earlier_attempt_is_listed_with
         assert "loss became NaN at step 2 on rank 1" in first["title"]
 
 
+def test_a_restart_refused_on_one_host_is_a_peer_not_listening_never_the_interface():
+    # A new user's job (make_fixtures.py elastic_restart_stale): torchrun --standalone, attempt 0's rank 1
+    # raises KeyError, the restart's connectFullMesh is refused on 127.0.0.1 (attempt 0's stale address).
+    report = explain_files([str(FIXTURES / "elastic_restart_stale.log")])
+    top = report.findings[0]
+    ranked = [c["cause"] for c in top.data["candidates"]]
+    assert top.data["attempt"] == 1 and top.cause == "rank_missing" and top.confidence < 0.8, (top.cause, ranked)
+    floor = {c["cause"]: c for c in top.data["candidates"]}
+    for cause in ("wrong_interface", "firewall"):
+        if cause in floor:  # one host: no network between hosts to fail
+            assert floor[cause]["confidence"] <= 0.02 and ranked.index(cause) >= 2, ranked
+            assert any("one host" in reason for reason in floor[cause]["reordered_by"])
+    first = next(f for f in report.findings if f.id == "log.I041").data["attempts"][0]
+    assert (first["cause"], first["ranks"]) == ("worker_exception", [1]) and "KeyError" in first["title"]
+
+
 def test_a_restart_that_recovered_is_no_failure_and_a_job_without_restarts_has_no_attempts():
     report = explain_files([str(FIXTURES / "elastic_recovered.log")])
     assert report.findings[0].id == "log.W030" and "shows no failure" in report.findings[0].detail

@@ -99,7 +99,7 @@ def test_every_fixture_file_is_covered():
     real = {p.stem for p in FIXTURES.glob("*.log")}
     synthetic = {p.stem for p in (FIXTURES / "synthetic").glob("*.log")}
     # The consoles of restarted jobs are judged attempt by attempt in test_attempts.py.
-    assert real == set(REAL) | {"elastic_restart", "elastic_restart_info", "elastic_recovered"}
+    assert real == set(REAL) | {"elastic_restart", "elastic_restart_info", "elastic_recovered", "elastic_restart_stale"}
     assert synthetic == set(SYNTHETIC)
 
 
