@@ -449,10 +449,21 @@ UNRECOGNISED = [
 _DISTRIBUTED = re.compile(r"torch[/.]distributed|distributed_c10d|ProcessGroup|c10d|NCCL WARN|gloo/")
 
 
+# A line whose only error word is a timeout's setting ("'timeout': 900", "timeout=1800") configures, it
+# does not fail.
+_SETTING = re.compile(r"(?i)time_?out['\"]?\s{0,3}[:=]")
+_FAILING = re.compile(r"(?i)error|fail|exception|killed|abort|fatal|timed out|segmentation")
+
+
+def failure_lines(acc: Accumulator) -> list[tuple[int, int, int, str, str]]:
+    """The relevant lines that look like a failure (an error word), not a timeout's setting."""
+    return [r for r in acc.relevant if r[0] >= 2 and (not _SETTING.search(r[4]) or _FAILING.search(r[4]))]
+
+
 def _went_on(acc: Accumulator, progress: dict[int, int]) -> bool:
     """The output shows the job at work after its last error-looking line (in that line's input), or at
     all when no line looks like an error: as far as these logs tell, nothing failed."""
-    errors = [(src, line) for score, src, line, *_ in acc.relevant if score >= 2]
+    errors = [(src, line) for _, src, line, *_ in failure_lines(acc)]
     if not errors:
         return acc.progress_seen
     return all(progress.get(src, -1) > line for src, line in errors)
@@ -463,7 +474,7 @@ def _distributed_fallback(found: Finding, acc: Accumulator, catalog: Catalog, we
     never 'unknown'. A log with nothing of torch.distributed in it, or one that shows no failure
     (no error line, or the job at work after it), keeps its reading."""
     # A failure: an error-looking line, or a traceback (cut before its exception line, it has none).
-    if not any(score >= 2 or "Traceback (most recent call last)" in text for score, *_, text in acc.relevant):
+    if not failure_lines(acc) and not any("Traceback (most recent call last)" in text for *_, text in acc.relevant):
         return found
     if "ctx_torch_distributed" not in acc.cues and not any(_DISTRIBUTED.search(text) for *_, text in acc.relevant):
         return found
@@ -489,8 +500,7 @@ def _unknown_finding(acc: Accumulator, catalog: Catalog, went_on: bool) -> Findi
     kind = catalog.kinds["log.W030"]
     lines = sorted(acc.relevant, key=lambda item: (item[1], item[2]))
     evidence = [{"file": f, "line": n, "text": clean_quote(t)} for _, _, n, f, t in lines]
-    failed = any(score >= 2 for score, *_ in acc.relevant)
-    steps = advice(acc, len(catalog.signatures), failed and not went_on)
+    steps = advice(acc, len(catalog.signatures), bool(failure_lines(acc)) and not went_on)
     if evidence and went_on:
         detail = ["No known failure signature matched, and the output shows the job at work (progress bars, steps, "
                   "losses): as far as these logs tell, nothing failed. The lines that look most relevant:"] \
