@@ -4,7 +4,7 @@
 # InfiniBand: every address is the host's own. The logs prove one host in two ways:
 # - they say so: torchrun --standalone, a rendezvous endpoint or MASTER_ADDR on loopback (an address
 #   only this host can reach: if the ranks met there, they all run here), a rendezvous of one node
-#   (the agent's group_world_size=1) — the catalog's `one_host` cue;
+#   (the agent's group_world_size=1) — the catalog's `ctx_one_host` cue;
 # - they count it: the world's size (Gloo's "rank=R, size=N", a rank's world_size=N) and torchrun's
 #   summary putting ranks 0..N-1 on the same host.
 # Without either, nothing is assumed: a multi-host job whose ranks published loopback addresses looks
@@ -23,7 +23,7 @@ MAX_WORLD = 4096  # beyond this a summary cannot list every rank anyway
 
 def one_host(acc: Accumulator, collector: RankCollector) -> str:
     """Why these logs show a job on one host ("" when they do not show it)."""
-    said = acc.cues.get("one_host")
+    said = acc.cues.get("ctx_one_host")
     if said is not None:
         evidence = said[1]
         return f"{evidence['file']}:{evidence['line']}: {evidence['text']}"

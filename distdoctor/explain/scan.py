@@ -297,8 +297,12 @@ class Scanner:
         return self._noticed
 
     def _mark_ends(self, block: str, first_line: int, source_index: int) -> None:
-        """Where a text that ends a signature's reading was last seen in this input (one rfind per text)."""
+        """Where a text that ends a signature's reading was last seen in this input (one rfind per text),
+        searched once the signature itself was seen (its start comes first)."""
+        seen = {g.signature.name for g in self.acc.groups.values()} if self._until else set()
         for name, token in self._until:
+            if name not in seen:
+                continue
             pos = block.rfind(token)
             if pos != -1:
                 self.acc.ended.setdefault(name, {})[source_index] = first_line + block.count("\n", 0, pos)
@@ -426,7 +430,7 @@ class Scanner:
             self.acc.nccl_versions.add(context.get("nccl_version", ""))
 
 
-GATE_WORDS = ("error", "exception", "failed", "timed out", "timeout", "killed", "fatal", "abort",
+GATE_WORDS = ("error", "exception", "failed", "timed out", "timeout", "killed", "fatal", "abort", "segmentation fault",
               "exit", "memory", "nccl", "cuda", "connect", "signal", "socket", "device", "peer", "missing",
               "libuv", "p2p", "gpu", "traceback", "tensor", "expected")
 # Gate words that are not relevance words: their lines are collected for the gated tokens only (one
@@ -464,6 +468,10 @@ def _find_relevance(block: str, lower: str, words: list[tuple[str, int]], releva
             start = block.rfind("\n", 0, i) + 1
             if weight:
                 relevance[start] = relevance.get(start, 0) + weight
+            elif len(lines) > GATED_LINES_PER_BLOCK:
+                # A gate word on this many lines (NCCL INFO chatter): its tokens are searched in the whole
+                # block (_find_gated), so its remaining lines need not be collected.
+                break
             lines.append(start)
             end = find("\n", i)
             i = lfind(word, end) if end != -1 else -1
