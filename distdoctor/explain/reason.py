@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distdoctor.explain.advice import advice
-from distdoctor.explain.candidates import GENERIC_CEILING, Ranked, describe, rank_candidates, rank_family
+from distdoctor.explain.candidates import (BETWEEN_HOSTS, GENERIC_CEILING, Ranked, describe, rank_candidates,
+                                          rank_family)
 from distdoctor.diagnosis.origin import DIST_ERRORS
 from distdoctor.explain.catalog import Catalog, render_template
 from distdoctor.explain.own_reports import findings_of_report, fold_alike
@@ -294,8 +295,15 @@ def _finding(root: Root, acc: Accumulator, catalog: Catalog) -> Finding:
             ranked = _every_rank_waited(ranked, group.ranks)
         top = ranked[0]
         kind, confidence = top.kind, top.confidence
+        ruled_out = bool(acc.one_host) and sig.cause in BETWEEN_HOSTS
+        if ruled_out:
+            # The reading the message itself gives needs two hosts: said first, never offered as the fallback.
+            detail.insert(0, f"These logs show one host ({acc.one_host}): the network between hosts (the "
+                             "interface, a firewall) cannot be at fault here.")
+            data["one_host"] = acc.one_host
         if top.kind is not sig.kind:
-            remediation = f"{top.kind.hint}. To confirm: {top.tell}\n(If it is not that: {remediation})"
+            remediation = f"{top.kind.hint}. To confirm: {top.tell}" + ("" if ruled_out else
+                                                                         f"\n(If it is not that: {remediation})")
         data["candidates"] = [r.to_dict() for r in ranked]
         data["tell_apart"] = render_template(sig.tell_apart, fields)
         detail += describe(ranked)
