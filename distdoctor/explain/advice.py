@@ -53,10 +53,10 @@ class Advice:
 
 def advice(acc: Accumulator, signatures: int, failed: bool) -> Advice:
     """failed: the logs hold an error-looking line (else they end while the job looked at work, or say nothing)."""
-    distributed = "ctx_torch_distributed" in acc.cues or any(
-        token in text for *_, text in acc.relevant for token in ("torch.distributed", "c10d", "NCCL", "gloo"))
     nccl = "ctx_nccl" in acc.cues
-    shown = [("torch.distributed at work (its frames, its backends' lines)" if distributed
+    distributed = nccl or "ctx_torch_distributed" in acc.cues or any(
+        token in text for *_, text in acc.relevant for token in ("torch.distributed", "c10d", "NCCL", "gloo"))
+    shown = [("torch.distributed at work (its frames, its backends' lines, NCCL named)" if distributed
               else "nothing of torch.distributed, a launcher or NCCL")]
     if acc.ranks_seen:
         shown.append(f"the lines of rank{'s' if len(acc.ranks_seen) != 1 else ''} {format_ranks(acc.ranks_seen)}")
