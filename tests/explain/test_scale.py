@@ -14,15 +14,16 @@ from distdoctor.explain import explain_files
 WORLD = 1024
 KILLED = 517
 # Measured at about 2 s here (benchmarks/bench_explain.py --ranks 1024, docs/performance.md); the bound
-# is the 10 s with slack for a loaded CI machine, not a timing claim.
+# is the 10 s with slack, not a timing claim, and on CPU time: at a load of 30+ on the shared
+# 2-core machine the wall time passed 60 s while the work did not change.
 DEADLINE_S = 60
 
 
 def test_a_1024_rank_job_names_the_silent_rank_and_groups_the_rest(tmp_path):
     write_job(tmp_path / "logs", WORLD, KILLED)
-    started = time.monotonic()
+    started = time.process_time()
     report = explain_files([str(tmp_path / "logs")])
-    elapsed = time.monotonic() - started
+    elapsed = time.process_time() - started
     top = report.findings[0]
     assert top.ranks == (KILLED,) and top.cause in ("oom_killed_rank", "rank_missing"), (top.ranks, top.title)
     others = f"ranks 0-{KILLED - 1}, {KILLED + 1}-{WORLD - 1}"
