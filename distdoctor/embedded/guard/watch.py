@@ -109,6 +109,7 @@ class EpisodeWatch:
         # together do not open their clients together.
         self.last_news = time.monotonic() - random.uniform(0.0, cadence.busy_interval_s(self.world))
         self.next_revision = 0.0
+        self.activity = ""                                  # what the poll in progress does, in words
 
     def start(self) -> "EpisodeWatch":
         self.thread = threading.Thread(target=self._watch, name="distdoctor-guard-watch", daemon=True)
@@ -122,15 +123,10 @@ class EpisodeWatch:
         if join_s and thread is not None and thread is not threading.current_thread():
             thread.join(join_s)
 
-    def settle(self, wait_s: float) -> None:
-        """At the rank's end: wait (bounded) for this thread's store request and the channel's connect
-        in progress, so that no thread is inside torch's C++ code when the interpreter finalizes."""
-        until = time.monotonic() + wait_s
+    def busy(self) -> str:
+        """What this thread is still doing after stop() ("" when it ended or is between polls)."""
         thread = getattr(self, "thread", None)
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(max(0.0, until - time.monotonic()))
-        if self.side is not None:
-            self.side.settle(max(0.0, until - time.monotonic()))
+        return self.activity if thread is not None and thread.is_alive() else ""
 
     # -- the loop ---------------------------------------------------------------------------------
     def _watch(self) -> None:
@@ -141,15 +137,20 @@ class EpisodeWatch:
                 self.host.fault("watchdog", exc)
 
     def poll(self) -> None:
+        self.activity = "reading this rank's progress"
         self.recorder.poll()
         stall = self.stall_now()
+        self.activity = "asking the job's store for news (a look to answer, a verdict)"
         self._news()
         if self.stopped.is_set() or self.ended:
+            self.activity = ""
             return
+        self.activity = "looking at a stall through the job's store"
         if self.own is not None:
             self._tend(self.own, stall)
         elif stall is not None and stall.seconds(self.clock()) >= self.hang_timeout and not self._following():
             self._open(stall)
+        self.activity = ""
 
     def stall_now(self) -> Stall | None:
         """This rank's longest stall now: what the flight recorder counts or, without it, the wait the
@@ -576,12 +577,15 @@ class EpisodeWatch:
     def _group_text(group: str) -> str:
         return "the default group" if group in ("0", "default") else f"group {group}"
 
-    def publish(self, kind: str, value: dict[str, Any]) -> None:
-        """Leave ``kind/<rank>`` (the final state at the end) for the others to read."""
+    def publish(self, kind: str, value: dict[str, Any]) -> str:
+        """Leave ``kind/<rank>`` (the final state at the end) for the others to read; why not, in words
+        ("" when it was left, or there is no channel)."""
         if self.side is None:
-            return
+            return ""
         try:
             # A final state is worth a short wait for a connection still being opened.
             self.side.publish(kind, self.rank, value, wait_s=cadence.FINAL_WAIT_S)
+            return ""
         except Exception as exc:  # said if the channel is ever needed
             self.channel_error = exc
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
