@@ -2,10 +2,12 @@
 
     python benchmarks/exit_abort.py --launches 300            # 300 guarded + 300 plain, 2 at a time
     python benchmarks/exit_abort.py --launches 20 --busy 1    # and one busy loop beside them
+    python benchmarks/exit_abort.py --kinds preflight,plain    # docs/examples/train_preflight.py beside plain
 
 Each launch is exit_job.py (a 4-rank DDP loop on gloo, ended by destroy_process_group without a
 barrier) under ``python -m torch.distributed.run --standalone --nproc-per-node 4``; a guarded launch is
-the same line under ``python -m distdoctor guard --``. Guarded and plain launches alternate, and
+the same line under ``python -m distdoctor guard --``; a preflight launch is docs/examples/train_preflight.py
+(distdoctor.init_process_group and preflight in the process, 2 ranks). The kinds alternate, and
 ``--parallel`` of them run at once (8 ranks on a 2-core machine is the load), so that the machine's
 state hits both alike. An abort is a launch whose output has "terminate called without an active
 exception" or whose ranks ended by SIGABRT (exitcode -6); any other failure is counted apart. Every
@@ -16,7 +18,6 @@ project's tests never relaunch a run, and this is how the abort is counted.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import signal
@@ -34,20 +35,28 @@ from timing import PYTHON, REPO, clean_env  # noqa: E402
 
 ABORT = "terminate called without an active exception"
 JOB = HERE / "exit_job.py"
+PREFLIGHT = Path(REPO) / "docs" / "examples" / "train_preflight.py"
 NPROC = 4
+KINDS = ("guarded", "plain", "preflight")
 
 
-def line(guarded: bool, report_dir: str) -> list[str]:
-    torchrun = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(NPROC), str(JOB)]
-    return [PYTHON, "-m", "distdoctor", "guard", "--report-dir", report_dir, "--", *torchrun] if guarded else torchrun
+def ranks(kind: str) -> int:
+    return 2 if kind == "preflight" else NPROC
 
 
-def launch(index: int, guarded: bool, bound_s: float) -> dict:
+def line(kind: str, report_dir: str) -> list[str]:
+    script = PREFLIGHT if kind == "preflight" else JOB
+    torchrun = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks(kind)), str(script)]
+    return [PYTHON, "-m", "distdoctor", "guard", "--report-dir", report_dir, "--", *torchrun] if kind == "guarded" \
+        else torchrun
+
+
+def launch(index: int, kind: str, bound_s: float) -> dict:
     """One launch, in a session of its own (every process it started is killed at the end, by its group)."""
     with tempfile.TemporaryDirectory(prefix="exit-abort-") as tmp:
         env = clean_env(OMP_NUM_THREADS="1", PYTHONPATH=REPO)
         started = time.monotonic()
-        proc = subprocess.Popen(line(guarded, tmp), env=env, cwd=tmp, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(line(kind, tmp), env=env, cwd=tmp, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             out, _ = proc.communicate(timeout=bound_s)
@@ -60,9 +69,9 @@ def launch(index: int, guarded: bool, bound_s: float) -> dict:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        done = sum(f"rank {r} done" in out for r in range(NPROC))
+        done = sum(f"rank {r} done" in out for r in range(ranks(kind)))
         abort = ABORT in out or "exitcode  : -6" in out or "exitcode: -6" in out
-        return {"launch": index, "guarded": guarded, "code": code, "abort": abort, "ranks_done": done,
+        return {"launch": index, "kind": kind, "code": code, "abort": abort, "ranks_done": done,
                 "wall_s": round(time.monotonic() - started, 2), "load": round(os.getloadavg()[0], 2),
                 "tail": out[-1500:] if (code != 0 or abort) else ""}
 
@@ -71,14 +80,14 @@ def busy_loops(count: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([PYTHON, "-c", "while True: pass"]) for _ in range(count)]
 
 
-def summary(rows: list[dict]) -> list[str]:
+def summary(rows: list[dict], kinds: list[str]) -> list[str]:
     out = []
-    for guarded in (True, False):
-        mine = [r for r in rows if r["guarded"] == guarded]
+    for kind in kinds:
+        mine = [r for r in rows if r["kind"] == kind]
         aborts = sum(r["abort"] for r in mine)
         other = sum(1 for r in mine if not r["abort"] and r["code"] != 0)
         loads = sorted(r["load"] for r in mine) or [0.0]
-        out.append(f"{'guarded' if guarded else 'plain  '}: {len(mine)} launches, {aborts} aborted at exit, "
+        out.append(f"{kind:<9}: {len(mine)} launches, {aborts} aborted at exit, "
                    f"{other} failed otherwise; load {loads[0]:.1f}-{loads[-1]:.1f} (median {loads[len(loads) // 2]:.1f})")
     return out
 
@@ -86,12 +95,14 @@ def summary(rows: list[dict]) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--launches", type=int, default=300, help="launches of each kind")
+    parser.add_argument("--kinds", default="guarded,plain", help=f"comma-separated, of {', '.join(KINDS)}")
     parser.add_argument("--parallel", type=int, default=2, help="launches at once")
     parser.add_argument("--busy", type=int, default=0, help="busy loops beside them (ended by their PID)")
     parser.add_argument("--bound", type=float, default=300.0, help="seconds one launch may take")
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "exit_abort.jsonl")
     args = parser.parse_args()
-    plan = list(itertools.islice(((i, i % 2 == 0) for i in itertools.count()), 2 * args.launches))
+    kinds = [k for k in args.kinds.split(",") if k in KINDS]
+    plan = [(i, kinds[i % len(kinds)]) for i in range(len(kinds) * args.launches)]
     loops = busy_loops(args.busy)
     rows: list[dict] = []
     started = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -102,13 +113,13 @@ def main() -> int:
                 sink.write(json.dumps(row) + "\n")
                 sink.flush()
                 if row["abort"] or row["code"] != 0:
-                    print(f"launch {row['launch']} ({'guarded' if row['guarded'] else 'plain'}): code {row['code']}, "
+                    print(f"launch {row['launch']} ({row['kind']}): code {row['code']}, "
                           f"abort {row['abort']}", flush=True)
     finally:
         for loop in loops:
             loop.kill()
     print(f"exit_abort.py, {started} to {time.strftime('%H:%M:%S')}, --parallel {args.parallel} --busy {args.busy}")
-    for text in summary(rows):
+    for text in summary(rows, kinds):
         print(text)
     return 0
 
