@@ -25,6 +25,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from typing import Iterable, Sequence
 
 from distdoctor.machine.service_identity import MAGIC, NOT_READY, PING, VALIDATE
@@ -34,6 +35,12 @@ KEY_PREFIX = b"/"
 SET, COMPARE_SET, GET, ADD, CHECK, DELETE_KEY, APPEND, MULTI_GET = 1, 2, 3, 4, 5, 8, 9, 10
 PINGING, VALIDATING, PRE_VALIDATION = "ping", "validating", "pre-validation"
 MAX_VALUE = 64 << 20  # a reply longer than this is not a store's answer to our keys: the stream is off
+# A refused connect is tried again within the connect's budget (a store restarting, a listen queue that
+# refuses when full), as torch's own client does; a failed reconnect makes the next requests fail at
+# once for a while (RETRY_FIRST_S, twice as long each time, at most RETRY_MOST_S), so a rank that
+# lost its store never spends a connect's budget on every request (its end makes several).
+REFUSED_PAUSE_S = 0.2
+RETRY_FIRST_S, RETRY_MOST_S = 1.0, 30.0
 
 
 class StoreWireError(ConnectionError):
@@ -71,12 +78,13 @@ class StoreClient:
         self.generation = ""            # decided by the first connection, kept for the next ones
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
+        self._failures = 0              # failed connections in a row
+        self._retry_at = 0.0            # time.monotonic(): no connection is tried before this
 
     # -- the connection ---------------------------------------------------------------------------
     def connect(self) -> "StoreClient":
         with self._lock:
-            if self._sock is None:
-                self._sock = self._open()
+            self._connection()
         return self
 
     def close(self) -> None:
@@ -91,24 +99,52 @@ class StoreClient:
             except OSError:
                 pass
 
-    def _dial(self) -> socket.socket:
-        try:
-            sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s)
-        except OSError as exc:
-            raise StoreWireError(f"cannot connect to the store at {self.host}:{self.port}: {exc.strerror or exc}") from exc
+    def _dial(self, budget_s: float) -> socket.socket:
+        """A TCP connection within ``budget_s``; a refused one is tried again until the budget is spent."""
+        until = time.monotonic() + budget_s
+        while True:
+            left = until - time.monotonic()
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=max(0.05, left))
+                break
+            except ConnectionRefusedError as exc:
+                if left <= REFUSED_PAUSE_S:
+                    raise StoreWireError(f"cannot connect to the store at {self.host}:{self.port}: "
+                                         f"{exc.strerror or exc} (for {budget_s:g} s)") from exc
+                time.sleep(REFUSED_PAUSE_S)
+            except OSError as exc:
+                raise StoreWireError(f"cannot connect to the store at {self.host}:{self.port}: "
+                                     f"{exc.strerror or exc}", timed_out=isinstance(exc, socket.timeout)) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
+
+    def _connection(self) -> socket.socket:
+        """The open connection, or a new one: the first gets the connect's budget, a reconnect the
+        request's; after a failed one, none is tried until its pause is over (the request fails at once)."""
+        if self._sock is not None:
+            return self._sock
+        if time.monotonic() < self._retry_at:
+            raise StoreWireError(f"no connection to the store at {self.host}:{self.port} (the last attempt failed "
+                                 f"{self._failures} time{'s' if self._failures > 1 else ''} in a row)")
+        try:
+            self._sock = self._open()
+        except StoreWireError:
+            self._failures += 1
+            self._retry_at = time.monotonic() + min(RETRY_MOST_S, RETRY_FIRST_S * 2 ** (self._failures - 1))
+            raise
+        self._failures, self._retry_at = 0, 0.0
+        return self._sock
 
     def _open(self) -> socket.socket:
         """A connection, validated as this store's generation wants (learnt on the first one)."""
         if self.generation:
-            sock = self._dial()
+            sock = self._dial(self.timeout_s)
             sock.settimeout(self.timeout_s)
             if self.generation != PRE_VALIDATION:
                 self._send(sock, struct.pack("<BI", VALIDATE, MAGIC))
             return sock
         for generation in (PINGING, VALIDATING, PRE_VALIDATION):
-            sock = self._dial()
+            sock = self._dial(self.connect_timeout_s)
             try:
                 if self._answers(sock, generation):
                     self.generation = generation
@@ -170,9 +206,7 @@ class StoreClient:
         """Send one query; read its reply ("vector", "i64", "byte", "vectors" (``count`` of them) or
         none). Any failure closes the connection, so no later request reads this one's answer."""
         with self._lock:
-            if self._sock is None:
-                self._sock = self._open()
-            sock = self._sock
+            sock = self._connection()
             if self.generation == PRE_VALIDATION:
                 query -= 1
             try:

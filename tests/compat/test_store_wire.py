@@ -121,3 +121,25 @@ def test_a_request_that_times_out_closes_the_connection_so_its_late_answer_is_ne
         assert via.add("count", 5) == 5  # a new connection: the answer read is this request's own
     finally:
         listener.close()
+
+
+def test_a_refused_connect_is_tried_again_within_its_budget_and_a_lost_store_fails_fast_after():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens here for now
+    started = []
+    threading.Timer(0.6, lambda: started.append(dist.TCPStore("127.0.0.1", port, is_master=True,
+                                                                wait_for_workers=False,
+                                                                timeout=timedelta(seconds=10)))).start()
+    client = StoreClient("127.0.0.1", port, timeout_s=2, connect_timeout_s=5)
+    assert client.add("n", 1) == 1  # refused at first, then the store listened: connected within 5 s
+    del started[:]  # the store's server goes away with its last reference
+    time.sleep(0.5)
+    client.close()
+    with pytest.raises(StoreWireError):
+        client.add("n", 1)  # reconnect refused for its whole budget (2 s)
+    began = time.monotonic()
+    with pytest.raises(StoreWireError) as raised:
+        client.add("n", 1)  # within the pause after a failed reconnect: at once, no budget spent
+    assert "the last attempt failed 1 time" in str(raised.value)  # said, not tried: no connect budget spent
+    assert time.monotonic() - began < client.timeout_s
