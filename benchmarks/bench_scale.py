@@ -4,7 +4,9 @@ guard's real channel and diagnosis.
 (a) Real: 16, 32, 48, 64 DDP ranks on gloo under `distdoctor guard --hang-timeout 5 -- torchrun --standalone`,
     rank 37 (or the middle rank) asleep 20 s before its fourth step: whether the first verdict on that stall
     names it alone with its line, and how long after the hang timeout it came (the guard's heading read off
-    the launcher's output as it is printed); the healthy twin (no one sleeps): how many stalls it reported.
+    the launcher's output as it is printed); the healthy twin (no one sleeps), launched after each straggler
+    run: whether it finished with exit 0 and the guard ended nothing, and how many stalls it reported.
+    `--record FILE` keeps every run (both kinds) as a JSON line.
     Stalls before the sleep are counted apart: 64 ranks importing torch on 2 cores start tens of seconds
     apart, and DDP's first collectives wait for the last (a real stall, reported as one).
 (b) Simulated (benchmarks/scale_sim.py): 256, 1,024 and 4,096 ranks, threads in a few processes, each with
@@ -125,12 +127,37 @@ def judge_real(run: dict[str, Any]) -> dict[str, Any]:
             "first": first, "stalls_before": len(before), "stalls_after": len(after) - len(at_line[:1])}
 
 
-def real_figures(sizes: tuple[int, ...], repeats: int, sleep_s: float) -> list[Figure]:
+ENDED = ("the guard ends the job", "the job ends,")
+
+
+def judge_twin(run: dict[str, Any]) -> dict[str, Any]:
+    """A healthy twin is right when it finished (exit 0) and the guard ended nothing."""
+    ended = any(end in line for line in run["said"] for end in ENDED)
+    return {"right": run["code"] == 0 and not ended, "ended": ended, "stalls": len(run["stalls"]),
+            "first_ids": [s["id"] for s in run["stalls"]]}
+
+
+def record_run(path: Path | None, run: dict[str, Any], judged: dict[str, Any]) -> None:
+    """Every run, straggler and twin alike, as one JSON line (what the guard said, how it was judged)."""
+    if path is not None:
+        with open(path, "a") as sink:
+            sink.write(json.dumps({**{k: v for k, v in run.items() if k != "said"}, "said": run["said"][-80:],
+                                   "judged": judged, "load": os.getloadavg()[0], "at": time.strftime("%H:%M:%S")},
+                                  default=str) + "\n")
+
+
+def real_figures(sizes: tuple[int, ...], repeats: int, sleep_s: float, record: Path | None = None) -> list[Figure]:
     figures = []
     for nproc in sizes:
         late = 37 if nproc > 37 else nproc // 2
-        runs = [judge_real(real_run(nproc, late, sleep_s)) for _ in range(repeats)]
-        twin = real_run(nproc, -1, sleep_s)
+        runs, twins = [], []
+        for _ in range(repeats):  # straggler and twin alternate: the machine's load hits both alike
+            run = real_run(nproc, late, sleep_s)
+            runs.append(judge_real(run))
+            record_run(record, run, runs[-1])
+            twin = real_run(nproc, -1, sleep_s)
+            twins.append(judge_twin(twin))
+            record_run(record, twin, twins[-1])
         # Every run's first verdict on the sleeper's stall is timed; whether it was right is in the note.
         times = [r["verdict_after_s"] for r in runs if r["verdict_after_s"] is not None]
         right = sum(r["right"] for r in runs)
@@ -139,8 +166,9 @@ def real_figures(sizes: tuple[int, ...], repeats: int, sleep_s: float) -> list[F
         note = (f"straggler named alone with its line in {right}/{len(runs)} runs; first verdicts: "
                 f"{[(r['first'] or {}).get('id') for r in runs]}{f' (not right: {wrong})' if wrong else ''}; "
                 f"other stalls before / after the sleep (ranks slow to start or CPU-starved): "
-                f"{[(r['stalls_before'], r['stalls_after']) for r in runs]}; healthy twin: {len(twin['stalls'])} stall(s) reported "
-                f"(exit {twin['code']}); load {os.getloadavg()[0]:.1f}")
+                f"{[(r['stalls_before'], r['stalls_after']) for r in runs]}; healthy twins finished, nothing ended: "
+                f"{sum(t['right'] for t in twins)}/{len(twins)} (stalls reported: {[t['stalls'] for t in twins]}, "
+                f"first verdicts {[t['first_ids'] for t in twins]}); load {os.getloadavg()[0]:.1f}")
         figures.append(Figure(f"real {nproc} ranks: verdict after hang timeout", f"{nproc} DDP ranks (gloo), rank {late} "
                               f"asleep {sleep_s:g} s, hang_timeout {HANG_TIMEOUT_S:g} s", median,
                               [round(t, 2) for t in times], target="<= 5 s after the hang timeout, every run (48, 64)",
@@ -191,6 +219,7 @@ def main() -> int:
     parser.set_defaults(repeats=1)
     parser.add_argument("--only", choices=("real", "sim"), default=None)
     parser.add_argument("--sizes", default="", help="comma-separated sizes for the part chosen with --only")
+    parser.add_argument("--record", type=Path, default=None, help="append every real run as a JSON line to this file")
     parser.add_argument("--child", nargs=3, metavar=("LATE", "MARK", "SLEEP"), help=argparse_suppress())
     args = parser.parse_args()
     if args.child:
@@ -200,7 +229,7 @@ def main() -> int:
     figures: list[Figure] = []
     if args.only in (None, "real"):
         figures += real_figures(sizes or (QUICK_REAL if args.quick else REAL_SIZES), args.repeats,
-                                HANG_TIMEOUT_S + 3 if args.quick else SLEEP_S)
+                                HANG_TIMEOUT_S + 3 if args.quick else SLEEP_S, args.record)
     if args.only in (None, "sim"):
         figures += sim_figures(sizes or (QUICK_SIM if args.quick else SIM_SIZES), args.quick)
         figures += asking_figures(sizes or (QUICK_SIM if args.quick else SIM_SIZES))

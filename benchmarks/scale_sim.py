@@ -107,6 +107,9 @@ class Host:
     def say(self, line: str) -> None:
         pass
 
+    def note(self, line: str) -> None:
+        pass
+
     def end(self, report: Any, why: list[str], rendered_here: bool, findings: Any = None) -> None:
         pass
 

@@ -32,6 +32,7 @@ from distdoctor.core.rank_groups import (MAX_LINES, as_ranges, group_ranks, grou
                                          within_budget)
 from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis import kinds
+from distdoctor.diagnosis.cut import EVERY_RANK_TAKES_PART
 from distdoctor.diagnosis.frames import is_user_file
 from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, NOT_HEARD, RAISED, RUNNING, UNKNOWN,
                                            UNREACHABLE, GroupProgress, PendingOp, RankSnapshot)
@@ -112,12 +113,6 @@ def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
         changed = any(new is not old for new, old in zip(groups, snap.groups))
         out.append(replace(snap, groups=tuple(groups)) if changed else snap)
     return out
-
-
-EVERY_RANK_TAKES_PART = frozenset({"all_reduce", "allreduce", "all_gather", "allgather", "_allgather_base",
-                                   "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-                                   "_reduce_scatter_base", "barrier", "all_to_all", "all_to_all_single", "alltoall",
-                                   "alltoall_base", "allreduce_coalesced", "allgather_coalesced"})
 
 
 def _passed(group: GroupProgress) -> bool:

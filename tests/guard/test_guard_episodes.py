@@ -92,6 +92,7 @@ class FakeHost:
         self.rank, self.started, self.make_state, self.timeout_s = rank, 0.0, make_state, timeout_s
         self.shown: list = []
         self.said: list[str] = []
+        self.noted: list[str] = []
         self.ended: list = []
         self.faults: list = []
 
@@ -113,6 +114,9 @@ class FakeHost:
 
     def say(self, line):
         self.said.append(line)
+
+    def note(self, line):
+        self.noted.append(line)
 
     def end(self, report, why, rendered_here, findings=None):
         self.ended.append((why, rendered_here, findings))

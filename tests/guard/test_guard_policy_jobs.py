@@ -73,7 +73,11 @@ def test_an_evaluation_longer_than_the_groups_timeout_ends_when_torch_ends_it_wi
     finally:
         if plain.poll() is None:
             os.killpg(plain.pid, signal.SIGKILL)
-    assert plain.returncode != 0 and "Timed out waiting 10000ms for recv operation to complete" in torch_out
+    # Plain torch ends it with its timeout: gloo's recv ("Timed out waiting 10000ms for recv operation"), or on a
+    # machine so loaded that the start-up itself outlasts the 10 s (the same timeout bounds the store's waits)
+    # with the store's ("Socket Timeout", "timed out after 10000ms").
+    assert plain.returncode != 0 and re.search(r"Timed out waiting 10000ms|timed out after 10000ms|Socket Timeout",
+                                               torch_out), torch_out[-3000:]
     out = result.stdout
     assert result.returncode != 0 and "rank 0 done" not in out, out[-6000:]
     [watched] = stall_reports(out)[:1]

@@ -1,7 +1,11 @@
 """The guard's side channel: a TCPStore client of its own on the job's store, opened when first needed, batched reads."""
 
 # Never the process group (it may be the stuck thing) and never the group's own store client (a
-# thread blocked in it would hold it): a client of its own, every operation bounded by its timeout.
+# thread blocked in it would hold it): a client of its own, in plain Python sockets
+# (world.store_wire), every operation bounded by its timeout. Not torch's TCPStore client: a thread
+# inside torch's C++ code when the interpreter finalizes aborts the process as it comes back
+# ("terminate called without an active exception"), so a client opened or asked in the guard's own
+# threads must be one whose calls end in Python.
 # At thousands of ranks the store is the job's one shared resource, so the channel costs it little:
 #   - no connection storm: the client is opened at the first need (the watchdog's first poll,
 #     jittered over its first interval, or a stall), retried with backoff within a budget, and
@@ -11,10 +15,8 @@
 #     state) is a key per rank plus one roster key they append their rank to, so a reader gets the
 #     roster (one request) and the values it lists (one multi_get per 256 keys): O(1) round trips
 #     per read, not 2 per rank;
-#   - no read waits: torch's get and multi_get wait for missing keys (a thread blocked in a store
-#     wait aborts the process at exit when rank 0 hosts the store), so a key that may be missing is
-#     read with compare_set (world.store_api.get_if_present), one request that never waits.
-# What a torch release lacks (append, multi_get, check) is made from what it has (world.store_api).
+#   - no read waits: a key that may be missing is read with compare_set
+#     (world.store_api.get_if_present), one request that never waits.
 # Every request is counted with its bytes and its round trip: the answer deadline adapts to it
 # (embedded.guard.cadence) and benchmarks/bench_scale.py reports it.
 
@@ -26,30 +28,25 @@ import random
 import threading
 import time
 import uuid
-from datetime import timedelta
 from typing import Any, Callable, Iterable
 
 from distdoctor.world import store_api
 
 STORE_OP_TIMEOUT_S = 5.0
-# torch's TCPStore client sometimes waits 5 s in one connection attempt and then retries (measured on
-# 2.13 with one idle store on loopback: about one connect in 25, whichever backend serves it): with a
-# 5 s deadline that attempt is a DistNetworkError. So the client is opened with a longer deadline,
-# then every request gets STORE_OP_TIMEOUT_S (Store.set_timeout).
+# The first connection (and its handshake) may wait longer than a request: a store that thousands of
+# ranks connect to at once accepts and answers late. It is opened in a thread of its own, so the
+# watchdog never waits for it.
 CONNECT_TIMEOUT_S = 30.0
 CONNECT_BUDGET_S = 120.0   # how long a rank keeps trying to open its client before it reports alone
 MULTI_GET_CHUNK = 256      # keys per multi_get: one request stays bounded on a slow store
 
 
 def open_client(host: str, port: int, timeout_s: float = STORE_OP_TIMEOUT_S) -> Any:
-    """A TCPStore client of the store at host:port: CONNECT_TIMEOUT_S to connect, ``timeout_s`` per request."""
-    import torch.distributed as dist  # the caller imported it already: torch is loaded by now
+    """A client of the store at host:port (world.store_wire): CONNECT_TIMEOUT_S to connect, ``timeout_s``
+    per request; connected (and its protocol learnt) before it is returned."""
+    from distdoctor.world.store_wire import StoreClient
 
-    talk = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=max(CONNECT_TIMEOUT_S, timeout_s)),
-                         wait_for_workers=False)
-    if callable(getattr(talk, "set_timeout", None)):
-        talk.set_timeout(timedelta(seconds=timeout_s))
-    return talk
+    return StoreClient(host, port, timeout_s=timeout_s, connect_timeout_s=max(CONNECT_TIMEOUT_S, timeout_s)).connect()
 
 
 class ChannelDown(ConnectionError):
@@ -172,15 +169,11 @@ class SideChannel:
             raise ChannelDown(f"not connected to the job's store yet{f' ({self.problem})' if self.problem else ''}")
         return self._talk
 
-    def settle(self, wait_s: float) -> bool:
-        """Wait up to ``wait_s`` for a connection in progress to end; True when none is left. A process
-        must not exit with this thread inside torch's C++ connect: when it returns into a finalizing
-        interpreter, the thread is unwound through C++ frames that do not allow it, and the process
-        aborts ("terminate called without an active exception", exit -6) after a clean run."""
+    @property
+    def connecting(self) -> bool:
+        """A connection is being opened now (in its own thread)."""
         connecting = self._connecting
-        if connecting is not None and connecting is not threading.current_thread():
-            connecting.join(wait_s)
-        return self._connecting is None or not self._connecting.is_alive()
+        return connecting is not None and connecting.is_alive()
 
     def _start_connecting(self) -> None:
         now = time.monotonic()

@@ -62,6 +62,21 @@ def leave(report_dir: str | None, rank: int, snapshot: dict[str, Any], flight: A
         _write(root / FR_DIR / f"{FR_PREFIX}{rank}", dump)
 
 
+def note(report_dir: str | None, rank: int, line: str) -> bool:
+    """One line in the rank's guard log (distdoctor-guard-rank<N>.log); False when there is no report
+    directory or it cannot be written (the caller says the line elsewhere)."""
+    if not report_dir:
+        return False
+    try:
+        root = Path(report_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        with open(root / f"distdoctor-guard-rank{rank}.log", "a", encoding="utf-8") as log:
+            log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+        return True
+    except OSError:
+        return False
+
+
 def write_report(report_dir: str | None, rank: int, kind: str, report: Any) -> Path | None:
     if not report_dir:
         return None

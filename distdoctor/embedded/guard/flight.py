@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import threading
 import time
 from typing import Any, Callable, Mapping
 
@@ -95,6 +96,20 @@ class FlightRecorder:
         self.failures = 0                                    # failed reads in a row
         self.failure = ""                                    # the last one, in words
         self.retry_at = 0.0                                  # clock(): no read before this after a failure
+        # The gate every read passes: once closed (the rank's end), only the thread that closed it reads.
+        # A thread inside torch's C++ code when the interpreter finalizes aborts the process as it comes
+        # back, so no thread of the guard's may be in a read then; a read does no I/O, so closing waits
+        # only for the one in progress.
+        self._gate = threading.Lock()
+        self._closed_by: int | None = None
+
+    def close(self) -> None:
+        """From now on only this thread reads the recorder (the others' reads answer None)."""
+        with self._gate:
+            self._closed_by = threading.get_ident()
+
+    def _shut(self) -> bool:
+        return self._closed_by is not None and self._closed_by != threading.get_ident()
 
     @property
     def problem(self) -> str:
@@ -118,13 +133,17 @@ class FlightRecorder:
     def _read(self, collectives: bool) -> dict[str, Any] | None:
         """One dump; a failure is counted (the next read waits) and gives None, never an exception."""
         try:
-            if self._json is not None:
-                dump = json.loads(self._json(includeCollectives=collectives, onlyActive=False))
-            elif self._pickle is not None:
-                # The process's own recorder, read back in the same process: no foreign input.
-                dump = pickle.loads(self._pickle(includeCollectives=collectives, includeStackTraces=False))
-            else:
-                return None
+            with self._gate:
+                if self._shut():
+                    return None
+                if self._json is not None:
+                    raw: Any = self._json(includeCollectives=collectives, onlyActive=False)
+                elif self._pickle is not None:
+                    raw = self._pickle(includeCollectives=collectives, includeStackTraces=False)
+                else:
+                    return None
+            # The process's own recorder, read back in the same process: no foreign input.
+            dump = json.loads(raw) if self._json is not None else pickle.loads(raw)
         except Exception as exc:  # the recorder must never take the guard down
             self._failed(exc)
             return None
@@ -158,6 +177,9 @@ class FlightRecorder:
         if not self.usable or self._pickle is None:
             return None
         try:
-            return bytes(self._pickle(includeCollectives=True, includeStackTraces=False, onlyActive=False))
+            with self._gate:
+                if self._shut():
+                    return None
+                return bytes(self._pickle(includeCollectives=True, includeStackTraces=False, onlyActive=False))
         except Exception:  # evidence is best effort
             return None

@@ -11,7 +11,9 @@
 #                            share one look (the others answer it)
 #   look/<n>/state/<rank>    each rank's answer, and look/<n>/state/roster the ranks that answered
 #   look/<n>/verdict         the findings (without their per-rank snapshots: every rank reads them),
-#                            the action, the episode; look/<n>/ack counts the ranks that read an END
+#                            the action, the episode, its serial; "pending" while the answering ranks
+#                            confirm it (embedded.guard.confirm): look/<n>/ack/<serial> counts their
+#                            confirmations, look/<n>/ack/end the ranks that read a confirmed END
 # The asking rank reads the roster and the answers it lists (embedded.guard.channel: O(1) requests
 # per poll) until every rank answered or the answer deadline passed (embedded.guard.cadence).
 
@@ -158,11 +160,13 @@ class Board:
 
     # -- the verdict -----------------------------------------------------------------------------
     def publish(self, look: int, findings: list[Finding], renderer: int, action: str, reason: str,
-                episode: int | None) -> None:
+                episode: int | None, serial: int = 0, pending: bool = False) -> None:
+        """The verdict of ``look``; ``pending``: said only once the ranks that answered confirm it."""
         self.side.put(self.side.key("look", look, "verdict"),
                       {"findings": [slim(f) for f in findings], "renderer": renderer, "action": action,
-                       "reason": reason, "episode": episode})
-        self._phase(look, action, episode)
+                       "reason": reason, "episode": episode, "serial": serial, "pending": pending})
+        if not pending:
+            self._phase(look, action, episode)
         self.bump()
 
     def _phase(self, look: int, phase: str, episode: int | None) -> None:
@@ -174,11 +178,12 @@ class Board:
         value = self.side.get_if_present(self.side.key("look", look, "verdict"))
         return value if isinstance(value, dict) else None
 
-    def ack(self, look: int) -> None:
-        self.side.count(self.side.key("look", look, "ack"))
+    def ack(self, look: int, what: Any = "end", by: int = 1) -> None:
+        """Count this rank in ``look/<n>/ack/<what>`` (a confirmation: 1 still, confirm.MOVED moved)."""
+        self.side.count(self.side.key("look", look, "ack", what), by)
 
-    def acks(self, look: int) -> int:
-        return self.side.count(self.side.key("look", look, "ack"), 0)
+    def acks(self, look: int, what: Any = "end") -> int:
+        return self.side.count(self.side.key("look", look, "ack", what), 0)
 
     def closed(self, episode: int) -> bool:
         return self.side.get_if_present(self.side.key("episode", episode, "closed")) is not None
@@ -192,7 +197,7 @@ class Board:
     def forget(self, look: int) -> None:
         """A look long done: its request, roster, verdict and acks (each rank deletes its own answer)."""
         if look >= 1:
-            self.side.forget([self.side.key("look", look, part) for part in ("request", "verdict", "ack")]
+            self.side.forget([self.side.key("look", look, part) for part in ("request", "verdict", "ack/end")]
                              + [self.side.key(f"look/{look}/state", "roster")])
 
 

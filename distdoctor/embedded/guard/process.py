@@ -31,9 +31,9 @@ from distdoctor.core.findings import Finding
 from distdoctor.core.report import Report, WorldSummary, build_report
 from distdoctor.machine.launchers import detect
 
-# At the rank's end, how long it waits for the watchdog's store request or the channel's connect in
-# progress (each bounded by torch's own timeouts) before the interpreter may finalize around them.
-SETTLE_S = 10.0
+# At the rank's end, how long it waits for the watchdog's poll in progress to end (a store request of
+# its own is bounded by the channel's timeout): past that, what the poll was doing is dropped, and said.
+STOP_WAIT_S = 1.0
 
 
 class Guard:
@@ -168,14 +168,20 @@ class Guard:
         where = "destroy_process_group" if phase == "destroyed" else "exit"
         for record in self.works.pending():
             self.findings.append(gf.work_finding(gf.PENDING, record, self.rank, f"never waited on, still pending at {where}"))
+        # No thread of the guard's is inside torch's C++ code from here on, by construction: the store
+        # client is plain Python (world.store_wire) and the recorder's gate is closed to every thread but
+        # this one (a read in progress ends first: it does no I/O). The interpreter may then finalize
+        # around the guard's threads at any moment without aborting the process.
+        self.flight.close()
         if self.watch is not None:
-            self.watch.stop(join_s=1.0)
+            self.watch.stop(join_s=STOP_WAIT_S)
+            if self.watch.busy():
+                self.note(f"this rank ended while its watchdog was {self.watch.busy()}: that is dropped")
             self.watch.finish()
             if not self.final_left or self.crash.withdrawn():  # withdrawn: a failed call's error was caught
                 self.leave_final(self.state(FINISHED, keep=False))
             self.stall_summary(wait_s=self.settings.answer_s)
             evidence.finish(self.settings.report_dir, self.rank, self.world, self.flight, self.watch.saw_episodes)
-            self.watch.settle(SETTLE_S)
         if self.findings and not self.concluded:
             report = self.report()
             sys.stderr.write(api.render_text(report, f"distdoctor guard (rank {self.rank}) at {where}:") + "\n")
@@ -185,7 +191,10 @@ class Guard:
         """A rank that finishes or raises leaves its last state, so a peer still waiting can say so."""
         self.final_left = True
         if self.watch is not None:
-            self.watch.publish("final", {**state, "final": True})
+            problem = self.watch.publish("final", {**state, "final": True})
+            if problem:
+                self.note(f"its final state ({state.get('snapshot', {}).get('status', '?')}) was not left in the "
+                          f"job's store ({problem}): a peer still waiting will not read it")
 
     # -- the guarded call --------------------------------------------------------------------
     def group_ranks(self, name: str) -> list[int]:
@@ -399,6 +408,12 @@ class Guard:
             sys.stderr.flush()
         except Exception:  # stderr closed: nothing left to tell
             pass
+
+    def note(self, line: str) -> None:
+        """What the guard dropped (a result it could not deliver), in its log: the report directory's
+        distdoctor-guard-rank<N>.log when there is one, else stderr."""
+        if not evidence.note(self.settings.report_dir, self.rank, line):
+            self.say(line)
 
     def fault(self, part: str, exc: BaseException) -> None:
         """A fault of the guard's own: said once per part and kind (guard.W012); the guard stays on."""

@@ -34,19 +34,31 @@ def dropped_send(states: Mapping[int, Any]) -> Finding | None:
     return None
 
 
+def _snapshots(states: Mapping[int, Any], ranks: list[int]) -> list[RankSnapshot]:
+    """The answers' snapshots of ``ranks`` (each read once, as it arrived: embedded.guard.looks.parse_answer)."""
+    snaps = []
+    for rank in ranks:
+        state = states.get(rank)
+        raw = state.get("snapshot") if isinstance(state, dict) else None
+        snap = raw if isinstance(raw, RankSnapshot) else RankSnapshot.from_dict(raw)
+        if snap is not None and snap.rank == rank:
+            snaps.append(snap)
+    return snaps
+
+
+def cut_problem(states: Mapping[int, Any], ranks: list[int]) -> str:
+    """Why these answers cannot describe one moment of the job ("" when they can: diagnosis.cut)."""
+    from distdoctor.diagnosis.cut import impossible  # loaded only when a stall is looked at
+
+    return "; ".join(impossible(_snapshots(states, ranks)))
+
+
 def decide(states: Mapping[int, Any], ranks: list[int], waited_s: float | None, *,
            world_known: bool = True) -> list[Finding]:
     """Findings for ``ranks`` from their published states ({"snapshot", "running", "dropped"})."""
     from distdoctor.diagnosis.diagnose import diagnose  # loaded only when a hang or a failure is diagnosed
 
-    snaps = []
-    for rank in ranks:
-        state = states.get(rank)
-        raw = state.get("snapshot") if isinstance(state, dict) else None
-        # A look reads each answer as it arrives (embedded.guard.looks.parse_answer): already a snapshot.
-        snap = raw if isinstance(raw, RankSnapshot) else RankSnapshot.from_dict(raw)
-        if snap is not None and snap.rank == rank:
-            snaps.append(snap)
+    snaps = _snapshots(states, ranks)
     found = diagnose(snaps, world_size=None, waited_s=waited_s) if not world_known else \
         diagnose(_all(snaps, ranks), waited_s=waited_s)
     dropped = dropped_send(states)

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from distdoctor.core.findings import Finding
 from distdoctor.embedded.guard import cadence, policy
+from distdoctor.embedded.guard import confirm
 from distdoctor.embedded.guard.channel import CONNECT_TIMEOUT_S, ChannelDown, SideChannel
 from distdoctor.embedded.guard.episodes import Episode, Ledger, facts
 from distdoctor.embedded.guard.looks import Board, parse_answer
@@ -40,6 +41,7 @@ from distdoctor.embedded.guard.mainthread import MainThread
 from distdoctor.embedded.guard.peers import absent_snapshot
 from distdoctor.embedded.guard.record import Recorder
 from distdoctor.embedded.guard.stall import Backoff, Stall, StallClock, in_wait, longest, still
+from distdoctor.embedded.guard.verdict import cut_problem
 
 
 class Host(Protocol):
@@ -55,6 +57,7 @@ class Host(Protocol):
     def decide(self, states: dict[int, Any], ranks: list[int], waited: float, world_known: bool) -> list[Finding]: ...
     def show(self, findings: list[Finding], heading: str, ranks: list[int], decision: policy.Decision) -> Any: ...
     def say(self, line: str) -> None: ...
+    def note(self, line: str) -> None: ...
     def end(self, report: Any, why: list[str], rendered_here: bool, findings: list[Finding] | None = None) -> None: ...
     def fault(self, part: str, exc: BaseException) -> None: ...
     def stalls_changed(self) -> None: ...
@@ -77,6 +80,7 @@ class Seen:
     ranks: list[int] = field(default_factory=list)
     failed: bool = False                               # the diagnosis itself failed (said as a fault)
     waited_s: float = 0.0                              # how long it waited for answers
+    stale: str = ""                                    # why the answers cannot be one moment (no verdict)
 
     @property
     def not_heard(self) -> list[int]:
@@ -109,6 +113,11 @@ class EpisodeWatch:
         # together do not open their clients together.
         self.last_news = time.monotonic() - random.uniform(0.0, cadence.busy_interval_s(self.world))
         self.next_revision = 0.0
+        self.activity = ""                                  # what the poll in progress does, in words
+        self.answered = confirm.Answered()                  # the progress this rank answered each look with
+        self.status: dict[str, tuple[int, int]] | None = None  # the recorder's counts at the last poll
+        self.last_stall: Stall | None = None                # this rank's stall at the last poll
+        self.serial = 0                                     # the verdicts this rank published
 
     def start(self) -> "EpisodeWatch":
         self.thread = threading.Thread(target=self._watch, name="distdoctor-guard-watch", daemon=True)
@@ -122,15 +131,10 @@ class EpisodeWatch:
         if join_s and thread is not None and thread is not threading.current_thread():
             thread.join(join_s)
 
-    def settle(self, wait_s: float) -> None:
-        """At the rank's end: wait (bounded) for this thread's store request and the channel's connect
-        in progress, so that no thread is inside torch's C++ code when the interpreter finalizes."""
-        until = time.monotonic() + wait_s
+    def busy(self) -> str:
+        """What this thread is still doing after stop() ("" when it ended or is between polls)."""
         thread = getattr(self, "thread", None)
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(max(0.0, until - time.monotonic()))
-        if self.side is not None:
-            self.side.settle(max(0.0, until - time.monotonic()))
+        return self.activity if thread is not None and thread.is_alive() else ""
 
     # -- the loop ---------------------------------------------------------------------------------
     def _watch(self) -> None:
@@ -141,25 +145,38 @@ class EpisodeWatch:
                 self.host.fault("watchdog", exc)
 
     def poll(self) -> None:
+        self.activity = "reading this rank's progress"
         self.recorder.poll()
         stall = self.stall_now()
+        self.activity = "asking the job's store for news (a look to answer, a verdict)"
         self._news()
         if self.stopped.is_set() or self.ended:
+            self.activity = ""
             return
+        self.activity = "looking at a stall through the job's store"
         if self.own is not None:
             self._tend(self.own, stall)
         elif stall is not None and stall.seconds(self.clock()) >= self.hang_timeout and not self._following():
             self._open(stall)
+        self.activity = ""
 
     def stall_now(self) -> Stall | None:
         """This rank's longest stall now: what the flight recorder counts or, without it, the wait the
         main thread's stack shows (looked at every poll), and the guarded calls still running."""
         if self.flight is not None and self.flight.usable:
-            status = self.flight.status()
+            status = self.status = self.flight.status()
             self._moving((tuple(sorted(status.items())), self.recorder.calls))
-            return longest(self.recorder, self.stalls.update(status, self.clock()))
+            self.last_stall = longest(self.recorder, self.stalls.update(status, self.clock()))
+            return self.last_stall
+        self.status = None
         self._moving((self.recorder.calls, len(self.recorder.running_records())))
-        return longest(self.recorder, self._main_wait())
+        self.last_stall = longest(self.recorder, self._main_wait())
+        return self.last_stall
+
+    def marks(self) -> confirm.Marks:
+        """This rank's progress as of its last poll (embedded.guard.confirm)."""
+        stall = self.last_stall
+        return confirm.marks(self.status, self.recorder, stall.since if stall is not None else None)
 
     def _moving(self, counters: Any) -> None:
         if counters != self.moved[0]:
@@ -215,24 +232,41 @@ class EpisodeWatch:
                 continue
             if first and board.verdict(look) is not None:
                 continue  # a look finished before this rank first asked (it joined late)
-            self._answer(look)
+            self._answer(look, str(request.get("group") or ""))
         board.answered = max(board.answered, latest)
         for look, since in sorted(board.awaiting.items()):
             verdict = board.verdict(look)
-            if verdict is not None:
+            if verdict is not None and verdict.get("pending"):
+                self._confirm_theirs(look, verdict)  # still awaited: the confirmed verdict follows
+            elif verdict is not None:
                 board.awaiting.pop(look, None)
                 self._follow(look, verdict)
             elif time.monotonic() - since > cadence.MAX_ANSWER_S + 2 * recheck_s(self.hang_timeout):
                 board.awaiting.pop(look, None)  # the asking rank ended before its verdict: nothing to follow
+        for look in [n for n in board.mine if n not in board.awaiting]:
+            verdict = board.verdict(look)  # a look this rank answered, judged again (late answers revise it)
+            if verdict is not None and verdict.get("pending"):
+                self._confirm_theirs(look, verdict)
         if self.following is not None and board.closed(self.following[0]):
             self.following = None
 
-    def _answer(self, look: int) -> None:
+    def _answer(self, look: int, group: str) -> None:
         board = self.board
         assert board is not None
+        self.answered.keep(look, self.marks(), group)
         board.answer(look, self.host.state())
         board.awaiting[look] = time.monotonic()
         self.saw_episodes = True
+
+    def _confirm_theirs(self, look: int, verdict: dict[str, Any]) -> None:
+        """Another rank's pending verdict on a look this rank answered: whether this rank moved since."""
+        board, key = self.board, (look, verdict.get("serial"))
+        assert board is not None
+        if key in self.answered.acked:
+            return
+        self.answered.acked.add(key)
+        moved = self.answered.moved(look, self.marks())
+        board.ack(look, verdict.get("serial"), confirm.MOVED if moved else 1)
 
     def _follow(self, look: int, verdict: dict[str, Any]) -> None:
         board = self.board
@@ -247,7 +281,7 @@ class EpisodeWatch:
             for line in [f"the job ends, {verdict.get('reason')} (rank {verdict.get('renderer')}'s verdict): "
                          + why[0], *why[1:]]:
                 self.host.say(line)
-            board.ack(look)
+            board.ack(look, "end")
             self.host.end(None, [], False, findings)
         elif action == policy.WATCH and isinstance(episode, int) and episode != (self.own.id if self.own else None):
             self.following = (episode, self.clock())
@@ -277,8 +311,9 @@ class EpisodeWatch:
                 look, mine = self._claim(board, stall, previous is None)
                 if not mine:
                     if look is not None and look not in board.mine:
-                        self._answer(look)
+                        self._answer(look, stall.group)
                     return None
+                self.answered.keep(look, self.marks(), stall.group)
                 board.answer(look, self.host.state())
                 board.bump()
                 wait = cadence.answer_wait(len(ranks), self.answer_s, self.side.traffic.rtt_s)
@@ -323,7 +358,9 @@ class EpisodeWatch:
         """The diagnosis of what a look saw. Its own failure is said as the diagnosis' (guard.W012),
         never as the store's, and leaves the verdict empty and marked failed."""
         try:
-            seen.findings = self.host.decide(seen.states, seen.ranks, stall.seconds(self.clock()), seen.world_known)
+            seen.stale = cut_problem(seen.states, seen.ranks)
+            seen.findings = [] if seen.stale else \
+                self.host.decide(seen.states, seen.ranks, stall.seconds(self.clock()), seen.world_known)
         except Exception as exc:
             self.host.fault("diagnosis", exc)
             seen.findings, seen.failed = [], True
@@ -401,6 +438,10 @@ class EpisodeWatch:
             self._publish(seen.look, [], policy.Decision(policy.NONE, "the diagnosis failed"), None)
             return
         decision = self._decision(seen.findings, seen.world_known, stall)
+        why = seen.stale or (self._confirmed(seen, decision) if decision.action != policy.NONE else "")
+        if why:  # the answers were not one moment: no verdict, the stall is looked at again
+            self._look_again(seen, stall, why)
+            return
         waited = stall.seconds(self.clock())
         # Nothing to report now: the next look at this stall waits, longer each time (a look every poll
         # would load the store), and the same stall looked at again is said once.
@@ -425,6 +466,43 @@ class EpisodeWatch:
         if decision.action == policy.END:
             self._end(report, seen.look, seen.answers, episode)
         self.own, self.seen = episode, seen
+
+    def _confirmed(self, seen: Seen, decision: policy.Decision) -> str:
+        """Why this look's verdict does not stand ("" when this rank and every rank that answered
+        confirmed that it did not move since its answer: embedded.guard.confirm)."""
+        if seen.look is None or self.board is None or self.side is None:
+            return ""  # judged from this rank's own view, taken just now
+        self.stall_now()  # this rank's progress now: a read of its own recorder, no request
+        if self.answered.moved(seen.look, self.marks()):
+            return "this rank moved after its answer: the answers were not one moment of the job"
+        if not seen.answers:
+            return ""
+        self.serial += 1
+        serial, board = self.serial, self.board
+        try:
+            board.publish(seen.look, seen.findings, self.rank, decision.action, decision.reason, None, serial,
+                          pending=True)
+            wait = cadence.answer_wait(len(seen.ranks), self.answer_s, self.side.traffic.rtt_s).last_s
+            still_, moved = confirm.await_acks(lambda: board.acks(seen.look, serial), seen.answers, wait,
+                                               self.stopped.is_set)
+            self.side.forget([self.side.key("look", seen.look, "ack", serial)])
+        except Exception as exc:  # the store failed: nothing confirms the answers, so nothing is said on them
+            self.host.fault("store channel", exc)
+            return f"the ranks' confirmations could not be read ({type(exc).__name__})"
+        return confirm.unconfirmed(still_, moved, seen.answers)
+
+    def _look_again(self, seen: Seen, stall: Stall, why: str, episode: Episode | None = None) -> None:
+        """No verdict from this look (why: in words): the ranks waiting for one are told, the guard's log
+        says why, and the stall is looked at again later (an open episode keeps its verdict)."""
+        if episode is None:
+            self.backoff.empty(stall, self.clock())
+            decision = policy.Decision(policy.NONE, f"no verdict: {why}")
+            self._publish(seen.look, [], decision, None)
+        else:
+            self._publish(seen.look, episode.findings, self._decision(episode.findings, True, episode.stall,
+                                                                      episode.deadline_at), episode)
+        self.host.note(f"a look at the stall in {self._group_text(stall.group)} gave no verdict: {why}; "
+                       "it is looked at again")
 
     def _tend(self, episode: Episode, stall: Stall | None) -> None:
         if not still(episode.stall, stall):
@@ -464,16 +542,23 @@ class EpisodeWatch:
 
     def _verdict_again(self, episode: Episode, stall: Stall, seen: Seen, what: str) -> None:
         """A later look's verdict on an open episode: said when it changed, or when it ends the job."""
+        if seen.stale:
+            self._look_again(seen, stall, seen.stale, episode)
+            return
         decision = self._decision(seen.findings, seen.world_known, episode.stall, episode.deadline_at)
         if decision.action == policy.NONE:  # the stall cleared meanwhile: closed at the next poll
             self._publish(seen.look, seen.findings, decision, episode)
             return
-        self.seen = seen
         changed = replace(episode, findings=seen.findings).identity != episode.identity
         if changed and decision.action != policy.END and policy.arriving(episode.findings, seen.findings):
             # The late rank arrived and the collective is completing: the stall closes at a poll soon.
             self._publish(seen.look, episode.findings, decision, episode)
             return
+        why = self._confirmed(seen, decision) if changed or decision.action == policy.END else ""
+        if why:
+            self._look_again(seen, stall, why, episode)
+            return
+        self.seen = seen
         report = None
         if changed or decision.action == policy.END:
             episode.findings, episode.action, episode.reports = seen.findings, decision.action, episode.reports + 1
@@ -521,7 +606,7 @@ class EpisodeWatch:
         if look is not None and self.board is not None and answers:
             until = time.monotonic() + cadence.ack_wait_s(self.world)
             try:
-                while time.monotonic() < until and self.board.acks(look) < answers:
+                while time.monotonic() < until and self.board.acks(look, "end") < answers:
                     time.sleep(0.05)
             except Exception:  # the store is gone: nobody is left to read the verdict
                 pass
@@ -576,12 +661,15 @@ class EpisodeWatch:
     def _group_text(group: str) -> str:
         return "the default group" if group in ("0", "default") else f"group {group}"
 
-    def publish(self, kind: str, value: dict[str, Any]) -> None:
-        """Leave ``kind/<rank>`` (the final state at the end) for the others to read."""
+    def publish(self, kind: str, value: dict[str, Any]) -> str:
+        """Leave ``kind/<rank>`` (the final state at the end) for the others to read; why not, in words
+        ("" when it was left, or there is no channel)."""
         if self.side is None:
-            return
+            return ""
         try:
             # A final state is worth a short wait for a connection still being opened.
             self.side.publish(kind, self.rank, value, wait_s=cadence.FINAL_WAIT_S)
+            return ""
         except Exception as exc:  # said if the channel is ever needed
             self.channel_error = exc
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
