@@ -129,7 +129,8 @@ def test_a_watched_stall_ends_no_earlier_than_the_groups_timeout_and_is_a_warnin
     [shown] = policy.shown([late], watched)
     assert (shown.id, shown.severity, shown.title) == ("job.E002", Severity.WARNING, late.title)
     assert policy.shown([late], judge([late], now_at=1032.0))[0].severity is Severity.ERROR
-    assert policy.ended_by_torch(1032.0, [], now_at=1029.5) and not policy.ended_by_torch(1032.0, [], now_at=1028.5)
+    assert policy.ended_by_torch(1032.0, [], now_at=1029.5, grace=2.0)
+    assert not policy.ended_by_torch(1032.0, [], now_at=1028.5, grace=2.0)
 
 
 def test_transport_reads_a_connections_idle_time_and_bytes_and_leaves_the_store_out():
