@@ -16,7 +16,7 @@ from guard_torchrun import LAUNCHER_VARS
 from distdoctor.core.findings import Finding, Severity
 from distdoctor.embedded.guard import policy
 
-SCRIPT = Path(__file__).with_name("scripts") / "timeout_job.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "compat" / "jobs" / "timeout_job.py"  # the compat matrix runs it too
 
 
 @pytest.mark.multiproc

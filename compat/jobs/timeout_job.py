@@ -1,4 +1,4 @@
-"""How long after a collective's call gloo raises for its group's timeout (plain torch, no distdoctor).
+"""How long after a collective's call gloo raises for its group's timeout (plain torch, no distdoctor; torch 2.1+).
 
 argv[1]: the timeout T in seconds. Rank 1 calls all_reduce, recv and barrier, each in a group of its own
 with timeout T that rank 0 never joins; it prints one line per call, "OVERSHOOT <op> <seconds past T>".
