@@ -249,9 +249,9 @@ class Guard:
         if collective:
             token = recorder.begin_collective(record)
         else:
-            parts = batch_parts(record, ops, recorder) if name == "batch_isend_irecv" else None
             record.seq = recorder.next_p2p_seq(group_name, name, record.params.get("peer"), record.params.get("tag", 0))
             token = recorder.begin(record)
+            parts = batch_parts(record, ops, recorder) if name == "batch_isend_irecv" else None
         try:
             if collective and self.sampler.due(group_name, record.seq, record.started):
                 record.verified = True

@@ -36,8 +36,9 @@ SHOWN_RECEIVE_KEYS = 64
 
 
 def p2p_direction(op: str) -> str:
-    """"recv" for a receiving point-to-point call, "send" for the others."""
-    return "recv" if op.startswith(("recv", "irecv")) else "send"
+    """"recv" for a receiving point-to-point call, "batch" for a batch (its ops are numbered one by one:
+    works.batch_parts), "send" for the others."""
+    return "recv" if op.startswith(("recv", "irecv")) else "batch" if op == "batch_isend_irecv" else "send"
 
 
 _FIELDS = ("op", "group", "seq", "shapes", "dtypes", "devices", "params", "site", "function", "started",
