@@ -78,7 +78,7 @@ class Host:
         self.faults: list[str] = []
         self.answers = {w: snapshot(rank, world, w) for w in (True, False)}
 
-    def state(self) -> dict[str, Any]:
+    def state(self, group: str | None = None) -> dict[str, Any]:
         waiting = self.phase.value == WAITING and not self.late
         out = dict(self.answers[waiting])
         out["snapshot"] = {**out["snapshot"], "time": time.time()}
@@ -89,6 +89,9 @@ class Host:
 
     def group_timeout(self, name: str) -> float | None:
         return 1800.0
+
+    def group_grace(self, name: str) -> float:
+        return 5.0
 
     def wait_group(self, pg: Any) -> str:
         return "0"

@@ -36,11 +36,11 @@ DOCS = REPO / "docs" / "compatibility.md"
 # release constraints.txt pins (the suite's), and the newest this project's machines install.
 RELEASES = ("2.1.2", "2.4.1", "2.8.0", "2.13.0", "2.14.1")
 CASES = ("check", "preflight", "guard-ok", "guard-late", "guard-raise", "guard-kill", "bench", "pytest", "stacks",
-         "explain")
+         "explain", "guard-grace")
 HEADINGS = {"check": "`check`", "preflight": "`preflight`", "guard-ok": "guard: healthy job",
             "guard-late": "guard: DDP straggler", "guard-raise": "guard: a rank raises",
             "guard-kill": "guard: a rank is killed", "bench": "`bench`", "pytest": "pytest marker",
-            "stacks": "`stacks` hung job", "explain": "`explain` crash log"}
+            "stacks": "`stacks` hung job", "explain": "`explain` crash log", "guard-grace": "guard: gloo's timeout in grace"}
 BEGIN, END = "<!-- matrix:begin (written by compat/matrix.py --write-docs) -->", "<!-- matrix:end -->"
 PROBE_NUMPY = "import numpy, torch; torch.from_numpy(numpy.zeros(1)); print(numpy.__version__)"
 DESCRIBE = ("import sys, torch, numpy; print(torch.__version__, torch.version.cuda or 'cpu', numpy.__version__, "

@@ -25,6 +25,9 @@ The cases, and what passes:
 - stacks:     the straggler job started without distdoctor: ``distdoctor stacks`` names rank 1.
 - explain:    the raising job's torchrun output (``--tee 3``): ``distdoctor explain`` names rank 1's
               exception.
+- guard-grace: gloo's end of a collective at its group's timeout (2 s; all_reduce, recv, barrier in
+              groups rank 0 never joins): each raises at or after 2 s and within half the guard's gloo
+              grace after it (distdoctor.embedded.guard.policy.grace_s), so torch ends it first.
 """
 
 from __future__ import annotations
@@ -291,6 +294,23 @@ def case_explain(work: str) -> Outcome:
     return Outcome(True)
 
 
+def case_guard_grace(work: str) -> Outcome:
+    code, out = run(TORCHRUN + [str(JOBS / "timeout_job.py"), "2"], 90)
+    overshoot = {op: float(s) for op, s in re.findall(r"OVERSHOOT (\w+) (-?[\d.]+)", out)}
+    if set(overshoot) != {"all_reduce", "recv", "barrier"}:
+        return Outcome(False, f"not every call timed out (exit {code}): {tail(out)}")
+    probe = "from distdoctor.embedded.guard.policy import grace_s; print(grace_s('gloo'))"
+    code, text = run([sys.executable, "-c", probe], 60)
+    try:
+        grace = float(text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return Outcome(False, f"the guard's grace could not be read (exit {code}): {tail(text)}")
+    figures = ", ".join(f"{op} {s:.3f} s" for op, s in overshoot.items())
+    if not all(0 <= s < grace / 2 for s in overshoot.values()):
+        return Outcome(False, f"gloo raised past its 2 s timeout by {figures}; the guard's grace is {grace:g} s")
+    return Outcome(True, f"past the timeout: {figures} (grace {grace:g} s)")
+
+
 CASES: dict[str, Callable[[str], Outcome]] = {
     "check": case_check,
     "preflight": case_preflight,
@@ -302,6 +322,7 @@ CASES: dict[str, Callable[[str], Outcome]] = {
     "pytest": case_pytest,
     "stacks": case_stacks,
     "explain": case_explain,
+    "guard-grace": case_guard_grace,
 }
 
 

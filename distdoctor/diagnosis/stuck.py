@@ -6,10 +6,14 @@
 #     deadlock; a send and the receive that matches it are not, however slow (they are judged like
 #     one collective); without peers (py-spy's stacks) only every rank receiving, or every rank
 #     sending, is a deadlock;
-#   - a collective every rank is in is stuck only when every rank's backend connections were read
-#     (diagnosis.snapshot.Transport: the guard's TCP_INFO) and none received data for half the stall
-#     (1-60 s), and every rank has been in it that long (the last one may have just arrived); a
-#     connection that received data within that time makes it slow, not stuck.
+#   - a collective every rank is in is slow, not stuck, when a rank's backend connections received data
+#     within half the stall (1-60 s); it is stuck only when every rank's connections were read
+#     (diagnosis.snapshot.Transport: the guard's TCP_INFO, read for the stalled group's own backend)
+#     and none received data for at least PROOF_FLOOR_S (or half the stall, when longer), and every
+#     rank has been in it that long (the last one may have just arrived). In between nothing is
+#     proven: a link that drops packets for a few seconds and then passes them is silent for longer
+#     than the outage (TCP retransmits after 0.2 s, then 0.4, 0.8, 1.6 ... s: the first data after an
+#     outage of T s arrives up to about T s later), and ending such a job would end one that finishes.
 
 from __future__ import annotations
 
@@ -88,16 +92,28 @@ def _chain(rank: int, waits: dict[int, PendingOp | None]) -> tuple[str, str, set
 
 # -- a collective every rank is in ----------------------------------------------------------------
 
+# No data for this long is the least that proves a collective stuck: TCP's retransmission backoff
+# (from 200 ms, doubling) leaves a connection silent for up to about as long as the outage it
+# recovers from, so an outage of up to ~15 s, and the silence after it, fit inside it.
+PROOF_FLOOR_S = 30.0
+
+
 def motion_window_s(waited_s: float | None) -> float:
     """How recently a connection must have received data for the collective to count as moving: half
-    the stall, at least 1 s and at most 60 s (a slow link's chunk, TCP's retransmission back-off)."""
+    the stall, at least 1 s and at most 60 s (a slow link's chunk)."""
     return min(60.0, max(1.0, (waited_s or 2.0) / 2))
+
+
+def proof_window_s(waited_s: float | None) -> float:
+    """How long every rank's connections must have received nothing (and every rank been in the
+    collective) for it to count as stuck: the motion window, at least PROOF_FLOOR_S."""
+    return max(PROOF_FLOOR_S, motion_window_s(waited_s))
 
 
 def motion(ranks: Sequence[tuple[int, PendingOp | None, Transport | None]], waited_s: float | None) -> tuple[str, str]:
     """(MOVING | STUCK | UNKNOWN_MOTION, the evidence in words; "" when no rank's source reads it) for
     the waiting ranks, each as (rank, the op it waits in, its connections)."""
-    window = motion_window_s(waited_s)
+    window, proof = motion_window_s(waited_s), proof_window_s(waited_s)
     read = [(r, op, t) for r, op, t in ranks if t is not None and t.idle_s is not None]
     moving = [(r, t) for r, _, t in read if t.idle_s < window]
     if moving:
@@ -107,14 +123,18 @@ def motion(ranks: Sequence[tuple[int, PendingOp | None, Transport | None]], wait
                         f"ago{carried} (data received within {window:.0f} s counts as moving)")
     if read and len(read) == len(ranks):
         idle = min(t.idle_s for _, _, t in read)
-        recent = [(r, op.age_s if op else None) for r, op, _ in ranks if op is None or op.age_s is None or op.age_s < window]
+        if idle < proof:
+            return UNKNOWN_MOTION, (f"no rank's connections received data for {idle:.1f} s: not yet proof that it is "
+                                    f"stuck ({proof:.0f} s without data is; TCP's retransmission backoff after a "
+                                    "link's outage is silent that long and then delivers)")
+        recent = [(r, op.age_s if op else None) for r, op, _ in ranks if op is None or op.age_s is None or op.age_s < proof]
         if recent:  # the last rank may have just arrived: its data may not have reached anyone yet
             rank, age = recent[0]
             since = f"entered it {age:.1f} s ago" if age is not None else "is in it since a time not known"
             return UNKNOWN_MOTION, (f"no rank's connections received data for {idle:.1f} s, but rank {rank} {since}: "
                                     "too recently to tell a stuck collective from one that is starting")
         return STUCK, (f"nothing moves: no rank's connections received data for {idle:.1f} s (every rank's connections "
-                       f"read; {window:.0f} s without data counts as stuck)")
+                       f"read; {proof:.0f} s without data counts as stuck)")
     unread = [(r, t) for r, _, t in ranks if t is None or t.idle_s is None]
     notes = sorted({t.note for _, t in unread if t is not None and t.note})
     if len(unread) == len(ranks) and not notes:

@@ -85,3 +85,25 @@ def ddp_straggler() -> None:
         loss.backward()
         loss.item()  # logging: the host waits for the step
     raise AssertionError("the loop finished although rank 1 sleeps")
+
+
+def slow_nccl_subgroup() -> None:
+    """A gloo default group (idle) and an NCCL subgroup whose all_reduce waits ~8 s behind a kernel on
+    rank 1's stream: every rank is in it past the hang timeout, and no socket shows NCCL's traffic. The
+    guard must watch it (job.E009 not proven), never end it; the all_reduce completes."""
+    device = _device()
+    nccl = dist.new_group([0, 1], backend="nccl")
+    distdoctor.guard(hang_timeout=3, on_hang="auto")
+    t = torch.ones(4, device=device)
+    dist.all_reduce(t, group=nccl)
+    torch.cuda.synchronize()
+    if dist.get_rank() == 1:
+        started = time.monotonic()
+        torch.cuda._sleep(100_000_000)  # calibrate: cycles per second on this GPU
+        torch.cuda.synchronize()
+        per_s = 100_000_000 / max(1e-3, time.monotonic() - started)
+        torch.cuda._sleep(int(8 * per_s))  # the NCCL kernel below waits for this one
+    dist.all_reduce(t, group=nccl)
+    torch.cuda.synchronize()
+    assert t.tolist() == [4.0] * 4, t
+    time.sleep(2.0)  # the stall's owner closes its episode before the job ends

@@ -51,3 +51,11 @@ def test_a_straggler_in_ddp_on_nccl_is_named_from_the_flight_recorder():
     assert rank0.status == "failed" and "job.E002 [straggler_rank] Rank 1 has not arrived at " in rank0.message, \
         result.failure_message()
     assert "nccl_scenarios.py" in rank0.message and "time.sleep(120)" in rank0.message, rank0.message
+
+
+def test_a_slow_nccl_subgroup_beside_an_idle_gloo_default_group_is_watched_never_ended():
+    # The proof of "stuck" is read from the stalled group's own backend: NCCL's traffic is on no socket,
+    # so the gloo default group's idle sockets must not prove it (they did before issue #43).
+    result = run_distributed("nccl_scenarios:slow_nccl_subgroup", module_file=SCENARIOS, world_size=2,
+                             backend="gloo", timeout=120)
+    assert result.ok, result.failure_message()

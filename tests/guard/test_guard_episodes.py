@@ -96,7 +96,7 @@ class FakeHost:
         self.ended: list = []
         self.faults: list = []
 
-    def state(self):
+    def state(self, group=None):
         return self.make_state()
 
     def group_ranks(self, name):
@@ -104,6 +104,9 @@ class FakeHost:
 
     def group_timeout(self, name):
         return self.timeout_s
+
+    def group_grace(self, name):
+        return policy.grace_s("gloo")
 
     def decide(self, states, ranks, waited, world_known):
         return decide(states, ranks, waited, world_known=world_known)
@@ -227,7 +230,7 @@ def test_a_watched_straggler_is_ended_at_the_groups_own_timeout_with_the_diagnos
         assert wait_until(lambda: hosts[0].shown)
         assert hosts[0].shown[0][2].action == policy.WATCH and not hosts[0].ended
         deadline = hosts[0].shown[0][2].deadline_at
-        assert deadline == pytest.approx(time.time() - 6 + 30 + policy.GRACE_S, abs=2)  # the group's own timeout, no earlier
+        assert deadline == pytest.approx(time.time() - 6 + 30 + policy.grace_s("gloo"), abs=2)  # the group's own timeout, no earlier
         watches[0].own.deadline_at = time.time()  # the group's timeout is here
         assert wait_until(lambda: hosts[0].ended and hosts[1].ended)
         assert hosts[0].shown[-1][2].action == policy.END and "timeout" in hosts[0].shown[-1][2].reason

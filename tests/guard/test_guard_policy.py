@@ -18,7 +18,7 @@ from distdoctor.embedded.guard import policy, transport
 from distdoctor.embedded.guard.channel import SideChannel
 from distdoctor.embedded.guard.crash import CrashHook
 from distdoctor.embedded.guard.flight import RETRY_FIRST_S, FlightRecorder
-from distdoctor.embedded.guard.record import Recorder
+from distdoctor.embedded.guard.record import CallRecord, Recorder
 from distdoctor.embedded.guard.stall import Backoff, Stall
 from distdoctor.embedded.guard.watch import EpisodeWatch
 
@@ -27,8 +27,8 @@ from test_guard_job_units import fake_c10d
 
 
 def in_collective(rank: int, seq: int = 9, group: str = "0", idle_s: float | None = None, op: str = "all_reduce",
-                  members: tuple[int, ...] = ()) -> RankSnapshot:
-    pending = PendingOp(op, seq, ((1 << 20,),), ("Float",), "scheduled", 20.0)
+                  members: tuple[int, ...] = (), age_s: float = 40.0) -> RankSnapshot:
+    pending = PendingOp(op, seq, ((1 << 20,),), ("Float",), "scheduled", age_s)
     progress = GroupProgress(group, members, last_enqueued=seq, last_completed=seq - 1, pending=pending)
     moved = Transport(idle_s=idle_s, bytes=4_000_000, connections=1) if idle_s is not None else \
         Transport(note="backend nccl: cannot be read here")
@@ -42,11 +42,21 @@ def in_p2p(rank: int, op: str, peer: int | None) -> RankSnapshot:
     return RankSnapshot(rank, status=RUNNING, groups=(GroupProgress("0", pending=pending),), stack=(frame,), where=frame)
 
 
-def test_every_rank_in_one_collective_is_stuck_only_when_no_rank_moved_data():
-    stuck = diagnose([in_collective(r, idle_s=15.0) for r in range(4)], waited_s=20.0)
+def test_every_rank_in_one_collective_is_stuck_only_when_no_rank_moved_data_for_30_s():
+    stuck = diagnose([in_collective(r, idle_s=35.0) for r in range(4)], waited_s=40.0)
     assert [f.id for f in stuck] == ["job.E009"] and stuck[0].data["proven"] is True
-    assert "nothing moves: no rank's connections received data for 15.0 s" in stuck[0].detail
+    assert "nothing moves: no rank's connections received data for 35.0 s" in stuck[0].detail
     assert policy.cannot_finish(stuck) is stuck[0]
+    # Half a stall of 5 s (the old window) or 15 s without data is no proof: TCP's backoff after a
+    # link's outage is that silent, then delivers. Watched, and looked at again.
+    for idle, waited in ((2.6, 5.0), (15.0, 20.0), (29.0, 40.0)):
+        early = diagnose([in_collective(r, idle_s=idle) for r in range(4)], waited_s=waited)
+        assert [f.id for f in early] == ["job.E009"] and early[0].data["proven"] is False, (idle, waited)
+        assert f"no rank's connections received data for {idle:.1f} s: not yet proof that it is stuck" in early[0].detail
+        assert policy.cannot_finish(early) is None
+    # A stall of 100 s needs half of it silent (50 s): more than the floor; half is at most 60 s.
+    assert diagnose([in_collective(r, idle_s=45.0, age_s=100.0) for r in range(2)], waited_s=100.0)[0].data["proven"] is False
+    assert diagnose([in_collective(r, idle_s=60.0, age_s=900.0) for r in range(2)], waited_s=900.0)[0].data["proven"] is True
     # One rank of four whose connections carried data 0.3 s ago: slow, not stuck; watched, a warning.
     slow = diagnose([in_collective(r, idle_s=0.3 if r == 2 else 15.0) for r in range(4)], waited_s=20.0)
     assert [f.id for f in slow] == ["job.W011"] and slow[0].severity is Severity.WARNING
@@ -57,7 +67,7 @@ def test_every_rank_in_one_collective_is_stuck_only_when_no_rank_moved_data():
     assert [f.id for f in unread] == ["job.E009"] and unread[0].data["proven"] is False
     assert "could not be read on rank 0 (backend nccl: cannot be read here)" in unread[0].detail
     decision = judge(unread)
-    assert decision.action == policy.WATCH and "whether it still moves data cannot be read" in decision.reason
+    assert decision.action == policy.WATCH and "that it no longer moves data is not proven" in decision.reason
     # A stack-told hang (stacks, explain: no transport at all) says nothing of motion, as before.
     told = diagnose([RankSnapshot(r, status=RUNNING, in_collective="all_reduce") for r in range(2)])
     assert told[0].id == "job.E009" and "moves" not in told[0].detail and told[0].data["proven"] is False
@@ -65,11 +75,11 @@ def test_every_rank_in_one_collective_is_stuck_only_when_no_rank_moved_data():
 
 def test_a_collective_the_last_rank_just_entered_is_not_proven_stuck():
     """The late rank arrives as the ranks are asked: its data has not reached anyone yet."""
-    arriving = [in_collective(r, idle_s=15.0) for r in range(3)]
+    arriving = [in_collective(r, idle_s=35.0) for r in range(3)]
     arriving[2] = RankSnapshot(2, status=RUNNING, groups=(GroupProgress(
         "0", last_enqueued=9, last_completed=8, pending=PendingOp("all_reduce", 9, ((1 << 20,),), ("Float",), "scheduled",
-                                                                  0.4)),), transport=Transport(idle_s=15.0, bytes=10))
-    [hang] = diagnose(arriving, waited_s=20.0)
+                                                                  0.4)),), transport=Transport(idle_s=35.0, bytes=10))
+    [hang] = diagnose(arriving, waited_s=40.0)
     assert hang.id == "job.E009" and hang.data["proven"] is False and not policy.cannot_finish([hang])
     assert "rank 2 entered it 0.4 s ago: too recently to tell" in hang.detail
     # A look that finds the late rank arrived and the data moving is that stall ending, not a new verdict.
@@ -128,8 +138,36 @@ def test_a_watched_stall_ends_no_earlier_than_the_groups_timeout_and_is_a_warnin
     assert judge([late], now_at=1030.0 + policy.GRACE_S).action == policy.END
     [shown] = policy.shown([late], watched)
     assert (shown.id, shown.severity, shown.title) == ("job.E002", Severity.WARNING, late.title)
-    assert policy.shown([late], judge([late], now_at=1032.0))[0].severity is Severity.ERROR
-    assert policy.ended_by_torch(1032.0, [], now_at=1029.5) and not policy.ended_by_torch(1032.0, [], now_at=1028.5)
+    assert policy.shown([late], judge([late], now_at=1030.0 + policy.GRACE_S))[0].severity is Severity.ERROR
+    assert policy.ended_by_torch(1032.0, [], now_at=1029.5, grace=2.0)
+    assert not policy.ended_by_torch(1032.0, [], now_at=1028.5, grace=2.0)
+
+
+def fake_dist(backends: dict) -> SimpleNamespace:
+    """torch.distributed as transport.read_for sees it: groups named "0" (the default), "1", ... on ``backends``."""
+    groups = {name: type("Group", (), {"name": name})() for name in backends}  # hashable, as torch's are
+    c10d = SimpleNamespace(GroupMember=SimpleNamespace(WORLD=groups["0"]), _world=SimpleNamespace(pg_names={g: n for n, g in groups.items()}),
+                           _get_default_store=lambda: SimpleNamespace(host="h", port=1))
+    return SimpleNamespace(distributed_c10d=c10d, get_backend=lambda pg: backends[pg.name])
+
+
+def test_the_proof_reads_the_stalled_groups_own_backend_for_its_ops_device():
+    dist = fake_dist({"0": "gloo", "1": "nccl", "2": "cpu:gloo,cuda:nccl", "3": "storegroup"})
+    recorder = Recorder()
+    # An NCCL subgroup stalls while the default group is gloo: its traffic is on no socket, never read.
+    assert "NVLink" in transport.read_for(dist, "1", recorder).note and transport.read_for(dist, "1").idle_s is None
+    assert "is not known" in transport.read_for(dist, "3").note  # a backend a plugin registered
+    assert "no process group named '7'" in transport.read_for(dist, "7").note
+    # A multi-device group: the device of the guarded call that waits in it says which backend.
+    assert "which of its backends" in transport.read_for(dist, "2", recorder).note  # no call: cannot tell
+    waiting = CallRecord("all_reduce", "2", 0, shapes=((4,),), dtypes=("float32",), devices=("cuda",))
+    recorder.begin(waiting)
+    assert "NVLink" in transport.read_for(dist, "2", recorder).note
+    waiting.devices = ("cpu",)
+    on_cpu = transport.read_for(dist, "2", recorder)
+    assert on_cpu.idle_s is not None or on_cpu.note.startswith("no TCP connection")  # gloo's: this process's connections read
+    assert transport.group_backend(dist, "2", ("cpu",)) == "gloo" and transport.group_backend(dist, "7") is None
+    assert transport.read_for(dist, None).note == transport.read_for(dist, "0").note  # the default group
 
 
 def test_transport_reads_a_connections_idle_time_and_bytes_and_leaves_the_store_out():
@@ -147,7 +185,8 @@ def test_transport_reads_a_connections_idle_time_and_bytes_and_leaves_the_store_
         assert read.bytes >= 100_000  # what the receiving end of this process got
         left_out = transport.read("gloo", excluded_ports={server.getsockname()[1]})
         assert left_out.connections == read.connections - 2
-        assert transport.read("nccl", ()).idle_s is None and "NVLink" in transport.read("cpu:gloo,cuda:nccl", ()).note
+        assert transport.read("nccl", ()).idle_s is None and "NVLink" in transport.read("nccl", ()).note
+        assert "which of its backends carries the stalled op is not known" in transport.read("cpu:gloo,cuda:nccl", ()).note
         assert transport.store_ports(SimpleNamespace(host="h", port=1234), env={"MASTER_PORT": "29500"}) == {1234, 29500}
     finally:
         for sock in (client, peer, server):

@@ -123,14 +123,6 @@ def test_a_rank_that_left_is_uneven_inputs_and_one_with_no_snapshot_is_not_heard
     assert f.data["heard_from"] == 1 and f.data["not_heard"] == [1] and "heard from 1 of 2 ranks" in f.detail
 
 
-def test_a_receive_waiting_for_a_dropped_send_names_the_dropped_send_first():
-    send = CallRecord("isend", "0", 0, params={"peer": 0}, site="a.py:3", function="main")
-    recv = CallRecord("recv", "0", 0, params={"peer": 1}, site="a.py:9", function="main")
-    states = {0: snap_state(0, running=[recv]), 1: {**snap_state(1), "dropped": [send.to_dict()]}}
-    found = decide(states, [0, 1], 7.0)
-    assert found[0].id == "guard.E009" and found[0].ranks == (1,) and "a.py:3" in found[0].title
-
-
 def test_verified_mismatches_name_every_differing_field():
     a = CallRecord("broadcast", "0", 2, shapes=((2, 3),), dtypes=("float32",), devices=("cpu",), params={"src": 0}, site="a.py:1")
     b = CallRecord("broadcast", "0", 2, shapes=((3, 2),), dtypes=("float64",), devices=("cuda",), params={"src": 1}, site="a.py:1")

@@ -27,6 +27,8 @@ BLIND = finding_kind("guard.I011", cause="unknown", title="The guard sees only p
                      hint="For DDP's and FSDP's collectives: leave TORCH_FR_BUFFER_SIZE unset or > 0 on a torch with the flight recorder; for the cross-rank view: a TCPStore (env://, tcp://, torchrun)")
 FAULT = finding_kind("guard.W012", cause="unknown", title="A fault of the guard's own; the guard stays on",
                      hint="The guard goes on watching the job; report this line (and the rank's log) to distdoctor's maintainers")
+LEAK = finding_kind("guard.W013", cause="collective_timeout_hang", title="A send was dropped without wait() and no receive waits for it",
+                    hint="Keep the Work that isend/batch_isend_irecv return and call .wait() on it; a send nobody receives is a leak, and on gloo a receive posted for it later never completes")
 PENDING = finding_kind("guard.W010", cause="collective_timeout_hang", title="A point-to-point Work was still pending at shutdown",
                        hint="Call .wait() on every Work from isend/irecv before destroy_process_group or exit; an unmatched send or recv hangs here")
 

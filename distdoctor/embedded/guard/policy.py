@@ -9,11 +9,12 @@
 #   - everything else is reported and watched: a live rank outside any collective (job.E002: a
 #     rank-0-only checkpoint, evaluation, I/O, a slow batch), a rank that does not answer but may
 #     still be alive (E004, frozen, stopped or on another host), a collective that still moves data
-#     (job.W011) or whose motion cannot be read (E009 unproven: NCCL, /proc unreadable), a matched
-#     send and receive that are merely slow, and any verdict seen from one rank alone. A watched
-#     stall is ended at the process group's own timeout counted from when the guard saw it begin,
-#     plus GRACE_S (never earlier than torch ends the collective; torch raises first, and the
-#     guard's exception hook then reports it with this diagnosis).
+#     (job.W011) or whose motion cannot be read or is not yet proven (E009 unproven: NCCL, /proc
+#     unreadable, less than 30 s without data), a matched send and receive that are merely slow, a
+#     dropped send no receive waits for (guard.W013), and any verdict seen from one rank alone. A
+#     watched stall is ended at the process group's own timeout counted from when the guard saw it
+#     begin, plus the backend's grace_s (never earlier than torch ends the collective; torch raises
+#     first, and the guard's exception hook then reports it with this diagnosis).
 # on_hang="exit" ends the job at the first verdict (the tests' policy: CI wants the failure now);
 # on_hang="report" never ends it.
 # Severity follows the consequence: a watched stall is shown as a warning (the job goes on); a
@@ -21,6 +22,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -36,9 +38,41 @@ _WATCHED = {
     "job.E002": "a rank that may still arrive is outside the collective",
     "job.E004": "a rank that does not answer may still be alive (frozen, stopped, or slow to answer)",
     "job.W011": "every rank is in the collective and it still moves data: slow, not stuck",
-    "job.E009": "every rank is in the collective, but whether it still moves data cannot be read",
+    "job.E009": "every rank is in the collective, but that it no longer moves data is not proven (its motion cannot "
+                "be read, or it has not been silent long enough)",
     "job.E006": "the point-to-point calls may still match (their peers cannot all be read)",
 }
+
+
+# How long after the group's timeout the guard's backstop waits, per backend, so that torch, whose
+# timeout runs from the collective's start, always ends a watched stall first (the guard's start of a
+# stall is its first poll that saw the group stand still: at or after the collective's start, by up to
+# the recorder's completion marking).
+#   gloo: measured on torch 2.13 (2 ranks, one never arriving; T = 1, 2, 5, 10 s; all_reduce, recv,
+#     barrier, broadcast; load 5-10 on 2 cores): the call raised "Timed out waiting T ms" 5-24 ms after
+#     T, and the flight recorder marked a completed all_reduce 5-18 ms after it returned (300 calls).
+#     5 s is a hundred times that, for a loaded scheduler. tests/guard/test_guard_grace.py measures
+#     the installed torch's overshoot against it.
+#   nccl: read from ProcessGroupNCCL.cpp: the watchdog checks every kWatchdogThreadSleepMillis (10 s in
+#     torch 2.1, 100 ms from 2.2) and, on a timeout with the flight recorder's dump on, waits for the
+#     dump up to TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC (2 s, 60 s or 15 s by release) before it ends the
+#     process: 60 s + 10 s + margin.
+#   any other backend (mpi, ucc, one registered by a plugin) or one not known: the largest.
+GRACE_BY_BACKEND = {"gloo": 5.0, "nccl": 75.0}
+GRACE_S = max(GRACE_BY_BACKEND.values())
+# A stall that clears this close to the group's timeout (or whose guarded call failed) was ended by
+# torch's own timeout, not by the late rank arriving.
+TORCH_ENDED_S = 1.0
+
+
+def grace_s(backend: str | None, env: Any = None) -> float:
+    """The backstop's wait after the group's timeout for a group on ``backend`` (None: not known)."""
+    grace = GRACE_BY_BACKEND.get(str(backend or "").lower(), GRACE_S)
+    if backend == "nccl":  # a dump wait set longer than the default lengthens torch's end too
+        raw = str((os.environ if env is None else env).get("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "")).strip()
+        if raw.isdigit():
+            grace = max(grace, int(raw) / 1000 + 15.0)
+    return grace
 
 
 @dataclass(frozen=True)
@@ -70,9 +104,11 @@ def cannot_finish(findings: list[Finding]) -> Finding | None:
 
 
 def judge(findings: list[Finding], on_hang: str, *, world_known: bool, stall_since_at: float,
-          group_timeout_s: float | None, now_at: float, deadline_at: float | None = None) -> Decision:
+          group_timeout_s: float | None, now_at: float, deadline_at: float | None = None,
+          grace: float = GRACE_S) -> Decision:
     """The decision for a verdict under ``on_hang`` (auto / exit / report); ``deadline_at``: the one
-    set when the episode opened (a look later keeps it)."""
+    set when the episode opened (a look later keeps it); ``grace``: the stalled group's backend's
+    (grace_s)."""
     if not findings:
         return Decision(NONE, "the stall cleared before its verdict")
     if on_hang == "report":
@@ -87,7 +123,7 @@ def judge(findings: list[Finding], on_hang: str, *, world_known: bool, stall_sin
     if group_timeout_s is None:
         return Decision(WATCH, f"{why}; the group's timeout could not be read, so the guard watches until the stall "
                                "clears or torch's own timeout ends the job")
-    deadline = deadline_at if deadline_at is not None else stall_since_at + group_timeout_s + GRACE_S
+    deadline = deadline_at if deadline_at is not None else stall_since_at + group_timeout_s + grace
     if now_at >= deadline:
         return Decision(END, f"{why}, but the process group's timeout ({group_timeout_s:g} s) has passed since the "
                              "stall began: torch would have ended the job by now", deadline)
@@ -96,23 +132,14 @@ def judge(findings: list[Finding], on_hang: str, *, world_known: bool, stall_sin
                            "it too", deadline)
 
 
-# The guard's start of a stall is its first poll that saw the group's completed count stand still,
-# which gloo's late completion marking (about 0.5 s, seen up to a few seconds while the next
-# collective blocked) can put a little before the collective's own start: a watched stall is ended
-# GRACE_S after the group's timeout so that torch, whose timeout runs from the collective's start,
-# always ends it first, and the guard's end is only the backstop where torch does not end it.
-GRACE_S = 2.0
-# A stall that clears this close to the group's timeout (or whose guarded call failed) was ended by
-# torch's own timeout, not by the late rank arriving.
-TORCH_ENDED_S = 1.0
-
-
-def ended_by_torch(deadline_at: float | None, last_calls: list[Any], now_at: float | None = None) -> bool:
-    """Whether a watched stall that just cleared was ended by torch (its timeout, the call failing)."""
+def ended_by_torch(deadline_at: float | None, last_calls: list[Any], now_at: float | None = None,
+                   grace: float = GRACE_S) -> bool:
+    """Whether a watched stall that just cleared was ended by torch (its timeout, the call failing);
+    ``grace``: the one its deadline was set with."""
     if last_calls and getattr(last_calls[-1], "failed", False):
         return True
     now_at = time.time() if now_at is None else now_at
-    return deadline_at is not None and now_at >= deadline_at - GRACE_S - TORCH_ENDED_S
+    return deadline_at is not None and now_at >= deadline_at - grace - TORCH_ENDED_S
 
 
 def arriving(before: list[Finding], now: list[Finding]) -> bool:

@@ -7,6 +7,7 @@ import functools
 import os
 import sys
 import time
+from collections import deque
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -26,7 +27,7 @@ from distdoctor.embedded.guard.record import (_COLLECTIVE_SET, COLLECTIVES, POIN
 from distdoctor.embedded.guard.sample import Sampler, verification_cost
 from distdoctor.embedded.guard import episodes, policy
 from distdoctor.embedded.guard.verdict import decide
-from distdoctor.embedded.guard.works import WorkTracker
+from distdoctor.embedded.guard.works import WorkTracker, batch_parts, published
 from distdoctor.core.findings import Finding
 from distdoctor.core.report import Report, WorldSummary, build_report
 from distdoctor.machine.launchers import detect
@@ -48,7 +49,7 @@ class Guard:
         self.sampler = Sampler(settings.verify, settings.verify_first, settings.verify_budget, settings.verify_every)
         self.last_verified: dict[str, CallRecord] = {}  # group -> its last verified call (what verifying costs)
         self.findings: list[Finding] = []
-        self.dropped: list[CallRecord] = []
+        self.dropped: deque[CallRecord] = deque(maxlen=16)  # the latest dropped Works (a look's answer carries them)
         self.phase = "running"
         self.originals: dict[str, Callable[..., Any]] = {}
         self.wrapped: dict[str, Callable[..., Any]] = {}
@@ -257,8 +258,9 @@ class Guard:
         if collective:
             token = recorder.begin_collective(record)
         else:
-            record.seq = recorder.next_p2p_seq(group_name, name, record.params.get("peer"))
+            record.seq = recorder.next_p2p_seq(group_name, name, record.params.get("peer"), record.params.get("tag", 0))
             token = recorder.begin(record)
+            parts = batch_parts(record, ops, recorder) if name == "batch_isend_irecv" else None
         try:
             if collective and self.sampler.due(group_name, record.seq, record.started):
                 record.verified = True
@@ -277,8 +279,10 @@ class Guard:
         if name in ("isend", "irecv"):
             self.works.track(result, record)
         elif name == "batch_isend_irecv":
-            for item in result or ():
-                self.works.track(item, record)
+            works = list(result or ())
+            # One Work per op (gloo): each is its op's; one for the whole batch: the batch's.
+            for item, part in zip(works, parts if parts and len(parts) == len(works) else [record] * len(works)):
+                self.works.track(item, part)
         return result
 
     def _verify(self, record: CallRecord, pg: Any, ranks: list[int]) -> None:
@@ -332,13 +336,14 @@ class Guard:
         return lambda failed: self.recorder.end(token, failed)
 
     # -- reports -----------------------------------------------------------------------------
-    def snapshot(self, status: str = RUNNING, **given: Any) -> RankSnapshot:
+    def snapshot(self, status: str = RUNNING, group: str | None = None, **given: Any) -> RankSnapshot:
         groups = {name: ranks for name, ranks in self.groups.values()}
         blind = self.blind_spots()
         snap = snapshots.build(rank=self.rank, status=status, recorder=self.recorder, groups=groups,
                                flight=self.flight, notes=[blind.title] if blind else [],
                                thread_errors=self.crash.thread_errors, main=self._main_look(), **given)
-        return replace(snap, transport=transport.read_for(self.dist)) if status == RUNNING else snap
+        # The stalled group's own connections (its backend, the device of the call that waits in it).
+        return replace(snap, transport=transport.read_for(self.dist, group, self.recorder)) if status == RUNNING else snap
 
     def _main_look(self) -> RankSnapshot | None:
         """The watchdog's latest look at the main thread (made only without the recorder); a fault in
@@ -363,14 +368,17 @@ class Guard:
             self.fault("watchdog", exc)
             return None
 
-    def state(self, status: str = RUNNING, keep: bool = True, **given: Any) -> dict[str, Any]:
-        """What this rank publishes: its snapshot, its guarded calls still running, its dropped Works;
-        with ``keep``, its evidence goes to the report directory at the same time."""
-        snap = self.snapshot(status, **given).to_dict()
+    def state(self, status: str = RUNNING, keep: bool = True, group: str | None = None, **given: Any) -> dict[str, Any]:
+        """What this rank publishes: its snapshot (``group``: the stalled one, whose transport it reads),
+        its guarded calls still running, its dropped Works and receive counts (verdict.p2p_drops pairs
+        them); with ``keep``, its evidence goes to the report directory at the same time."""
+        snap = self.snapshot(status, group=group, **given).to_dict()
         if keep:
             evidence.leave(self.settings.report_dir, self.rank, snap, self.flight)
         return {"snapshot": snap, "running": [r.to_dict() for r in self.recorder.running_records()],
-                "dropped": [r.to_dict() for r in self.dropped][-16:]}
+                "dropped": published(list(self.dropped), self.recorder.clock(),
+                                     lambda name, devices: transport.group_backend(self.dist, name, devices)),
+                "receives": self.recorder.receive_counts()}
 
     def report(self, findings: list[Finding] | None = None, ranks: list[int] | None = None,
                missing: list[int] = ()) -> Report:
@@ -401,6 +409,10 @@ class Guard:
         except Exception:  # private API: the default group is the best guess
             pgs = []
         return policy.group_timeout_s(pgs[0] if pgs else self.c10d.GroupMember.WORLD)
+
+    def group_grace(self, name: str) -> float:
+        """How long after the group's timeout the guard's backstop waits: its backend's (policy.grace_s)."""
+        return policy.grace_s(transport.group_backend(self.dist, name))
 
     def say(self, line: str) -> None:
         try:

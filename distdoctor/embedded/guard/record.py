@@ -26,12 +26,28 @@ COMPARED = ("op", "shapes", "dtypes", "devices", "params")
 WORD_MAGIC = 0x6464  # "dd": a row that lacks it did not come from a guard's verification
 
 
+# Point-to-point numbering: a key per (group, direction, peer, tag) in use; beyond this many, a new
+# key's calls are left unnumbered (-1) rather than one evicted and counted anew from 0 (that would
+# pair one message with another's receive). A job that sends with a new tag every step reaches it.
+MAX_P2P_KEYS = 4096
+# The receive counts a look's answer carries (the most recently used keys): enough for pipeline and
+# ring patterns, bounded at any world size.
+SHOWN_RECEIVE_KEYS = 64
+
+
+def p2p_direction(op: str) -> str:
+    """"recv" for a receiving point-to-point call, "batch" for a batch (its ops are numbered one by one:
+    works.batch_parts), "send" for the others."""
+    return "recv" if op.startswith(("recv", "irecv")) else "batch" if op == "batch_isend_irecv" else "send"
+
+
 _FIELDS = ("op", "group", "seq", "shapes", "dtypes", "devices", "params", "site", "function", "started",
            "ended", "failed", "verified")
 
 
 class CallRecord:
-    """One guarded call. ``seq`` counts the collectives of ``group`` (p2p calls count per peer).
+    """One guarded call. ``seq`` counts the collectives of ``group``; a point-to-point call's counts its
+    group's calls in its direction with its peer and tag (Recorder.next_p2p_seq).
 
     A guarded call knows its caller's code and instruction (``where``); the line and the shown
     file name are worked out when first read (``site``, ``function``), not on the hot path: the
@@ -181,6 +197,7 @@ class Recorder:
         self.clock = clock
         self.seqs: dict[str, int] = {}
         self.p2p_seqs: dict[tuple, int] = {}
+        self.p2p_full = False  # a point-to-point key was left unnumbered (MAX_P2P_KEYS)
         self.completed: dict[str, int] = {}
         self.running: dict[int, CallRecord] = {}
         self.works: dict[int, Any] = {}  # token -> the Work whose completion ends that running call
@@ -188,11 +205,28 @@ class Recorder:
         self._lock = threading.Lock()
         self._next = 0
 
-    def next_p2p_seq(self, group: str, op: str, peer: Any) -> int:
-        key = (group, op.lstrip("i").replace("_object_list", ""), peer)
-        seq = self.p2p_seqs.get(key, 0)
-        self.p2p_seqs[key] = seq + 1
+    def next_p2p_seq(self, group: str, op: str, peer: Any, tag: Any = 0) -> int:
+        """This call's index among this rank's point-to-point calls of ``group`` in its direction with
+        ``peer`` and ``tag``: gloo matches the i-th send from S to R with tag T to R's i-th receive from
+        S with tag T (one queue per peer and tag, in order). -1 once the table is full."""
+        key = (group, p2p_direction(op), peer, tag if isinstance(tag, int) else 0)
+        table = self.p2p_seqs
+        seq = table.pop(key, None)  # re-inserted below: the table stays in the order of last use
+        if seq is None:
+            if len(table) >= MAX_P2P_KEYS:
+                self.p2p_full = True
+                return -1
+            seq = 0
+        table[key] = seq + 1
         return seq
+
+    def receive_counts(self) -> dict[str, Any]:
+        """How many receives this rank issued per (group, peer, tag), the most recently used keys
+        (``peer`` "any": from any source); ``complete`` when every receive key is listed."""
+        keys = [(k, n) for k, n in list(self.p2p_seqs.items()) if k[1] == "recv"]
+        shown = keys[-SHOWN_RECEIVE_KEYS:]
+        return {"counts": [[group, peer, tag, n] for (group, _, peer, tag), n in shown],
+                "complete": not self.p2p_full and len(shown) == len(keys)}
 
     def begin_collective(self, record: CallRecord) -> int:
         """begin() for a collective: it takes the group's next sequence number first (one call,

@@ -50,9 +50,10 @@ class Host(Protocol):
     rank: int
     started: float
 
-    def state(self) -> dict[str, Any]: ...
+    def state(self, group: str | None = None) -> dict[str, Any]: ...
     def group_ranks(self, name: str) -> list[int]: ...
     def group_timeout(self, name: str) -> float | None: ...
+    def group_grace(self, name: str) -> float: ...
     def wait_group(self, pg: Any) -> str: ...
     def decide(self, states: dict[int, Any], ranks: list[int], waited: float, world_known: bool) -> list[Finding]: ...
     def show(self, findings: list[Finding], heading: str, ranks: list[int], decision: policy.Decision) -> Any: ...
@@ -232,7 +233,7 @@ class EpisodeWatch:
                 continue
             if first and board.verdict(look) is not None:
                 continue  # a look finished before this rank first asked (it joined late)
-            self._answer(look, str(request.get("group") or ""))
+            self._answer(look, request.get("group"))
         board.answered = max(board.answered, latest)
         for look, since in sorted(board.awaiting.items()):
             verdict = board.verdict(look)
@@ -250,11 +251,12 @@ class EpisodeWatch:
         if self.following is not None and board.closed(self.following[0]):
             self.following = None
 
-    def _answer(self, look: int, group: str) -> None:
+    def _answer(self, look: int, group: Any = None) -> None:
         board = self.board
         assert board is not None
-        self.answered.keep(look, self.marks(), group)
-        board.answer(look, self.host.state())
+        group = group if isinstance(group, str) else None  # the stalled group, as the look's request says
+        self.answered.keep(look, self.marks(), group or "")
+        board.answer(look, self.host.state(group=group))
         board.awaiting[look] = time.monotonic()
         self.saw_episodes = True
 
@@ -314,7 +316,7 @@ class EpisodeWatch:
                         self._answer(look, stall.group)
                     return None
                 self.answered.keep(look, self.marks(), stall.group)
-                board.answer(look, self.host.state())
+                board.answer(look, self.host.state(group=stall.group))
                 board.bump()
                 wait = cadence.answer_wait(len(ranks), self.answer_s, self.side.traffic.rtt_s)
                 started = time.monotonic()
@@ -326,7 +328,7 @@ class EpisodeWatch:
         elif self.channel_error is not None:
             self.host.fault("store channel", self.channel_error)
         if seen is None:
-            seen = Seen([], False, states={self.rank: self.host.state()}, ranks=ranks)
+            seen = Seen([], False, states={self.rank: self.host.state(group=stall.group)}, ranks=ranks)
         return self._judged(seen, stall)
 
     def _claim(self, board: Board, stall: Stall, first: bool) -> tuple[int | None, bool]:
@@ -581,7 +583,8 @@ class EpisodeWatch:
         who = (f"rank {late[0]}" if len(late) == 1 else f"ranks {', '.join(map(str, late))}") if late else ""
         op = f"{known['op']}" + (f" #{known['seq']}" if known.get("seq") is not None else "") if known.get("op") else ""
         where = f" ({op} of {self._group_text(known.get('group') or episode.stall.group)})" if op else ""
-        if policy.ended_by_torch(episode.deadline_at, self.recorder.recent(episode.stall.group, 1)):
+        if policy.ended_by_torch(episode.deadline_at, self.recorder.recent(episode.stall.group, 1),
+                                 grace=self.host.group_grace(episode.stall.group)):
             episode.ended_run = True
             text = (f"stall {episode.id} ended after {episode.seconds:.1f} s{where}, at the process group's own "
                     "timeout: torch ended the collective (its error follows)")
@@ -639,7 +642,7 @@ class EpisodeWatch:
         since_at = now_at - stall.seconds(self.clock())
         return policy.judge(findings, self.on_hang, world_known=world_known, stall_since_at=since_at,
                             group_timeout_s=self.host.group_timeout(stall.group), now_at=now_at,
-                            deadline_at=deadline_at)
+                            deadline_at=deadline_at, grace=self.host.group_grace(stall.group))
 
     def _new_id(self) -> int:
         try:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
-from distdoctor.embedded.guard.record import CallRecord
+from distdoctor.embedded.guard.record import CallRecord, Recorder, tensor_facts
 
 
 class _Tracked:
@@ -86,3 +86,33 @@ class WorkTracker:
         """Works still referenced and never waited on (at destroy_process_group or exit)."""
         with self._lock:
             return [e.record for e in self.tracked.values() if not e.waited]
+
+
+def batch_parts(record: CallRecord, ops: Iterable[Any], recorder: Recorder) -> list[CallRecord]:
+    """A batch_isend_irecv's ops as the isend / irecv calls they are (gloo posts each as a lone call
+    and matches it the same way), each numbered among this rank's calls with its peer and tag."""
+    parts = []
+    for op in ops:
+        name = str(getattr(getattr(op, "op", None), "__name__", ""))
+        kind = "irecv" if name.endswith("recv") else "isend"
+        peer, tag = getattr(op, "peer", None), getattr(op, "tag", 0)
+        peer = int(peer) if isinstance(peer, int) or hasattr(peer, "__index__") else "?"
+        tag = int(tag) if isinstance(tag, int) else 0
+        facts = tensor_facts(getattr(op, "tensor", None))
+        shapes, dtypes, devices = ((facts[0],), (facts[1],), (facts[2],)) if facts else ((), (), ())
+        parts.append(record.copy(op=kind, seq=recorder.next_p2p_seq(record.group, kind, peer, tag),
+                                 params={"peer": peer, "tag": tag}, shapes=shapes, dtypes=dtypes, devices=devices))
+    return parts
+
+
+def published(records: Iterable[CallRecord], now: float,
+              backend_of: Callable[[str, tuple], str | None]) -> list[dict[str, Any]]:
+    """Dropped Works as a look's answer carries them: each with how long ago it was issued (``now``:
+    the recorder's clock) and the backend that carries it in its group (None: not known)."""
+    out = []
+    for record in records:
+        entry = record.to_dict()
+        entry["age_s"] = round(max(0.0, now - record.started), 1)
+        entry["backend"] = backend_of(record.group, tuple(record.devices))
+        out.append(entry)
+    return out

@@ -8,7 +8,8 @@ caught S         rank 1's all_reduce in a group rank 0 never joins fails, and ra
 steps N DIR      N short steps (0.1 s each); each rank writes its pid to DIR/rank<R> first (a test
                  stops and continues it)
 slowstore S PORT rank 1 reaches rank 0's store through a slow proxy on PORT; rank 0 is S s late once
-transfer N DIR   one small all_reduce, then DIR/ready<R>; once DIR/go exists, one all_reduce of N floats
+transfer N DIR [group]  one small all_reduce, then DIR/ready<R>; once DIR/go exists, one all_reduce of N
+                 floats (with "group": in a second gloo group, the default group idle)
 """
 
 import os
@@ -54,7 +55,10 @@ if mode == "caught":
             print(f"rank 1 caught {type(exc).__name__}", flush=True)
 
 if mode == "transfer":
+    second = dist.new_group([0, 1], backend="gloo") if sys.argv[4:] == ["group"] else None
     dist.all_reduce(t)
+    if second is not None:
+        dist.all_reduce(t, group=second)
     ready = os.path.join(sys.argv[3], f"ready{rank}")
     with open(ready, "w") as fh:
         fh.write(str(os.getpid()))
@@ -62,7 +66,7 @@ if mode == "transfer":
     while not os.path.exists(os.path.join(sys.argv[3], "go")) and time.monotonic() < until:
         time.sleep(0.1)
     started = time.monotonic()
-    dist.all_reduce(torch.ones(int(sys.argv[2])))  # LINE:transfer
+    dist.all_reduce(torch.ones(int(sys.argv[2])), group=second)  # LINE:transfer
     print(f"rank {rank}: the all_reduce took {time.monotonic() - started:.1f} s", flush=True)
 elif mode == "steps":
     with open(os.path.join(sys.argv[3], f"rank{rank}"), "w") as fh:
