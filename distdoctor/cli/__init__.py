@@ -340,7 +340,8 @@ def explain(
 
 def add_guard_timeline(report: Any, inputs: list[str]) -> None:
     """A guard's --report-dir among explain's inputs: the page draws its run too (the stall timeline)."""
-    dirs = [Path(i) for i in inputs if i != "-" and (Path(i) / "stalls.json").is_file()]
+    dirs = [Path(i) for i in inputs if i != "-" and ((Path(i) / "stalls.json").is_file()
+                                                     or (Path(i) / "slow_ranks.json").is_file())]
     if not dirs:
         return
     from distdoctor.timeline.job_report import job_report  # loaded only when a page of a guarded run is asked for
@@ -413,10 +414,10 @@ def trace(
     document = build_trace(material)
     emit(json.dumps(document, separators=(",", ":")), target)
     if html is not None:
-        from distdoctor.core.html import render_html  # loaded only when a page is asked for
+        from distdoctor.timeline.html_run import run_page  # loaded only when a page is asked for
         from distdoctor.timeline.job_report import job_report
 
-        emit(render_html(job_report(material), title="distdoctor: the run"), html)
+        emit(run_page(job_report(material), title="distdoctor: the run"), html)
     facts = document["otherData"]
     typer.echo(f"{target}: {facts['ranks']} rank{'s' if facts['ranks'] != 1 else ''}, {facts['stalls']} stall"
                f"{'s' if facts['stalls'] != 1 else ''}, {facts['collectives']} collectives"

@@ -157,7 +157,7 @@ def _await_collectives(root: Path, deadline: float) -> None:
 
 def draw(root: Path) -> None:
     """trace.json and report.html of the report directory, from what it holds now."""
-    from distdoctor.core.html import render_html  # the pictures' code loads only at the end of a run with a stall
+    from distdoctor.timeline.html_run import run_page  # the pictures' code loads only at the end of a run with a stall
     from distdoctor.timeline.job_report import job_report
     from distdoctor.timeline.material import read_material
     from distdoctor.timeline.trace import build_trace, collective_spans
@@ -165,4 +165,4 @@ def draw(root: Path) -> None:
     material = read_material([root])
     collectives = collective_spans(material)
     _write(root / "trace.json", json.dumps(build_trace(material, collectives), separators=(",", ":")).encode())
-    _write(root / "report.html", render_html(job_report(material, collectives), title="distdoctor guard: the run").encode())
+    _write(root / "report.html", run_page(job_report(material, collectives), title="distdoctor guard: the run").encode())

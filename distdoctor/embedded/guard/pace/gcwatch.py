@@ -29,10 +29,14 @@ class GcWatch:
         self.total_ns = 0                 # never taken: the sampler's own account
         self._started = 0
         self.installed = False
+        self.enabled = True
         self.main = threading.main_thread().ident
         self.on_long: Callable[[Any, int], None] | None = None
 
     def __call__(self, phase: str, info: Any) -> None:
+        if not self.enabled:
+            self.active = False
+            return
         if phase == "start":
             self._started, self.active = time.perf_counter_ns(), True
             return

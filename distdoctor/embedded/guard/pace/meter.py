@@ -57,8 +57,16 @@ class Meter:
         self.interval = interval_s(window_s, self.world)
         self.stopped = threading.Event()
         self.error: BaseException | None = None   # the store's last failure (the next window tries again)
+        self.paused = False
         self.thread: threading.Thread | None = None
         self.totals: Any = None   # this rank's windows merged: its final document is its whole run
+
+    def pause(self, paused: bool) -> None:
+        """Measure nothing (the wrappers pass through, no samples) while paused: benchmarks/bench_pace.py sets
+        it block by block to weigh the accounting against the same guard without it, in one run."""
+        self.paused = paused
+        self.regions.enabled = not paused and not self.windows.gpu
+        self.gc.enabled = not paused
 
     def _group_of(self, pg: Any) -> str:
         return self.regions.default_group if pg is None else self.guard.pg_name(pg)
@@ -90,7 +98,8 @@ class Meter:
                         continue
                     self.windows.restart()
                     due = read = time.monotonic() + self.interval
-                self.sampler.sample()
+                if not self.paused:
+                    self.sampler.sample()
                 now = time.monotonic()
                 if now >= due:
                     due = now + self.interval
