@@ -55,6 +55,9 @@ class Watcher:
         """New windows in, one judgment over the horizon, the lines to say now."""
         fresh = 0
         for rank, doc in docs.items():
+            if isinstance(doc, Mapping) and not doc.get("final") and isinstance(doc.get("window"), int) \
+                    and doc["window"] <= self._seen(rank):
+                continue  # read again before its next window: nothing new to parse
             pace = from_doc(doc)
             if pace is None or pace.rank != rank:
                 continue

@@ -320,7 +320,8 @@ def _finish(material: Material) -> None:
     if not material.stalls and material.omitted is None and material.pace is None:
         material.lack("no stalls.json: no stall past the hang timeout was recorded (or the guard ran without --report-dir)")
     if not material.entries:
-        material.lack("no flight-recorder dump: collectives are not drawn (the recorder was off, or no rank dumped)")
+        if material.stalls or material.pace is None:  # a run drawn for its pace alone had no stall to dump
+            material.lack("no flight-recorder dump: collectives are not drawn (the recorder was off, or no rank dumped)")
     else:
         without = sorted(r for r in material.ranks if r not in material.entries)
         if without:
