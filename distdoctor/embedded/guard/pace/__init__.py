@@ -28,7 +28,10 @@ def conclude(guard: Any, meter: Any) -> bool:
     if verdict is None or watcher is None or not (verdict.findings or watcher.episodes):
         return False
     report_dir = guard.settings.report_dir
-    wrote = evidence.write_document(report_dir, SLOW_FILE, watcher.document(verdict)) is not None
+    # The run is drawn (report.html, trace.json: evidence.finish) when a rank held it up; a spread or
+    # contention alone is said and kept in the JSON report, and a healthy run's directory stays as it was.
+    named = watcher.episodes or any(f.id in ("slow.W001", "slow.W002") for f in verdict.findings)
+    wrote = bool(named) and evidence.write_document(report_dir, SLOW_FILE, watcher.document(verdict)) is not None
     findings = verdict.findings
     if findings:
         report = guard.report(findings, ranks=sorted(watcher.totals))
