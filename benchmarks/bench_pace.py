@@ -1,7 +1,7 @@
 """The guard's slow-rank accounting: its cost in a real DDP loop, and its store load and verdict at 1,024 and 4,096 simulated ranks.
 
     python benchmarks/bench_pace.py                     # 7 launches, 10,000 steps each (~10 min), and the simulated ranks
-    python benchmarks/bench_pace.py --quick             # 1 launch, fewer steps, 1,024 simulated ranks: checks it runs
+    python benchmarks/bench_pace.py --quick             # 1 launch, fewer steps, 256 simulated ranks: checks it runs
     python benchmarks/bench_pace.py --only cost         # or --only scale --sizes 1024,4096
     python benchmarks/bench_pace.py --json
 
@@ -134,12 +134,12 @@ def cost_figure(repeats: int, steps: int) -> Figure:
                   statistics.median(ratios) if ratios else None, "", COST_TARGET, note)
 
 
-def scale_figures(sizes: list[int], seconds: float) -> list[Figure]:
+def scale_figures(sizes: list[int], seconds: float, window_s: float) -> list[Figure]:
     from scale_sim import pace_run
 
     out = []
     for world in sizes:
-        result = pace_run(world, slow=world // 3, seconds=seconds)
+        result = pace_run(world, slow=world // 3, seconds=seconds, window_s=window_s)
         out.append(Figure(f"slow rank at {world} simulated ranks",
                           f"{world} simulated ranks on one TCPStore, windows of {result['window_s']:g} s published every "
                           f"{result['interval_s']:g} s, rank {world // 3} the slow one: requests per second per rank "
@@ -167,9 +167,11 @@ def main() -> None:
         child_train(int(args.child_train))
         return
     repeats, steps = (1, 400) if args.quick else (args.repeats, args.steps)
-    sizes = [1024] if args.quick else [int(s) for s in args.sizes.split(",") if s.strip()]
+    sizes = [256] if args.quick else [int(s) for s in args.sizes.split(",") if s.strip()]
     figs = [] if args.only == "scale" else [cost_figure(repeats, steps)]
-    figs += [] if args.only == "cost" else scale_figures(sizes, 40.0 if args.quick else args.scale_seconds)
+    # --quick: 256 ranks, windows of 5 s, 15 s measured (checks that it runs); else the default window, 30 s
+    figs += [] if args.only == "cost" else scale_figures(sizes, 15.0 if args.quick else args.scale_seconds,
+                                                         5.0 if args.quick else 30.0)
     if args.json:
         print(json.dumps([f.to_dict() for f in figs]))
         return

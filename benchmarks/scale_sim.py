@@ -170,30 +170,43 @@ def run(world: int, *, straggler: int | None, hang_timeout: float = 5.0, healthy
     from distdoctor.embedded.guard import cadence
 
     warm_s = cadence.busy_interval_s(world) if warm_s is None else warm_s
-    import torch.distributed as dist
-
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
-    ctx = mp.get_context("fork")
-    phase, events, done = ctx.Value("i", -1), ctx.Queue(), ctx.Event()
-    prefix = f"distdoctor/guard/sim{os.getpid()}"
-    per = -(-world // processes)
-    groups = [list(range(i, min(i + per, world))) for i in range(0, world, per)]
-    procs = [ctx.Process(target=_worker, args=(g, world, server.port, prefix, phase, straggler, hang_timeout,
-                                               poll_s, events, done), daemon=True) for g in groups]
-    for proc in procs:
-        proc.start()
+    server, phase, events, done, procs = _workers(world, processes, "sim", _worker,
+                                                  lambda: (straggler, hang_timeout, poll_s))
     out: dict[str, Any] = {"world": world, "straggler": straggler, "hang_timeout": hang_timeout}
     try:
         out.update(_drive(world, phase, events, warm_s, healthy_s, settle_s, hang_timeout, bound_s))
     finally:
         phase.value = STOP
         out.update(_finish(events, len(procs), out))
-        done.set()
-        for proc in procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
+        _stop(done, procs)
+    del server  # the store outlived every client
     return out
+
+
+def _workers(world: int, processes: int, name: str, target: Any, extra: Any) -> tuple:
+    """One real TCPStore here and the simulated ranks over ``processes`` processes: (server, phase, events,
+    done, the processes); each runs target(ranks, world, port, prefix, phase, *extra(), events, done)."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    ctx = mp.get_context("fork")
+    phase, events, done = ctx.Value("i", -1), ctx.Queue(), ctx.Event()
+    prefix = f"distdoctor/guard/{name}{os.getpid()}"
+    per = -(-world // processes)
+    groups = [list(range(i, min(i + per, world))) for i in range(0, world, per)]
+    procs = [ctx.Process(target=target, args=(g, world, server.port, prefix, phase, *extra(), events, done), daemon=True)
+             for g in groups]
+    for proc in procs:
+        proc.start()
+    return server, phase, events, done, procs
+
+
+def _stop(done: Any, procs: list[Any]) -> None:
+    done.set()
+    for proc in procs:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
 
 
 def _drive(world: int, phase: Any, events: Any, warm_s: float, healthy_s: float, settle_s: float,
@@ -314,8 +327,8 @@ def pace_window(rank: int, index: int, slow: bool, steps: int = 200, step_ms: fl
             "gpu": False, "notes": []}
 
 
-def _pace_worker(ranks: list[int], world: int, port: int, prefix: str, phase: Any, slow: int, events: Any,
-                 done: Any) -> None:
+def _pace_worker(ranks: list[int], world: int, port: int, prefix: str, phase: Any, slow: int, window_s: float,
+                 events: Any, done: Any) -> None:
     import random
 
     from distdoctor.diagnosis.pace_watch import Watcher
@@ -338,10 +351,10 @@ def _pace_worker(ranks: list[int], world: int, port: int, prefix: str, phase: An
         watch = EpisodeWatch(host, Recorder(), side, hang_timeout=60.0, answer_s=1.5, poll_s=0.25, on_hang="auto",
                              flight=Flight(phase, False), world=world)
         members.append((rank, side, watch, Exchange(side, rank)))
-    interval = interval_s(PACE_WINDOW_S, world)
+    interval = interval_s(window_s, world)
     due = {rank: time.monotonic() + random.uniform(0, interval) for rank in ranks}  # ranks start apart
     index = {rank: 0 for rank in ranks}
-    watcher = Watcher(world, PACE_WINDOW_S) if 0 in ranks else None
+    watcher = Watcher(world, window_s) if 0 in ranks else None
     judge_at, judge_s, judgments = time.monotonic() + interval / 2, 0.0, 0
     for _, _, watch, _ in members:
         watch.start()
@@ -381,23 +394,13 @@ def _pace_worker(ranks: list[int], world: int, port: int, prefix: str, phase: An
     os._exit(0)
 
 
-def pace_run(world: int, *, slow: int, seconds: float = 100.0, processes: int = 8) -> dict[str, Any]:
+def pace_run(world: int, *, slow: int, seconds: float = 100.0, processes: int = 8,
+             window_s: float = PACE_WINDOW_S) -> dict[str, Any]:
     """One simulated job with the slow-rank accounting: warm-up for one interval, then ``seconds`` measured."""
-    import torch.distributed as dist
-
     from distdoctor.embedded.guard.pace.exchange import interval_s
 
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
-    ctx = mp.get_context("fork")
-    phase, events, done = ctx.Value("i", -1), ctx.Queue(), ctx.Event()
-    prefix = f"distdoctor/guard/pace{os.getpid()}"
-    per = -(-world // processes)
-    groups = [list(range(i, min(i + per, world))) for i in range(0, world, per)]
-    procs = [ctx.Process(target=_pace_worker, args=(g, world, server.port, prefix, phase, slow, events, done), daemon=True)
-             for g in groups]
-    for proc in procs:
-        proc.start()
-    interval = interval_s(PACE_WINDOW_S, world)
+    server, phase, events, done, procs = _workers(world, processes, "pace", _pace_worker, lambda: (slow, window_s))
+    interval = interval_s(window_s, world)
     marks: dict[int, dict[int, int]] = {}
     last: tuple = ((), [], 0, 0.0, 0)
     faults: list[str] = []
@@ -438,14 +441,11 @@ def pace_run(world: int, *, slow: int, seconds: float = 100.0, processes: int = 
                 totals["requests"] += item[2]
                 totals["published"] += item[3]
                 totals["connected"] += item[4]
-        done.set()
-        for proc in procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
+        _stop(done, procs)
+    del server
     measured = sum(marks.get(WAITING, {}).values()) - sum(marks.get(MEASURE, {}).values())
     named, costs, heard, judge_s, judgments = last
-    return {"world": world, "window_s": PACE_WINDOW_S, "interval_s": interval, "seconds": seconds,
+    return {"world": world, "window_s": window_s, "interval_s": interval, "seconds": seconds,
             "requests": measured, "rate_per_rank": measured / seconds / world,
             "publish_rate_per_rank": 1.0 / interval, "poll_rate_per_rank": None, "named": list(named),
             "cost_ms": costs[0] if costs else None, "windows_read": heard, "judge_s": judge_s, "judgments": judgments,
