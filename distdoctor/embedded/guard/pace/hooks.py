@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 from typing import Any, Callable
 
 FSDP_MODULE = "torch.distributed.fsdp"
@@ -66,8 +67,12 @@ class Hooks:
     def _backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         regions = self.regions
 
+        main, ident = regions.ident, threading.get_ident
+
         @functools.wraps(original)
         def backward(*args: Any, **kwargs: Any) -> Any:
+            if ident() != main:  # the accounting follows the main thread only
+                return original(*args, **kwargs)
             token = regions.enter()
             try:
                 return original(*args, **kwargs)
@@ -79,9 +84,12 @@ class Hooks:
 
     def _forward(self, original: Callable[..., Any], *, ddp: bool) -> Callable[..., Any]:
         regions, group_of, syncs_buffers = self.regions, self.group_of, self._buffers_synced
+        main, ident = regions.ident, threading.get_ident
 
         @functools.wraps(original)
         def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if ident() != main:
+                return original(module, *args, **kwargs)
             group = group_of(getattr(module, "process_group", None))
             if getattr(module, "require_backward_grad_sync", True):
                 regions.sync_group = group
