@@ -5,7 +5,7 @@
 PATH is a copy of github.com/karpathy/nanoGPT (not part of this repository). The script writes, in a
 temporary directory, fake token data (numpy, a 256-token vocabulary: data/<dir>/train.bin, val.bin,
 meta.pkl) and a config file that reads RANK (rank 1's batch_size twice the others' in the slow run), and
-runs `python -m distdoctor guard --report-dir DIR -- python -m torch.distributed.run --standalone
+runs `python -m distdoctor guard --slow on --report-dir DIR -- python -m torch.distributed.run --standalone
 --nproc-per-node 2 train.py CONFIG` from PATH (train.py reads configurator.py from its working directory),
 gloo, a tiny model, no compile. nanoGPT's DDP set-up picks `cuda:<local rank>` whatever --device says;
 the config makes `torch.cuda.set_device` put the device back to cpu on a machine without a GPU.
@@ -76,7 +76,8 @@ def run(nanogpt: Path, root: Path, name: str, factor: int, iters: int, window: f
     config.write_text(CONFIG.format(out=str(root / f"out-{name}"), data=str(root / "fake"), batch=batch, factor=factor,
                                     iters=iters, eval_interval=iters + 1))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTDOCTOR_", "TORCHELASTIC_"))}
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DISTDOCTOR_GUARD_SLOW_WINDOW=str(window))
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DISTDOCTOR_GUARD_SLOW="on",
+               DISTDOCTOR_GUARD_SLOW_WINDOW=str(window))
     cmd = [sys.executable, "-m", "distdoctor", "guard", "--report-dir", str(report), "--", sys.executable, "-m",
            "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "train.py", str(config)]
     out = subprocess.run(cmd, cwd=nanogpt, env=env, capture_output=True, text=True, timeout=1800)

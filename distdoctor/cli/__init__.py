@@ -357,7 +357,7 @@ def guard(
     report_dir: Annotated[Optional[Path], typer.Option("--report-dir", help="Write stalls.json (every stall of the run), the guard's JSON reports, each rank's snapshot and flight-recorder dump here, and after a run with a stall the run drawn: trace.json (Perfetto UI) and report.html (DISTDOCTOR_REPORT_DIR).")] = None,
     verify: Annotated[Optional[str], typer.Option("--verify", help="sample (default: the first 8 collectives of each group, then samples costing at most 1 % of the time), all, or off.")] = None,
     on_hang: Annotated[Optional[str], typer.Option("--on-hang", help="auto (default: end the job only when it cannot finish; a live rank outside the collective is reported and watched until the process group's own timeout), exit (end the job at the first verdict) or report (never end it). DISTDOCTOR_GUARD_ON_HANG.")] = None,
-    slow: Annotated[Optional[str], typer.Option("--slow", help="on (default) or off: the slow-rank accounting, which names the rank every step waits for, its cost, its line and why (docs/slow-ranks.md). DISTDOCTOR_GUARD_SLOW.")] = None,
+    slow: Annotated[Optional[str], typer.Option("--slow", help="on or off (default): the slow-rank accounting, which names the rank every step waits for, its cost, its line and why (docs/slow-ranks.md). DISTDOCTOR_GUARD_SLOW.")] = None,
     slow_window: Annotated[Optional[float], typer.Option("--slow-window", help="Seconds per window of the slow-rank accounting (default 30; DISTDOCTOR_GUARD_SLOW_WINDOW).")] = None,
 ) -> None:
     """Run a launcher line with the runtime guard on in every worker, the script unmodified.

@@ -31,7 +31,7 @@ def run(tmp_path: Path, mode: str, *args: str, cores: str) -> tuple[str, dict[in
     """The job under `distdoctor guard --`; (its output, each rank's own figures)."""
     cmd = [sys.executable, "-m", "distdoctor", "guard", "--report-dir", str(tmp_path), "--", sys.executable, "-m",
            "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPT), mode, str(SECONDS), *args]
-    result = launch(cmd, tmp_path, timeout=240, env={"DISTDOCTOR_GUARD_SLOW_WINDOW": WINDOW,
+    result = launch(cmd, tmp_path, timeout=240, env={"DISTDOCTOR_GUARD_SLOW": "on", "DISTDOCTOR_GUARD_SLOW_WINDOW": WINDOW,
                                                      "DISTDOCTOR_TEST_CORES": cores})
     out = result.stdout
     figures = {int(m["rank"]): {k: float(v) for k, v in re.findall(r"(\w+_ms) ([\d.]+)", m.group(0))}

@@ -46,7 +46,7 @@ class GuardSettings:
     ring_size: int = 256
     answer_s: float = 1.5
     poll_s: float = 0.25
-    slow: str = "on"            # the slow-rank accounting (embedded.guard.pace; docs/slow-ranks.md)
+    slow: str = "off"           # the slow-rank accounting (embedded.guard.pace; docs/slow-ranks.md: why off)
     slow_window: float = 30.0   # seconds per window of it
 
     def check(self) -> "GuardSettings":

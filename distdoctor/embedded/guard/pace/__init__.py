@@ -11,7 +11,7 @@ SLOW_FILE = "slow_ranks.json"
 def start(guard: Any) -> Any:
     """The accounting of this guarded process, started; None when it is off (GuardSettings.slow)."""
     settings = guard.settings
-    if getattr(settings, "slow", "on") != "on":
+    if getattr(settings, "slow", "off") != "on":
         return None
     from distdoctor.embedded.guard.pace.meter import Meter  # the accounting's modules load only when it is on
 
