@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -65,9 +65,11 @@ def check_named(out: str, tmp_path: Path, expected_ms: float, call: str, inner: 
     (and the line inside it), and the family."""
     lines = SLOW_LINE.findall(out)
     assert lines, out[-4000:]
-    first = lines[0]
-    assert first.startswith("Rank 1 on "), first
-    assert within(float(COST.search(first).group(1)), expected_ms), (first, expected_ms)
+    first = lines[0]  # the first live verdict: its rank, its line, its family
+    assert first.startswith("Rank 1 on ") and f":{number(call)}; why: {family}" in first, first
+    # Its cost is that of its first windows; the one compared with the extra the job measured itself over the
+    # whole run is the run's verdict (the machine's other load moves both over a run).
+    assert float(COST.search(first).group(1)) > 0.3 * expected_ms, (first, expected_ms)
     finding, document = verdict(tmp_path)
     data = finding["data"]
     assert finding["ranks"] == [1] and data["slow"] == [1], finding
@@ -96,24 +98,12 @@ def test_rank_1_collecting_a_large_heap_is_named_with_pythons_gc(tmp_path):
     assert finding["data"]["rows"][0]["gc"] > 0.5 and finding["data"]["rows"][0]["only_here"]
 
 
-def busy_share(core: int) -> float:
-    """How busy a core was over the last half second (/proc/stat): the tests put rank 0 on the idler one."""
-    def ticks() -> tuple[int, int]:
-        with open("/proc/stat") as stat:
-            fields = next(line for line in stat if line.startswith(f"cpu{core} ")).split()[1:]
-        values = [int(v) for v in fields]
-        return sum(values) - values[3] - values[4], sum(values)
-
-    busy0, total0 = ticks()
-    time.sleep(0.5)
-    busy1, total1 = ticks()
-    return (busy1 - busy0) / max(1, total1 - total0)
-
-
 def busy(core: int, count: int = 1) -> list[subprocess.Popen]:
-    """Busy processes pinned to one core (ended by their PIDs: end())."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {core}))
-            for _ in range(count)]
+    """Busy processes pinned to one core (ended by their PIDs: end()), each in a session of its own: with the
+    kernel's autogroups on (sched_autogroup_enabled), a core is shared between sessions, and torchrun starts
+    each rank in one of its own, so four busy processes of one session would weigh as one."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True,
+                             preexec_fn=lambda: os.sched_setaffinity(0, {core})) for _ in range(count)]
 
 
 def end(procs: list[subprocess.Popen]) -> None:
@@ -125,15 +115,18 @@ def end(procs: list[subprocess.Popen]) -> None:
 def test_rank_1_sharing_its_core_with_a_busy_process_is_named_with_cpu_contention(tmp_path):
     if len(cores()) < 2:
         pytest.skip("needs 2 cores: rank 0 on one, rank 1 and a busy process on the other")
-    first, second = sorted(cores()[:2], key=busy_share)  # rank 0 on the idler core
-    hogs = busy(second, 4)  # four: rank 1 gets at most a fifth of its core, whatever else the machine runs
-    try:
+    first, second = cores()[:2]
+    try:  # rank 1 starts the busy process on its own core, in its own session (the script says why)
         out, figures = run(tmp_path, "contend", cores=f"{first},{second}")
     finally:
-        end(hogs)
+        pid = tmp_path / "busy.pid"
+        if pid.exists():
+            try:
+                os.kill(int(pid.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     expected = figures[1]["injected_ms"] - figures[0]["injected_ms"]  # the batch's CPU work, longer on rank 1
-    if expected <= 1.0:  # the machine's other load on rank 0's core outweighed four busy processes: no fault made
-        pytest.skip(f"rank 1 was not slower (the batch's work per rank: {figures}): nothing to name")
+    assert expected > 1.0, figures
     finding = check_named(out, tmp_path, expected, "data", "work", "cpu contention")
     assert finding["id"] == "slow.W002" and finding["cause"] == "cpu_oversubscription"
 
