@@ -130,11 +130,15 @@ def differential(slow: RankPace, slow_steps: float, peers: list[tuple[RankPace, 
     total = sum(x[0] for x in scored)
     scored.sort(key=lambda x: -x[0])
     frames = _frames(slow)
-    return [_row(x, total, frames, _inner(x[1], x[2], slow, mine, theirs)) for x in scored[:MAX_ROWS]
+    leaves = {key: row.s / slow_steps for key, row in slow.paths.items()}
+    for pace, steps in peers:  # each path's own time (not its subtree's), the peers' mean
+        for key, row in pace.paths.items():
+            leaves[key] = leaves.get(key, 0.0) - row.s / max(steps, 1e-9) / len(peers)
+    return [_row(x, total, frames, _inner(x[1], x[2], slow, leaves)) for x in scored[:MAX_ROWS]
             if x[0] >= MIN_ROW_SHARE * total]
 
 
-def _inner(node: tuple, self_only: bool, slow: RankPace, mine: dict, theirs: dict) -> tuple[Frame4 | None, float]:
+def _inner(node: tuple, self_only: bool, slow: RankPace, leaves: dict) -> tuple[Frame4 | None, float]:
     """The innermost frame under a call where the slow rank's extra time is largest (None: the call itself),
     and the share of its samples there under a DataLoader."""
     if self_only:
@@ -142,7 +146,7 @@ def _inner(node: tuple, self_only: bool, slow: RankPace, mine: dict, theirs: dic
     under = [r for r in slow.paths.values() if r.key[:len(node)] == node and len(r.key) > len(node)]
     if not under:
         return None, 0.0
-    best = max(under, key=lambda r: mine.get(r.key, [0.0])[0] - theirs.get(r.key, [0.0])[0])
+    best = max(under, key=lambda r: leaves.get(r.key, 0.0))
     return best.frames[-1], best.data / max(1, best.n)
 
 

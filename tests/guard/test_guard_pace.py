@@ -34,8 +34,10 @@ def run(tmp_path: Path, mode: str, *args: str, cores: str) -> tuple[str, dict[in
     result = launch(cmd, tmp_path, timeout=240, env={"DISTDOCTOR_GUARD_SLOW": "on", "DISTDOCTOR_GUARD_SLOW_WINDOW": WINDOW,
                                                      "DISTDOCTOR_TEST_CORES": cores})
     out = result.stdout
+    # torchrun's two ranks may print on one line: each rank's figures are read where they stand.
     figures = {int(m["rank"]): {k: float(v) for k, v in re.findall(r"(\w+_ms) ([\d.]+)", m.group(0))}
-               for m in re.finditer(r"^rank (?P<rank>\d) injected_ms .*$", out, re.M)}
+               for m in re.finditer(r"rank (?P<rank>\d) injected_ms [\d.]+ varied_ms [\d.]+ rest_ms [\d.]+ "
+                                    r"steps \d+ step_ms [\d.]+", out)}
     assert set(figures) == {0, 1}, out[-4000:]
     return out, figures
 
