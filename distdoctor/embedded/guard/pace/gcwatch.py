@@ -7,7 +7,9 @@
 # allocations. A collection holds the GIL, so no sample of the main thread falls inside one: a
 # collection of the main thread that took at least LONG_NS is handed to `on_long` with the frame that
 # triggered it (the profile gives it its own line), and `total_ns` lets the sampler take every
-# collection's time out of the interval it samples.
+# collection's time out of the interval it samples. Nothing here may import: a collection can run in
+# the middle of an import, and an import from inside it breaks that one (CPython 3.11's module locks:
+# "KeyError" in importlib._bootstrap, seen in nanoGPT's start-up).
 
 from __future__ import annotations
 

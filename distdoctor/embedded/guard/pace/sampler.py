@@ -79,16 +79,19 @@ class Sampler:
         self._files: dict[str, bool] = {}
         self._last: tuple[int, Any] | None = None
         self._gc_seen = 0
+        self.collections: list[tuple[list, int]] = []   # long collections not yet filed (collected)
         if gcwatch is not None:
             gcwatch.on_long = self.collected
 
     def take(self) -> Profile:
+        self._file_collections()
         taken, self.profile = self.profile, Profile()
         return taken
 
     def sample(self) -> None:
         if self.gcwatch is not None and self.gcwatch.active:
             return  # inside a collection (its callbacks let this thread in): it gets its own line, whole
+        self._file_collections()
         frame = sys._current_frames().get(self.ident or 0)
         now, times = time.perf_counter_ns(), self.sched.times() if self.sched is not None else None
         last, self._last = self._last, (now, times)
@@ -101,7 +104,7 @@ class Sampler:
                 and self.sched.state() in ("S", "D"):
             self.profile.waiting += 1  # waiting for peers: the regions measure it exactly
             return
-        path, data = self._path(frame)
+        path, data = self._path(_raw(frame))
         wall = max(0, now - last[0] - collected)
         run = runq = 0
         if times is not None and last[1] is not None:
@@ -110,26 +113,39 @@ class Sampler:
         self.profile.add(path, wall, min(run, wall), min(runq, wall), False, data)
 
     def collected(self, frame: Any, ns: int) -> None:
-        """A long collection of the main thread, given to the line that triggered it (called inside it)."""
-        path, data = self._path(frame)
-        self.profile.add(path, ns, ns, 0, True, data)
+        """A long collection of the main thread, for the line that triggered it. Called inside the collection,
+        maybe in the middle of an import: it only copies the frames' names (anything that could import here
+        would break the import it interrupts), and the sampler's thread files it at its next sample."""
+        self.collections.append((_raw(frame), ns))
 
-    def _path(self, frame: Any) -> tuple[tuple, bool]:
+    def _file_collections(self) -> None:
+        while self.collections:
+            raw, ns = self.collections.pop(0)
+            path, data = self._path(raw)
+            self.profile.add(path, ns, ns, 0, True, data)
+
+    def _path(self, raw: list[tuple[str, int, str]]) -> tuple[tuple, bool]:
         """The user's frames outermost first (at most MAX_DEPTH), and whether a DataLoader frame is on the stack."""
         mine: list[tuple[str, int, str]] = []
         data = False
-        walked = 0
-        while frame is not None and walked < MAX_FRAMES_WALKED:
-            code = frame.f_code
-            path = code.co_filename
+        for frame in raw:
+            path = frame[0]
             user = self._files.get(path)
             if user is None:
                 user = self._files[path] = is_user_file(path)
             if user:
-                mine.append((path, frame.f_lineno, code.co_name))
+                mine.append(frame)
             elif not data and DATA_MARK in path:
                 data = True
-            frame = frame.f_back
-            walked += 1
         mine.reverse()
         return tuple(mine[:MAX_DEPTH]), data
+
+
+def _raw(frame: Any) -> list[tuple[str, int, str]]:
+    """A stack's (file, line, function), innermost first: attribute reads only."""
+    out = []
+    while frame is not None and len(out) < MAX_FRAMES_WALKED:
+        code = frame.f_code
+        out.append((code.co_filename, frame.f_lineno, code.co_name))
+        frame = frame.f_back
+    return out
