@@ -7,8 +7,9 @@ temporary directory, fake token data (numpy, a 256-token vocabulary: data/<dir>/
 meta.pkl) and a config file that reads RANK (rank 1's batch_size twice the others' in the slow run), and
 runs `python -m distdoctor guard --slow on --report-dir DIR -- python -m torch.distributed.run --standalone
 --nproc-per-node 2 train.py CONFIG` from PATH (train.py reads configurator.py from its working directory),
-gloo, a tiny model, no compile. nanoGPT's DDP set-up picks `cuda:<local rank>` whatever --device says;
-the config makes `torch.cuda.set_device` put the device back to cpu on a machine without a GPU.
+gloo, a tiny model, no compile. nanoGPT's DDP set-up picks `cuda:<local rank>` whatever --device says and
+wraps the model with device_ids: on a machine without a GPU the config makes `torch.cuda.set_device` put
+the device back to cpu, and train.py's DDP name a DDP without device_ids (the config runs in its globals).
 
 Printed: the guard's live lines and its verdict at the end of each run, rank 0's median iteration time in
 each run (nanoGPT's own "iter N: ... time X ms" lines, the first 10 left out), and the cost the guard named
@@ -38,6 +39,9 @@ def _cpu_device(_device):
     sys._getframe(1).f_globals['device'] = 'cpu'
 if not torch.cuda.is_available():
     torch.cuda.set_device = _cpu_device
+    _DDP = DDP  # train.py's own name: it wraps the model with device_ids=[local rank], which a CPU module refuses
+    def DDP(module, device_ids=None, **kwargs):
+        return _DDP(module, **kwargs)
 out_dir = {out!r}
 dataset = {data!r}
 device = 'cpu'

@@ -23,7 +23,7 @@ from distdoctor.diagnosis.pace_where import differential, frame_text
 from distdoctor.diagnosis.pace_why import CONTENTION, why
 
 MIN_STEPS = 10          # measured steps a rank needs in a group to be compared
-MIN_SHARE = 0.05        # a slow rank costs at least this share of the step
+MIN_SHARE = 0.08        # a slow rank costs at least this share of the step (balanced jobs on a shared host: up to 6 %)
 MIN_COST_S = 5e-5
 SLOW_FRACTION = 0.25    # a slow rank's wait above the least is under this share of the median's
 SPREAD_SHARE = 0.15     # the job waits this share of the step above the floor, no rank to blame

@@ -31,6 +31,9 @@ FIXES = {
 }
 
 
+CONTENTION_MARGIN = 0.1   # its share of time runnable but not running, above its peers', to be contention
+
+
 @dataclass
 class Why:
     family: str
@@ -58,6 +61,10 @@ def why(slow: tuple[RankPace, float, float], peers: list[tuple[RankPace, float, 
     if mine is None or not theirs:
         return _from_rows(rows, gc_only)
     parts = {k: mine[k] - sum(t[k] for t in theirs) / len(theirs) for k in mine}
+    if _runq_share(mine) - sum(_runq_share(t) for t in theirs) / len(theirs) < CONTENTION_MARGIN:
+        # Waiting for a CPU as much, for its share of the work, as its peers: more work, not contention
+        # (a rank given twice the batch waits twice as long for a core on a shared machine).
+        parts["cpu"], parts["runq"] = parts["cpu"] + parts["runq"], 0.0
     top = max(parts, key=lambda k: parts[k])
     if parts[top] <= 0:
         return _from_rows(rows, gc_only, parts)
@@ -78,6 +85,11 @@ def why(slow: tuple[RankPace, float, float], peers: list[tuple[RankPace, float, 
     what = {RANK_ONLY: "a line only this rank runs", DATA: "data loading (DataLoader frames under the line)",
             UNEVEN: "uneven work: the same lines take longer on this rank"}[family]
     return Why(family, f"{what}: +{ms:.1f} ms per step on a CPU", FIXES[family], parts)
+
+
+def _runq_share(part: dict[str, float]) -> float:
+    busy = part["cpu"] + part["runq"] + part["gc"]
+    return part["runq"] / busy if busy > 0 else 0.0
 
 
 def _gc_difference(slow: tuple[RankPace, float, float], peers: list[tuple[RankPace, float, float]]) -> float:
