@@ -85,12 +85,15 @@ class Hooks:
     def _forward(self, original: Callable[..., Any], *, ddp: bool) -> Callable[..., Any]:
         regions, group_of, syncs_buffers = self.regions, self.group_of, self._buffers_synced
         main, ident = regions.ident, threading.get_ident
+        groups: dict[int, str] = {}
 
         @functools.wraps(original)
         def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
             if ident() != main:
                 return original(module, *args, **kwargs)
-            group = group_of(getattr(module, "process_group", None))
+            group = groups.get(id(module))
+            if group is None:  # once per model: a forward is on every step's path
+                group = groups[id(module)] = group_of(getattr(module, "process_group", None))
             if getattr(module, "require_backward_grad_sync", True):
                 regions.sync_group = group
             if ddp and not syncs_buffers(module):  # no collective in this forward: nothing to wait for
