@@ -66,7 +66,7 @@ def test_nested_regions_are_measured_once_and_short_steps_one_in_a_stride():
     assert regions.depth == 0
     for _ in range(100):
         regions.leave(regions.enter(), "0")
-    regions.take(100 * 1_000_000)  # 1 ms steps: one measured in ten
+    regions.take(100 * 5_000_000)  # 5 ms steps: one measured in ten (a measured step every 50 ms)
     assert regions.stride == 10
     measured = 0
     for _ in range(100):

@@ -1,6 +1,6 @@
 """One rank's pace accounting: its regions, samples and GC measured, a window published, the job judged on rank 0."""
 
-# A thread of its own ("distdoctor-guard-pace"): every ~sample_s (jittered: a sample never beats
+# A thread of its own ("distdoctor-guard-pace"): every ~sample_s (0.1 s, jittered: a sample never beats
 # with the step) it samples the main thread; every window it closes the window's document and
 # publishes it (exchange.Exchange); rank 0 then reads every rank's and follows the verdict
 # (diagnosis.pace_watch), saying a line when a slow rank starts or stops holding the job up. At
@@ -29,7 +29,7 @@ from distdoctor.embedded.guard.pace.sampler import Sampler
 from distdoctor.embedded.guard.pace.window import Windows
 from distdoctor.machine.thread_sched import ThreadSched
 
-SAMPLE_S = 0.05
+SAMPLE_S = 0.1
 JOIN_S = 6.0           # above a store request's own deadline: the thread is never left inside one at exit
 FINAL_GATHER_S = 3.0   # how long rank 0 waits at the end for the others' last windows
 GPU_NOTE = ("waits inside collectives are not measured on a process that drives a GPU (its main thread also waits "

@@ -1,13 +1,15 @@
 """Where the main thread spends the time it does not wait for peers: its stack sampled, the time between samples weighed."""
 
-# Every sample (about every 50 ms, jittered so it never beats with the step) reads the main
+# Every sample (about every 100 ms, jittered so it never beats with the step) reads the main
 # thread's frames and keeps the path of the user's frames, outermost first (at most MAX_DEPTH):
 # the differential profile compares these paths between a slow rank and its peers, and the call
 # where they part is the one a user recognises (diagnosis.pace_where). The time since the previous
 # sample is given to the path, split as the scheduler counts it: on a CPU, runnable (contention),
 # blocked. A sample inside a region (regions.Regions) while the thread sleeps is a wait for peers
 # and is only counted. Each sample notes whether it fell inside a garbage collection and whether
-# a DataLoader frame is on the stack. About 40 us a sample (frames, two pread()s), 0.1 % of a core.
+# a DataLoader frame is on the stack. About 40 us a sample (frames, two pread()s); on a loaded machine the
+# GIL's hand-over to and from this thread costs the training thread more than that: 20 samples a second
+# cost the DDP tutorial's step about 2 %, 5 a second 1 % (benchmarks/bench_pace.py), hence 10.
 
 from __future__ import annotations
 
