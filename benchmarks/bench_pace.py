@@ -12,7 +12,7 @@ Figures:
   GC callback returns), so the machine's load hits both alike; each launch gives the ratio of the mean step
   with it to the mean step without it; the figure is the median over launches. The method's floor: the
   paused blocks against each other. What stays while paused (the wrappers' pass-through, a thread that wakes
-  20 times a second) is timed apart, per call.
+  10 times a second) is timed apart, per call.
 - store load and verdict at scale (scale_sim.pace_run): simulated ranks (threads over a few processes, each
   with its own SideChannel on one real TCPStore) run the guard's healthy polling (EpisodeWatch) and publish a
   window document per interval (exchange.Exchange, the real one); rank 0 reads them all and judges
@@ -126,7 +126,7 @@ def cost_figure(repeats: int, steps: int) -> Figure:
             f"({', '.join(f'{r:.3f}' for r in ratios)}); the method's floor (paused blocks against paused blocks): "
             f"{statistics.median(floors):.3f}x ({', '.join(f'{r:.3f}' for r in floors)}); while paused, a wrapped "
             f"region costs {statistics.median(r['passthrough_s'] for r in launches) * 1e6:.2f} us; a sample "
-            f"{statistics.median(r['sample_s'] for r in launches) * 1e6:.0f} us (20 a second)") if launches else ""
+            f"{statistics.median(r['sample_s'] for r in launches) * 1e6:.0f} us (10 a second)") if launches else ""
     return Figure("step time, slow-rank accounting", f"DDP tutorial loop, 2 ranks gloo CPU, {steps} steps in blocks of "
                   f"{BLOCK} alternating the accounting on and paused, the guard on throughout: mean step with it",
                   statistics.median(on) if on else None, [round(v, 6) for v in on], "mean step with it paused",
