@@ -43,13 +43,15 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "lint": ("bench_lint.py", ">= 50,000 lines/s", "distdoctor lint vs ast.parse of the same files"),
     "scale": ("bench_scale.py", "straggler alone <= hang_timeout + 5 s (48, 64 real); <= + 3 s and <= 1 req/s/rank (4,096 simulated)",
               "the guard at 16-64 real DDP ranks and 256-4,096 simulated ranks on one TCPStore"),
+    "pace": ("bench_pace.py", "<= 1.01x; named, <= 0.1 req/s/rank (1,024 and 4,096 simulated)",
+             "the slow-rank accounting's cost in the DDP loop; its store load and verdict at 1,024 and 4,096 simulated ranks"),
     "soak": ("soak.py", "every pause and fault as scheduled",
              "a guarded 4-rank DDP job with random pauses around the hang timeout (20 min), then real faults"),
 }
 BOUND_S = 900  # one benchmark script, all its runs
 # A full run that needs longer: scale starts 64-rank jobs on this machine; the soak runs a
 # 20-minute job, then five fault runs.
-LONGER_S = {"scale": 3600, "soak": 3600}
+LONGER_S = {"scale": 3600, "soak": 3600, "pace": 3600}
 
 
 def machine() -> dict[str, Any]:

@@ -16,6 +16,7 @@ ranks it names, when, how many requests and bytes it cost.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import sys
@@ -175,30 +176,43 @@ def run(world: int, *, straggler: int | None, hang_timeout: float = 5.0, healthy
     from distdoctor.embedded.guard import cadence
 
     warm_s = cadence.busy_interval_s(world) if warm_s is None else warm_s
-    import torch.distributed as dist
-
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
-    ctx = mp.get_context("fork")
-    phase, events, done = ctx.Value("i", -1), ctx.Queue(), ctx.Event()
-    prefix = f"distdoctor/guard/sim{os.getpid()}"
-    per = -(-world // processes)
-    groups = [list(range(i, min(i + per, world))) for i in range(0, world, per)]
-    procs = [ctx.Process(target=_worker, args=(g, world, server.port, prefix, phase, straggler, hang_timeout,
-                                               poll_s, events, done), daemon=True) for g in groups]
-    for proc in procs:
-        proc.start()
+    server, phase, events, done, procs = _workers(world, processes, "sim", _worker,
+                                                  lambda: (straggler, hang_timeout, poll_s))
     out: dict[str, Any] = {"world": world, "straggler": straggler, "hang_timeout": hang_timeout}
     try:
         out.update(_drive(world, phase, events, warm_s, healthy_s, settle_s, hang_timeout, bound_s))
     finally:
         phase.value = STOP
         out.update(_finish(events, len(procs), out))
-        done.set()
-        for proc in procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
+        _stop(done, procs)
+    del server  # the store outlived every client
     return out
+
+
+def _workers(world: int, processes: int, name: str, target: Any, extra: Any) -> tuple:
+    """One real TCPStore here and the simulated ranks over ``processes`` processes: (server, phase, events,
+    done, the processes); each runs target(ranks, world, port, prefix, phase, *extra(), events, done)."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    ctx = mp.get_context("fork")
+    phase, events, done = ctx.Value("i", -1), ctx.Queue(), ctx.Event()
+    prefix = f"distdoctor/guard/{name}{os.getpid()}"
+    per = -(-world // processes)
+    groups = [list(range(i, min(i + per, world))) for i in range(0, world, per)]
+    procs = [ctx.Process(target=target, args=(g, world, server.port, prefix, phase, *extra(), events, done), daemon=True)
+             for g in groups]
+    for proc in procs:
+        proc.start()
+    return server, phase, events, done, procs
+
+
+def _stop(done: Any, procs: list[Any]) -> None:
+    done.set()
+    for proc in procs:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
 
 
 def _drive(world: int, phase: Any, events: Any, warm_s: float, healthy_s: float, settle_s: float,
@@ -288,3 +302,158 @@ def asking_rank_cost(world: int, straggler: int) -> dict[str, Any]:
     return {"world": world, "read_s": read_s, "diagnose_s": time.monotonic() - started - read_s,
             "requests": asker.traffic.total - before, "bytes": asker.traffic.bytes_read,
             "verdict": findings[0].id if findings else None, "named": list(findings[0].ranks) if findings else []}
+
+
+# -- the slow-rank accounting at scale: every rank's windows through the store, rank 0 judging -------------
+
+PACE_WINDOW_S = 30.0  # the default window (GuardSettings.slow_window)
+
+
+def pace_window(rank: int, index: int, slow: bool, steps: int = 200, step_ms: float = 20.0) -> dict[str, Any]:
+    """A window document as a guarded DDP rank publishes it: the slow rank waits at the floor (0.3 ms a step),
+    every other rank 3 ms more; a profile of two paths."""
+    from distdoctor.diagnosis.pace import SCHEMA, edges_ms
+
+    wait_ms = 0.3 if slow else 3.3
+    hist = [0] * (len(edges_ms()) + 1)
+    hist[next(i for i, edge in enumerate(edges_ms()) if wait_ms < edge)] = steps
+    wall = steps * step_ms / 1e3
+    outside = wall - steps * wait_ms / 1e3
+    frames = [["train.py", 40, "<module>", "x, y = next(batches)"], ["train.py", 43, "<module>", "loss.backward()"]]
+    extra = 0.003 * steps if slow else 0.0
+    paths = [[[0], 40, round(0.3 * (outside - extra) + extra, 4), 0.01, 0.0, 0, 40],
+             [[1], 60, round(0.7 * (outside - extra), 4), 0.01, 0.0, 0, 0]]
+    return {"schema": SCHEMA, "rank": rank, "host": f"node{rank // 8:04d}", "window": index, "final": False,
+            "t0": time.time() - wall, "t1": time.time(), "wall_s": wall,
+            "cpu": {"run_s": outside * 0.95, "runq_s": outside * 0.05, "blocked_s": steps * wait_ms / 1e3},
+            "gc": {"s": 0.0, "n": 0, "full": 0},
+            "waits": [{"group": "0", "kind": "collective", "waited_s": steps * wait_ms / 1e3, "regions": steps,
+                       "measured_regions": steps, "steps": steps, "measured_steps": steps, "hist": hist}],
+            "profile": {"samples": 100, "waiting": 0, "s": round(outside, 4), "frames": frames, "paths": paths},
+            "gpu": False, "notes": []}
+
+
+def _pace_worker(ranks: list[int], world: int, port: int, prefix: str, phase: Any, slow: int, window_s: float,
+                 events: Any, done: Any) -> None:
+    import random
+
+    from distdoctor.diagnosis.pace_watch import Watcher
+    from distdoctor.embedded.guard.channel import SideChannel, open_client
+    from distdoctor.embedded.guard.pace.exchange import Exchange, interval_s
+    from distdoctor.embedded.guard.record import Recorder
+    from distdoctor.embedded.guard.watch import EpisodeWatch
+
+    def connect() -> Any:
+        return open_client("127.0.0.1", port)
+
+    shared = connect()
+    members = []
+    for rank in ranks:
+        host = Host(rank, world, phase, False, events)
+        side = SideChannel(None, prefix, connect)
+        side.torch_client = shared
+        side.hello(rank, {"host": f"node{rank // 8:04d}", "boot": "sim", "pidns": 0, "pid": 10_000 + rank})
+        host.side = side
+        watch = EpisodeWatch(host, Recorder(), side, hang_timeout=60.0, answer_s=1.5, poll_s=0.25, on_hang="auto",
+                             flight=Flight(phase, False), world=world)
+        members.append((rank, side, watch, Exchange(side, rank)))
+    interval = interval_s(window_s, world)
+    due = {rank: time.monotonic() + random.uniform(0, interval) for rank in ranks}  # ranks start apart
+    index = {rank: 0 for rank in ranks}
+    watcher = Watcher(world, window_s) if 0 in ranks else None
+    judge_at, judge_s, judgments = time.monotonic() + interval / 2, 0.0, 0
+    for _, _, watch, _ in members:
+        watch.start()
+    marks: dict[int, int] = {}
+    while phase.value != STOP:
+        if phase.value not in marks:
+            marks[phase.value] = sum(side.traffic.total for _, side, _, _ in members)
+            events.put(("mark", ranks[0], phase.value, marks[phase.value], time.monotonic()))
+        now = time.monotonic()
+        for rank, side, _, exchange in members:
+            if now >= due[rank] and phase.value in (HEALTHY, MEASURE):
+                due[rank] = now + interval
+                try:
+                    exchange.publish(pace_window(rank, index[rank], rank == slow))
+                    index[rank] += 1
+                except Exception as exc:
+                    events.put(("fault", rank, f"{type(exc).__name__}: {exc}"))
+        if watcher is not None and now >= judge_at and phase.value == MEASURE:
+            judge_at = now + interval / 2
+            started = time.monotonic()
+            try:
+                watcher.feed(members[0][3].gather(), time.time())
+                judgments += 1
+            except Exception as exc:
+                events.put(("fault", 0, f"{type(exc).__name__}: {exc}"))
+            judge_s = max(judge_s, time.monotonic() - started)
+            named = watcher.latest.named if watcher.latest is not None else {}
+            events.put(("judged", sorted(named), [v.get("cost_ms_per_step") for v in named.values()],
+                        len(watcher.totals), judge_s, judgments))
+        time.sleep(0.01)
+    for _, _, watch, _ in members:
+        watch.stop()
+    total = sum(side.traffic.total for _, side, _, _ in members)
+    published = sum(side.traffic.requests.get("set", 0) for _, side, _, _ in members)
+    events.put(("done", ranks[0], total, published, sum(1 for _, side, _, _ in members if side.connected), len(ranks)))
+    done.wait(30)
+    os._exit(0)
+
+
+def pace_run(world: int, *, slow: int, seconds: float = 100.0, processes: int = 8,
+             window_s: float = PACE_WINDOW_S) -> dict[str, Any]:
+    """One simulated job with the slow-rank accounting: warm-up for one interval, then ``seconds`` measured."""
+    from distdoctor.embedded.guard.pace.exchange import interval_s
+
+    server, phase, events, done, procs = _workers(world, processes, "pace", _pace_worker, lambda: (slow, window_s))
+    interval = interval_s(window_s, world)
+    marks: dict[int, dict[int, int]] = {}
+    last: tuple = ((), [], 0, 0.0, 0)
+    faults: list[str] = []
+    totals = {"requests": 0, "published": 0, "connected": 0}
+
+    def drain(until: float) -> None:
+        nonlocal last
+        while time.monotonic() < until:
+            try:
+                item = events.get(timeout=0.2)
+            except Exception:
+                continue
+            if item[0] == "mark":
+                marks.setdefault(item[2], {})[item[1]] = item[3]
+            elif item[0] == "judged":
+                last = item[1:]
+            elif item[0] == "fault":
+                faults.append(item[2])
+
+    try:
+        drain(time.monotonic() + 3.0)
+        phase.value = HEALTHY
+        drain(time.monotonic() + interval)
+        phase.value = MEASURE
+        drain(time.monotonic() + seconds)
+        phase.value = WAITING  # the measurement's end mark (nothing stalls: the counters go on moving)
+        drain(time.monotonic() + 1.0)
+    finally:
+        phase.value = STOP
+        got, deadline = 0, time.monotonic() + 30
+        while got < len(procs) and time.monotonic() < deadline:
+            try:
+                item = events.get(timeout=0.5)
+            except Exception:
+                continue
+            if item[0] == "done":
+                got += 1
+                totals["requests"] += item[2]
+                totals["published"] += item[3]
+                totals["connected"] += item[4]
+        _stop(done, procs)
+    del server
+    measured = sum(marks.get(WAITING, {}).values()) - sum(marks.get(MEASURE, {}).values())
+    named, costs, heard, judge_s, judgments = last
+    return {"world": world, "window_s": window_s, "interval_s": interval, "seconds": seconds,
+            "requests": measured, "rate_per_rank": measured / seconds / world,
+            "publish_rate_per_rank": 1.0 / interval, "poll_rate_per_rank": None, "named": list(named),
+            "cost_ms": costs[0] if costs else None, "windows_read": heard, "judge_s": judge_s, "judgments": judgments,
+            "connected": totals["connected"], "fault_count": len(faults), "faults": faults[:5],
+            "bytes_per_window": len(json.dumps(pace_window(0, 0, False)))}

@@ -188,13 +188,14 @@ def diagnose(
 
 def load_every_kind(config: Config) -> Registry:
     """The registry with every finding ID declared: the checks', and those only `explain` (log.*),
-    the embedded API (pre.*, init.*, spec.*, guard.*), `bench` (bench.*), `lint` (lint.*), `stacks` (stacks.*) and the job diagnosis (job.*) emit — for
+    the embedded API (pre.*, init.*, spec.*, guard.*), `bench` (bench.*), `lint` (lint.*), `stacks` (stacks.*), the job diagnosis (job.*) and the guard's pace (slow.*) emit — for
     `list`, `show` and the docs."""
     from distdoctor.core.engine import load_registry  # a local-only run loads nothing of the other paths
 
     # Importing these registers their kinds; none of them imports torch at import time.
     import distdoctor.bench.kinds  # noqa: F401
     import distdoctor.diagnosis.kinds  # noqa: F401
+    import distdoctor.diagnosis.pace_kinds  # noqa: F401
     import distdoctor.embedded.bounded_init  # noqa: F401
     import distdoctor.embedded.guard.findings  # noqa: F401
     import distdoctor.embedded.setup_checks  # noqa: F401

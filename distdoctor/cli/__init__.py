@@ -340,7 +340,8 @@ def explain(
 
 def add_guard_timeline(report: Any, inputs: list[str]) -> None:
     """A guard's --report-dir among explain's inputs: the page draws its run too (the stall timeline)."""
-    dirs = [Path(i) for i in inputs if i != "-" and (Path(i) / "stalls.json").is_file()]
+    dirs = [Path(i) for i in inputs if i != "-" and ((Path(i) / "stalls.json").is_file()
+                                                     or (Path(i) / "slow_ranks.json").is_file())]
     if not dirs:
         return
     from distdoctor.timeline.job_report import job_report  # loaded only when a page of a guarded run is asked for
@@ -356,6 +357,8 @@ def guard(
     report_dir: Annotated[Optional[Path], typer.Option("--report-dir", help="Write stalls.json (every stall of the run), the guard's JSON reports, each rank's snapshot and flight-recorder dump here, and after a run with a stall the run drawn: trace.json (Perfetto UI) and report.html (DISTDOCTOR_REPORT_DIR).")] = None,
     verify: Annotated[Optional[str], typer.Option("--verify", help="sample (default: the first 8 collectives of each group, then samples costing at most 1 % of the time), all, or off.")] = None,
     on_hang: Annotated[Optional[str], typer.Option("--on-hang", help="auto (default: end the job only when it cannot finish; a live rank outside the collective is reported and watched until the process group's own timeout), exit (end the job at the first verdict) or report (never end it). DISTDOCTOR_GUARD_ON_HANG.")] = None,
+    slow: Annotated[Optional[str], typer.Option("--slow", help="on or off (default): the slow-rank accounting, which names the rank every step waits for, its cost, its line and why (docs/slow-ranks.md). DISTDOCTOR_GUARD_SLOW.")] = None,
+    slow_window: Annotated[Optional[float], typer.Option("--slow-window", help="Seconds per window of the slow-rank accounting (default 30; DISTDOCTOR_GUARD_SLOW_WINDOW).")] = None,
 ) -> None:
     """Run a launcher line with the runtime guard on in every worker, the script unmodified.
 
@@ -370,7 +373,8 @@ def guard(
 
     try:
         env = guard_environment(os.environ, hang_timeout=hang_timeout, verify=verify, on_hang=on_hang,
-                                report_dir=str(report_dir) if report_dir is not None else None)
+                                report_dir=str(report_dir) if report_dir is not None else None,
+                                slow=slow, slow_window=slow_window)
     except ValueError as exc:
         fail_usage(str(exc))
     program = shutil.which(command[0], path=env.get("PATH"))
@@ -413,10 +417,10 @@ def trace(
     document = build_trace(material)
     emit(json.dumps(document, separators=(",", ":")), target)
     if html is not None:
-        from distdoctor.core.html import render_html  # loaded only when a page is asked for
+        from distdoctor.timeline.html_run import run_page  # loaded only when a page is asked for
         from distdoctor.timeline.job_report import job_report
 
-        emit(render_html(job_report(material), title="distdoctor: the run"), html)
+        emit(run_page(job_report(material), title="distdoctor: the run"), html)
     facts = document["otherData"]
     typer.echo(f"{target}: {facts['ranks']} rank{'s' if facts['ranks'] != 1 else ''}, {facts['stalls']} stall"
                f"{'s' if facts['stalls'] != 1 else ''}, {facts['collectives']} collectives"

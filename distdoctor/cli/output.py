@@ -34,7 +34,10 @@ def render_report(report: Any, fmt: str, output: Path | None, *, verbose: bool, 
     if fmt == "html":
         from distdoctor.core.html import render_html  # loaded only when a page is asked for
 
-        emit(render_html(report, verbose=verbose), output)
+        drawers = None
+        if isinstance(report.data, dict) and "timeline" in report.data:  # a guarded run among the inputs
+            from distdoctor.timeline.html_run import DRAWERS as drawers  # its pictures live beside its data
+        emit(render_html(report, verbose=verbose, drawers=drawers), output)
     elif fmt == "rich" and output is not None:
 
         buffer = io.StringIO()

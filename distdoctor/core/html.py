@@ -3,16 +3,17 @@
 # Self-contained: inline CSS and SVG, no script, no network (a Content-Security-Policy forbids any
 # load and any script, so even a string that escaped escaping could not run). Every text that comes
 # from a job — rank names, hosts, lines of code, exception messages — goes through escape(). The
-# pictures are drawn from the report's plain data (core.html_pictures): data.timeline (the guard's
-# stalls), data.stacks (`stacks`' ranks), data.bench (the link matrix). Nothing here prints.
+# pictures are drawn from the report's plain data: data.stacks (`stacks`' ranks) and data.bench (the
+# link matrix) by core.html_pictures; the guard's run (data.timeline) by the drawer its caller hands
+# in (timeline.html_run.DRAWERS). Nothing here prints.
 
 from __future__ import annotations
 
-import html
 import sys
 from typing import Any, Mapping
 
 from distdoctor.core import html_pictures as pictures
+from distdoctor.core.html_pictures import escape
 from distdoctor.core.findings import Finding, Severity
 from distdoctor.core.render import about_line, summary_line
 from distdoctor.core.report import Report, format_ranks, format_where
@@ -52,13 +53,9 @@ def producer_version() -> str:
     return str(getattr(sys.modules.get("distdoctor"), "__version__", "unknown"))
 
 
-def escape(value: Any) -> str:
-    """Any value as HTML text: <, >, &, quotes escaped (a log's text never becomes markup)."""
-    return html.escape("" if value is None else str(value), quote=True)
-
-
-def render_html(report: Report, *, title: str = "distdoctor report", verbose: bool = False) -> str:
-    """The whole page."""
+def render_html(report: Report, *, title: str = "distdoctor report", verbose: bool = False,
+                drawers: Mapping[str, pictures.Drawer] | None = None) -> str:
+    """The whole page; ``drawers``: pictures drawn above core, by the data key they draw."""
     status = report.status
     __version__ = producer_version()
     parts = [f"{HEAD_MARK} {escape(__version__)} -->", '<html lang="en"><head><meta charset="utf-8">',
@@ -71,7 +68,7 @@ def render_html(report: Report, *, title: str = "distdoctor report", verbose: bo
     if report.about:
         parts.append(f'<p class="about">{escape(_about(report.about))}</p>')
     data = report.data if isinstance(report.data, Mapping) else {}
-    parts += pictures.sections(data, report.findings)
+    parts += pictures.sections(data, report.findings, drawers)
     parts.append(_findings(report, verbose=verbose))
     if verbose and report.checks:
         parts.append(_checks(report.checks))

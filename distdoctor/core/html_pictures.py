@@ -1,64 +1,47 @@
-"""The pictures of the HTML report, each from a report's plain data: the guard's timeline, `stacks`' ranks, `bench`'s links."""
+"""The pictures of the HTML report that core draws (`stacks`' ranks, `bench`'s links); others come as drawers."""
+
+# A picture is drawn from a report's plain data, one key each: data.stacks, data.bench here; the
+# guard's run (data.timeline) is drawn beside its data in distdoctor.timeline (timeline.html_run),
+# whose callers hand its drawer to core.html.render_html: core imports nothing above it.
 
 from __future__ import annotations
 
+import html
 import statistics
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from distdoctor.core.findings import Finding
-from distdoctor.core.html_timeline import escape, short, stall_timeline, straggler_profile
 from distdoctor.core.report import format_ranks
+
+Drawer = Callable[[Mapping[str, Any], list[Finding]], str]
 
 MAX_GROUP_ROWS = 30
 MAX_CELLS_SIDE = 64
 CELL = 11
 
 
-def sections(data: Mapping[str, Any], findings: list[Finding]) -> list[str]:
-    """The picture sections this report's data has (none for a report without figures)."""
+def escape(value: Any) -> str:
+    """Any value as HTML text: <, >, &, quotes escaped (a log's text never becomes markup)."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def sections(data: Mapping[str, Any], findings: list[Finding], drawers: Mapping[str, Drawer] | None = None) -> list[str]:
+    """The picture sections this report's data has (none for a report without figures); ``drawers``: the
+    pictures drawn above core, by the data key they draw (timeline: the guard's run)."""
     out = []
-    if isinstance(data.get("timeline"), Mapping):
-        out.append(timeline_section(data["timeline"]))
+    for key, draw in (drawers or {}).items():
+        if isinstance(data.get(key), Mapping):
+            out.append(draw(data[key], findings))
     stacks = data.get("stacks")
     if isinstance(stacks, Mapping) and isinstance(stacks.get("jobs"), list):
         out.append(stacks_section(stacks["jobs"]))
     if isinstance(data.get("bench"), Mapping):
         out.append(bench_section(data["bench"], findings))
     return [s for s in out if s]
-
-
-def timeline_section(timeline: Mapping[str, Any]) -> str:
-    stalls = [s for s in timeline.get("stalls") or () if isinstance(s, Mapping)]
-    out = ["<h2>The run</h2>"]
-    omitted = timeline.get("omitted") if isinstance(timeline.get("omitted"), Mapping) else None
-    total = sum(float(s.get("seconds") or 0) for s in stalls) + float((omitted or {}).get("seconds") or 0)
-    count = len(stalls) + int((omitted or {}).get("omitted") or 0)
-    origin = timeline.get("origin_epoch_s")
-    out.append(f'<p>{count} stall{"s" if count != 1 else ""} past the hang timeout, {total:.1f} s waited in all, over '
-               f'{float(timeline.get("length_s") or 0):.1f} s of record'
-               + (f' from {escape(_utc(origin))}' if isinstance(origin, (int, float)) else "") + ".</p>")
-    if stalls or timeline.get("faults"):
-        out.append(stall_timeline(timeline))
-    if omitted and omitted.get("omitted"):
-        longest = omitted.get("longest") if isinstance(omitted.get("longest"), Mapping) else {}
-        out.append(f'<p class="muted">{escape(omitted.get("omitted"))} more stalls are summed up in stalls.json, not drawn'
-                   + (f'; the longest of them {escape(longest.get("seconds"))} s: rank {escape(longest.get("late_rank"))} '
-                      f'at {escape(longest.get("where"))}' if longest else "") + ".</p>")
-    out.append(straggler_profile(timeline))
-    lacks = [str(x) for x in timeline.get("lacks") or ()]
-    if lacks:
-        out.append('<h3>What the record lacks</h3><ul class="lacks">' + "".join(f"<li>{escape(x)}</li>" for x in lacks[:20])
-                   + "</ul>")
-    return "\n".join(out)
-
-
-def _utc(epoch: float) -> str:
-    import datetime  # only for the timeline's heading
-
-    try:
-        return datetime.datetime.fromtimestamp(float(epoch), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    except (OverflowError, OSError, ValueError):
-        return "?"
 
 
 def stacks_section(jobs: list[Any]) -> str:

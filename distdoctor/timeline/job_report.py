@@ -3,8 +3,8 @@
 # data.timeline (plain data; core.html draws it): the run's origin (epoch seconds) and length, every
 # rank's host, the stalls (start in seconds since the origin, length, late and waiting ranks, line,
 # verdict), the summary of the stalls stalls.json folded, the faults (a raise, an exit, a kill), the
-# collectives drawn per rank and what the evidence lacks. The JSON of this report is complete; the
-# HTML bounds what it draws (docs/report.md).
+# collectives drawn per rank, the job's pace (slow_ranks.json: timeline.pace) and what the evidence lacks.
+# The JSON of this report is complete; the HTML bounds what it draws (docs/report.md).
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ def job_report(material: Material, collectives: dict[int, list[Span]] | None = N
     ends = [s["start_s"] + (s["seconds"] or 0.0) for s in stalls]
     ends += [items[-1].end_ns / 1e9 - origin for items in collectives.values() if items]
     ends += [f.time - origin for f in material.faults]
+    if material.pace is not None:  # the job's pace: its strip's last window
+        ends += [r["t1"] - origin for rows in material.pace["strip"].values() for r in rows]
     length = max(ends, default=0.0)
     for stall in stalls:  # an episode still open at the end of the record lasts until then
         if stall["seconds"] is None:
@@ -43,6 +45,8 @@ def job_report(material: Material, collectives: dict[int, list[Span]] | None = N
         "activity": _activity(collectives, origin, length),
         "lacks": list(material.lacks),
     }
+    if material.pace is not None:
+        timeline["pace"] = material.pace
     report = build_report(material.findings, [{"name": "timeline", "stage": "collective", "status": "pass",
                                                "duration_s": 0.0}],
                           world=WorldSummary(size=world, launcher="guard", ranks_reported=tuple(ranks)),
@@ -53,7 +57,8 @@ def job_report(material: Material, collectives: dict[int, list[Span]] | None = N
 
 def _stall(stall: dict[str, Any], origin: float) -> dict[str, Any]:
     return {"episode": stall["episode"], "start_s": round(stall["start"] - origin, 3), "seconds": stall["seconds"],
-            "late": stall["late"], "waiting": stall["waiting"], "where": stall["where"], "op": stall["op"],
+            "late": stall["late"], "waiting": stall["waiting"], "where": stall["where"], "call": stall.get("call"),
+            "op": stall["op"],
             "seq": stall["seq"], "group": stall["group"], "verdict": stall["verdict"], "cause": stall["cause"],
             "title": stall["title"], "action": stall["action"]}
 

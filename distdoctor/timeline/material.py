@@ -1,7 +1,8 @@
 """What a picture of the job is drawn from: a guard's --report-dir or flight-recorder dumps, read without trust."""
 
 # Inputs: the guard's report directory (stalls.json, snapshots/rank<R>.json, flight_recorder/<prefix><R>,
-# timeline/rank<R>.json — the end-of-run collectives —, distdoctor-guard-*.json reports), or a folder
+# timeline/rank<R>.json — the end-of-run collectives —, slow_ranks.json — the job's pace, read by
+# timeline.pace —, distdoctor-guard-*.json reports), or a folder
 # of torch's own dumps (TORCH_FR_DUMP_TEMP_FILE's <prefix><rank>, pickle or JSON). Several inputs
 # (one report directory per host) are merged. Every file is bounded in size, every value checked: a
 # half-written file (a job killed mid-write), an older layout or a foreign file is named in `lacks`
@@ -22,6 +23,7 @@ from distdoctor.core.findings import Finding
 from distdoctor.core.redact import redact_text
 from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis.flight_recorder import is_pickle, load_pickled
+from distdoctor.timeline.pace import PACE_SCHEMA, take_pace
 
 MAX_FILES = 20_000               # 4,096 ranks leave a snapshot, a dump and a timeline file each
 MAX_DUMP_BYTES = 64 << 20
@@ -75,6 +77,7 @@ class Material:
     world_size: int | None = None
     lacks: list[str] = field(default_factory=list)
     files: int = 0
+    pace: dict[str, Any] | None = None            # slow_ranks.json, checked (timeline.pace)
 
     def rank(self, rank: int) -> RankFacts:
         facts = self.ranks.get(rank)
@@ -180,6 +183,8 @@ def _take(path: Path, obj: Any, material: Material, mtime: float) -> None:
     name = path.name
     if name == "stalls.json" or (isinstance(obj, list) and obj and isinstance(obj[0], Mapping) and "episode" in obj[0]):
         _take_stalls(obj, material)
+    elif isinstance(obj, Mapping) and obj.get("schema") == PACE_SCHEMA:
+        take_pace(obj, material)
     elif isinstance(obj, Mapping) and obj.get("schema") == COLLECTIVES_SCHEMA:
         _take_dump(_int(obj.get("rank")), obj.get("flight_recorder"), material, name, obj)
     elif isinstance(obj, Mapping) and ("entries" in obj or "pg_status" in obj):
@@ -223,7 +228,8 @@ def _stall(item: Mapping[str, Any]) -> dict[str, Any] | None:
     seconds = _float(item.get("seconds"))
     return {"episode": _int(item.get("episode")) or 0, "late": late[:4096], "waiting": waiting[:100_000],
             "start": start, "seconds": seconds if seconds is None or seconds >= 0 else None,
-            "where": _text(item.get("where"), 300), "op": _text(item.get("op"), 60), "seq": _int(item.get("seq")),
+            "where": _text(item.get("where"), 300), "call": _text(item.get("call"), 300),
+            "op": _text(item.get("op"), 60), "seq": _int(item.get("seq")),
             "group": _text(item.get("group"), 100), "verdict": _text(item.get("verdict"), 40),
             "cause": _text(item.get("cause"), 60), "title": _text(item.get("title"), 600),
             "action": _text(item.get("action"), 20)}
@@ -308,12 +314,14 @@ def _take_report(obj: Mapping[str, Any], material: Material) -> None:
 def _finish(material: Material) -> None:
     for stall in material.stalls:  # lines of code and exception messages: secrets out, as in every report
         stall["title"], stall["where"] = redact_text(stall["title"]), redact_text(stall["where"])
+        stall["call"] = redact_text(stall["call"])
     for fault in material.faults:
         fault.text = redact_text(fault.text)
-    if not material.stalls and material.omitted is None:
+    if not material.stalls and material.omitted is None and material.pace is None:
         material.lack("no stalls.json: no stall past the hang timeout was recorded (or the guard ran without --report-dir)")
     if not material.entries:
-        material.lack("no flight-recorder dump: collectives are not drawn (the recorder was off, or no rank dumped)")
+        if material.stalls or material.pace is None:  # a run drawn for its pace alone had no stall to dump
+            material.lack("no flight-recorder dump: collectives are not drawn (the recorder was off, or no rank dumped)")
     else:
         without = sorted(r for r in material.ranks if r not in material.entries)
         if without:

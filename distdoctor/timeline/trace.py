@@ -20,6 +20,7 @@ from distdoctor.core.html import producer_version
 from distdoctor.core.report import format_ranks
 from distdoctor.timeline.collectives import Span, lanes, spans
 from distdoctor.timeline.material import Material
+from distdoctor.timeline.pace import counters, earliest
 
 MAX_COLLECTIVE_SPANS = 200_000
 MIN_PER_RANK = 64
@@ -51,6 +52,8 @@ def origin_s(material: Material, collectives: dict[int, list[Span]]) -> float:
     """The earliest event, rounded down to a whole microsecond (so that every ts is >= 0, exactly)."""
     times_us = [math.floor(s["start"] * 1e6) for s in material.stalls] + [math.floor(f.time * 1e6) for f in material.faults]
     times_us += [items[0].start_ns // 1000 for items in collectives.values() if items]
+    paced = earliest(material)
+    times_us += [math.floor(paced * 1e6)] if paced is not None else []
     return min(times_us) / 1e6 if times_us else 0.0
 
 
@@ -65,6 +68,7 @@ def build_trace(material: Material, collectives: dict[int, list[Span]] | None = 
     for rank, items in collectives.items():
         events += _collective_events(rank, items, origin)
     events += _stall_events(material, origin)
+    events += counters(material, origin, pid_of)  # the job's pace: each rank's wait per step, window by window
     for fault in material.faults:
         events.append({"name": f"{_FAULT_NAMES.get(fault.kind, fault.kind)}: {fault.text[:120]}", "cat": "fault",
                        "ph": "i", "s": "p", "ts": _us(fault.time - origin), "pid": pid_of(fault.rank), "tid": FAULT_TID,

@@ -8,7 +8,8 @@ import pytest
 
 from distdoctor.core.findings import Finding, Severity
 from distdoctor.core.html import render_html
-from distdoctor.core.html_timeline import MAX_LANES, MAX_STALLS_DRAWN
+from distdoctor.timeline.html_run import run_page
+from distdoctor.timeline.html_stalls import MAX_LANES, MAX_STALLS_DRAWN
 from distdoctor.core.report import Report, WorldSummary
 from distdoctor.timeline.job_report import job_report
 from distdoctor.timeline.material import read_material
@@ -35,7 +36,7 @@ def bar_titles(page, color):
 def test_a_straggler_s_run_shows_the_late_rank_and_its_line(tmp_path, browser):
     root = write_dir(tmp_path / "R", ranks=4, stalls=[stall(1, 2, [0, 1, 3], 1.0, 4.5), stall(2, 2, [0, 1, 3], 9.0, 4.6)],
                      dumps=steady_dumps(4, 40, gap=(10, 4.5)))
-    page = page_of(browser, tmp_path, render_html(job_report(read_material([root]))))
+    page = page_of(browser, tmp_path, run_page(job_report(read_material([root]))))
     assert page.errors() == []
     assert page.evaluate("document.scripts.length") == 0
     assert lane_labels(page) == ["rank 0 on node-a", "rank 1 on node-a", "▲ rank 2 on node-a", "rank 3 on node-a"]
@@ -51,7 +52,7 @@ def test_a_straggler_s_run_shows_the_late_rank_and_its_line(tmp_path, browser):
 
 def test_no_stall_and_no_recorder_says_what_the_record_lacks(tmp_path, browser):
     root = write_dir(tmp_path / "R", ranks=2, stalls=[])
-    page = page_of(browser, tmp_path, render_html(job_report(read_material([root]))))
+    page = page_of(browser, tmp_path, run_page(job_report(read_material([root]))))
     assert page.errors() == []
     lacks = page.evaluate("[...document.querySelectorAll('.lacks li')].map(li => li.textContent)")
     assert any("no flight-recorder dump" in x for x in lacks) and any("no stall" in x for x in lacks)
@@ -66,7 +67,7 @@ def test_text_from_the_job_is_shown_never_run(tmp_path, browser):
     report = job_report(read_material([root]))
     report.findings.append(Finding(id="job.E001", severity=Severity.ERROR, cause="straggler_rank", title=HOSTILE,
                                    detail=HOSTILE, remediation=HOSTILE, ranks=(1,), hosts=(HOSTILE,)))
-    html = render_html(report)
+    html = run_page(report)
     assert "<script" not in html.lower() and "<img" not in html.lower()  # escaped: &lt;script&gt;
     page = page_of(browser, tmp_path, html)
     assert page.errors() == []
@@ -82,7 +83,7 @@ def test_many_ranks_are_grouped_into_lanes_and_the_odd_ones_stay_visible(tmp_pat
     stalls = [stall(i, late_ranks[i % 3], [r for r in range(ranks) if r != late_ranks[i % 3]], i * 5.0, 2.0)
               for i in range(1, 31)]
     root = write_dir(tmp_path / "R", ranks=ranks, stalls=stalls)
-    html = render_html(job_report(read_material([root])))
+    html = run_page(job_report(read_material([root])))
     assert len(html) < 2 << 20
     page = page_of(browser, tmp_path, html)
     assert page.errors() == []
@@ -97,7 +98,7 @@ def test_many_ranks_are_grouped_into_lanes_and_the_odd_ones_stay_visible(tmp_pat
 def test_thousands_of_stalls_are_drawn_within_the_bound(tmp_path, browser):
     stalls = [stall(i, i % 2, [1 - i % 2], i * 2.0, 0.5 + (i % 10) / 10) for i in range(1, 3001)]
     root = write_dir(tmp_path / "R", ranks=2, stalls=stalls)
-    html = render_html(job_report(read_material([root])))
+    html = run_page(job_report(read_material([root])))
     page = page_of(browser, tmp_path, html)
     assert page.errors() == []
     assert len(bar_titles(page, "#d32f2f")) == MAX_STALLS_DRAWN

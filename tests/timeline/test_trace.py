@@ -179,7 +179,7 @@ def test_chrome_s_devtools_trace_engine_reads_the_trace(tmp_path, browser):
 
 
 def test_explain_reads_a_report_directory_the_same_with_its_pictures_beside_it(tmp_path):
-    from distdoctor.core.html import render_html
+    from distdoctor.timeline.html_run import run_page
     from distdoctor.explain import explain_files
     from distdoctor.timeline.job_report import job_report
 
@@ -188,7 +188,7 @@ def test_explain_reads_a_report_directory_the_same_with_its_pictures_beside_it(t
     before = [(f.id, f.title) for f in explain_files([str(root)]).findings]
     material = read_material([root])
     (root / "trace.json").write_text(json.dumps(build_trace(material)))
-    (root / "report.html").write_text(render_html(job_report(material)))
+    (root / "report.html").write_text(run_page(job_report(material)))
     write_end_collectives(root, 0, steady_dumps(1, 30)[0])
     after = explain_files([str(root)])
     assert [(f.id, f.title) for f in after.findings] == before

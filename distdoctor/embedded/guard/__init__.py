@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 VERIFY_MODES = ("sample", "all", "off")
 ON_HANG = ("auto", "exit", "report")
+SLOW_MODES = ("on", "off")
 _ACTIVE: "Guard | None" = None
 _GENERATION = [0]
 
@@ -45,6 +46,8 @@ class GuardSettings:
     ring_size: int = 256
     answer_s: float = 1.5
     poll_s: float = 0.25
+    slow: str = "off"           # the slow-rank accounting (embedded.guard.pace; docs/slow-ranks.md: why off)
+    slow_window: float = 30.0   # seconds per window of it
 
     def check(self) -> "GuardSettings":
         if self.verify not in VERIFY_MODES:
@@ -53,6 +56,10 @@ class GuardSettings:
             raise ValueError(f"guard(on_hang=...): expected one of {', '.join(ON_HANG)}, got {self.on_hang!r}")
         if not self.hang_timeout > 0:
             raise ValueError(f"guard(hang_timeout=...): expected seconds > 0, got {self.hang_timeout!r}")
+        if self.slow not in SLOW_MODES:
+            raise ValueError(f"guard(slow=...): expected one of {', '.join(SLOW_MODES)}, got {self.slow!r}")
+        if not self.slow_window > 0:
+            raise ValueError(f"guard(slow_window=...): expected seconds > 0, got {self.slow_window!r}")
         if self.verify_first < 0 or self.verify_every < 1 or not 0 <= self.verify_budget < 1:
             raise ValueError("guard(verify_first=..., verify_every=..., verify_budget=...): expected verify_first >= 0, "
                              "verify_every >= 1 and 0 <= verify_budget < 1")
@@ -60,12 +67,14 @@ class GuardSettings:
 
 
 def settings_from_env(env: dict[str, str] | None = None, **given: Any) -> GuardSettings:
-    """Arguments given > DISTDOCTOR_HANG_TIMEOUT / _REPORT_DIR / _GUARD_VERIFY / _GUARD_ON_HANG > defaults."""
+    """Arguments given > DISTDOCTOR_HANG_TIMEOUT / _REPORT_DIR / _GUARD_VERIFY / _GUARD_ON_HANG / _GUARD_SLOW /
+    _GUARD_SLOW_WINDOW > defaults."""
     env = dict(os.environ if env is None else env)
     values: dict[str, Any] = {}
     for key, name, parse in (("DISTDOCTOR_HANG_TIMEOUT", "hang_timeout", float),
                              ("DISTDOCTOR_REPORT_DIR", "report_dir", str),
-                             ("DISTDOCTOR_GUARD_VERIFY", "verify", str), ("DISTDOCTOR_GUARD_ON_HANG", "on_hang", str)):
+                             ("DISTDOCTOR_GUARD_VERIFY", "verify", str), ("DISTDOCTOR_GUARD_ON_HANG", "on_hang", str),
+                             ("DISTDOCTOR_GUARD_SLOW", "slow", str), ("DISTDOCTOR_GUARD_SLOW_WINDOW", "slow_window", float)):
         if env.get(key):
             try:
                 values[name] = parse(env[key])
@@ -82,7 +91,7 @@ def active() -> "Guard | None":
 def guard(*, verify: str | None = None, hang_timeout: float | None = None, on_hang: str | None = None,
           report_dir: str | os.PathLike | None = None, verify_first: int | None = None,
           verify_every: int | None = None, verify_budget: float | None = None,
-          ring_size: int | None = None) -> "Guard":
+          ring_size: int | None = None, slow: str | None = None, slow_window: float | None = None) -> "Guard":
     """Turn the guard on in this process (after init_process_group); returns the Guard.
 
     Calling it again replaces the settings of the running guard. Arguments left None come from
@@ -92,7 +101,7 @@ def guard(*, verify: str | None = None, hang_timeout: float | None = None, on_ha
     settings = settings_from_env(verify=verify, hang_timeout=hang_timeout, on_hang=on_hang,
                                  report_dir=str(report_dir) if report_dir is not None else None,
                                  verify_first=verify_first, verify_every=verify_every,
-                                 verify_budget=verify_budget, ring_size=ring_size)
+                                 verify_budget=verify_budget, ring_size=ring_size, slow=slow, slow_window=slow_window)
     import torch.distributed as dist  # torch is imported on first use: it costs seconds, and `import distdoctor` must stay cheap
 
     if not (dist.is_available() and dist.is_initialized()):

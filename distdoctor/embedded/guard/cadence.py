@@ -4,9 +4,11 @@
 # not per rank. A stall is detected locally (the flight recorder, the main thread); the store is
 # polled only to learn that another rank asked for a look or published a verdict, one counter key
 # per poll:
-#   - a rank whose collectives move (the healthy case) polls every max(2 s, N / 128 s): the
-#     job's healthy load stays at most 128 requests per second whatever its size (0.03
-#     request/s/rank at 4,096 ranks);
+#   - a rank whose collectives move (the healthy case) polls every max(2 s, N / 64 s): the
+#     job's healthy load stays at most 64 requests per second whatever its size (0.016
+#     request/s/rank at 4,096 ranks, 0.06 at 1,024); the slow-rank accounting's windows travel at
+#     the same cadence or slower (embedded.guard.pace.exchange), so that both together stay under
+#     0.1 request/s per rank from 1,024 ranks up;
 #   - a rank that answered a look polls every max(0.25 s, N / 8,192 s) until it read the verdict
 #     (seconds: the answer deadline), so that a verdict that ends the job is read and said at once;
 #   - a rank that has not moved for quiet_after_s (min(hang_timeout / 2, 10 s)) may be the late rank of a
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-HEALTHY_JOB_RATE = 128.0   # news polls per second for the whole job while its collectives move
+HEALTHY_JOB_RATE = 64.0    # news polls per second for the whole job while its collectives move
 QUIET_JOB_RATE = 4096.0    # ... while they do not
 AWAITING_JOB_RATE = 8192.0 # ... while the ranks wait for a look's verdict (a few seconds)
 BUSY_FLOOR_S, QUIET_FLOOR_S, AWAITING_FLOOR_S = 2.0, 1.0, 0.25

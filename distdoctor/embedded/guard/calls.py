@@ -15,6 +15,9 @@ from distdoctor.embedded.guard.records_io import record_from_bytes, record_to_by
 # How deep this thread is in guarded calls: torch's object collectives call broadcast/all_gather
 # themselves, the guard's own exchange too; inner calls pass through unrecorded.
 DEPTH = threading.local()
+# The slow-rank accounting's regions (embedded.guard.pace.regions.Regions) while it is on: a
+# synchronous call's wait for its peers is measured around torch's function.
+REGIONS: list[Any] = [None]
 
 
 class _Inside:
@@ -54,6 +57,10 @@ def run_call(original: Callable[..., Any], args: tuple, kwargs: dict, bound: dic
     """Run torch's function: (what it returned, the Work whose completion ends the call, if any)."""
     # Inlined rather than `with _Inside()`: this is the per-call hot path.
     DEPTH.depth = getattr(DEPTH, "depth", 0) + 1
+    regions = REGIONS[0]
+    if regions is not None and regions.ident != threading.get_ident():
+        regions = None  # the accounting follows the main thread only
+    token = regions.enter() if regions is not None else None
     try:
         if takes_async and bound.get("async_op"):
             result = original(*args, **kwargs)
@@ -68,6 +75,8 @@ def run_call(original: Callable[..., Any], args: tuple, kwargs: dict, bound: dic
         return original(*args, **kwargs), None
     finally:
         DEPTH.depth -= 1
+        if regions is not None:
+            regions.leave_call(token, record, bool(takes_async and bound.get("async_op")))
 
 
 class Verifier:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from distdoctor.core.findings import Finding
+from distdoctor.diagnosis.pace_where import parting_frame
+from distdoctor.diagnosis.snapshot import Frame
 from distdoctor.embedded.guard.stall import Stall
 
 MAX_KEPT = 200
@@ -54,7 +56,8 @@ class Episode:
         late = known["late"]
         return {
             "episode": self.id, "late_rank": late[0] if len(late) == 1 else late, "waiting_ranks": known["waiting"],
-            "where": known["where"], "op": known["op"], "seq": known["seq"], "group": known["group"],
+            "where": known["where"], "call": known["call"], "op": known["op"], "seq": known["seq"],
+            "group": known["group"],
             "started_s": round(self.started_s, 3), "started_at": round(self.started_at, 3),
             "seconds": None if self.seconds is None else round(self.seconds, 3),
             "verdict": first.id if first else None, "cause": first.cause if first else None,
@@ -69,15 +72,31 @@ class Episode:
 def facts(findings: list[Finding]) -> dict[str, Any]:
     """Who is late, who waits, where and in what, from the first finding of a verdict."""
     if not findings:
-        return {"late": [], "waiting": [], "where": None, "op": None, "seq": None, "group": None}
+        return {"late": [], "waiting": [], "where": None, "call": None, "op": None, "seq": None, "group": None}
     first = findings[0]
     data = first.data or {}
     late = [r for r in (data.get("late") or data.get("missing") or data.get("left") or
                         ([data["first_rank"]] if data.get("first_rank") is not None else list(first.ranks)))
             if isinstance(r, int)]
-    return {"late": late, "waiting": [r for r in data.get("waiting") or () if isinstance(r, int)],
-            "where": _where(data.get("snapshots") or (), late[0] if late else None),
+    waiting = [r for r in data.get("waiting") or () if isinstance(r, int)]
+    snapshots = data.get("snapshots") or ()
+    return {"late": late, "waiting": waiting, "where": _where(snapshots, late[0] if late else None),
+            "call": _call(snapshots, late[0] if late else None, waiting[0] if waiting else None),
             "op": data.get("op"), "seq": data.get("seq"), "group": data.get("group")}
+
+
+def _call(snapshots: Iterable[Any], late: int | None, waiting: int | None) -> str | None:
+    """The late rank's call where its stack parts from a waiting rank's (diagnosis.pace_where): one row of the
+    straggler profile per call, whatever line inside it each look caught."""
+    stacks = {s.get("rank"): s.get("stack") for s in snapshots if isinstance(s, dict)}
+    if late is None or waiting is None or not isinstance(stacks.get(late), list):
+        return None
+    frames = [[Frame(str(f.get("file")), f.get("line"), str(f.get("function") or ""), str(f.get("code") or ""))
+               for f in stacks.get(rank) or () if isinstance(f, dict)] for rank in (late, waiting)]
+    found = parting_frame(frames[0], frames[1])
+    if found is None:
+        return None
+    return f"{found.file}:{found.line}" + (f" `{found.code}`" if found.code else f" in {found.function}")
 
 
 def _where(snapshots: Iterable[Any], rank: int | None) -> str | None:

@@ -13,6 +13,9 @@
 #                                                   (its recorder's ring, distdoctor.collectives/1)
 #   trace.json, report.html                         rank 0, at the end of a run with a stall: the run as a picture
 #                                                   (distdoctor.timeline: Perfetto's trace, the HTML report)
+#   slow_ranks.json                                 rank 0, at the end of a run whose pace it judged (a slow rank,
+#                                                   the spread, contention): every rank's waits and profile
+#                                                   (embedded.guard.pace); the run is drawn then too
 # torch's own analyzer reads the last folder:
 #   python -m torch.distributed.flight_recorder.fr_trace DIR/flight_recorder --prefix distdoctor_fr_rank_
 
@@ -84,6 +87,13 @@ def write_report(report_dir: str | None, rank: int, kind: str, report: Any) -> P
     return _write(path, (json.dumps(report.to_dict(), indent=2, default=str) + "\n").encode())
 
 
+def write_document(report_dir: str | None, name: str, document: Any) -> Path | None:
+    """A JSON document of the run (slow_ranks.json) in the report directory."""
+    if not report_dir:
+        return None
+    return _write(Path(report_dir) / name, (json.dumps(document, default=str) + "\n").encode())
+
+
 def write_stalls(report_dir: str | None, document: list[dict[str, Any]]) -> Path | None:
     """stalls.json: one object per stall episode (see embedded.guard.episodes)."""
     if not report_dir:
@@ -107,7 +117,8 @@ def finish(report_dir: str | None, rank: int, world: int, flight: Any, saw_stall
         return
     try:
         left = saw_stalls and _leave_collectives(Path(report_dir), rank, flight, _kept(world))
-        if rank == 0 and (saw_stalls or (Path(report_dir) / "stalls.json").exists()):
+        judged = (Path(report_dir) / "slow_ranks.json").exists()  # the pace's verdict (embedded.guard.pace)
+        if rank == 0 and (saw_stalls or judged or (Path(report_dir) / "stalls.json").exists()):
             if left:  # without a recorder here (an old torch, TORCH_FR_BUFFER_SIZE=0), none will come
                 _await_collectives(Path(report_dir), time.monotonic() + END_WAIT_S)
             draw(Path(report_dir))
@@ -161,7 +172,7 @@ def _await_collectives(root: Path, deadline: float) -> None:
 
 def draw(root: Path) -> None:
     """trace.json and report.html of the report directory, from what it holds now."""
-    from distdoctor.core.html import render_html  # the pictures' code loads only at the end of a run with a stall
+    from distdoctor.timeline.html_run import run_page  # the pictures' code loads only at the end of a run with a stall
     from distdoctor.timeline.job_report import job_report
     from distdoctor.timeline.material import read_material
     from distdoctor.timeline.trace import build_trace, collective_spans
@@ -169,4 +180,4 @@ def draw(root: Path) -> None:
     material = read_material([root])
     collectives = collective_spans(material)
     _write(root / "trace.json", json.dumps(build_trace(material, collectives), separators=(",", ":")).encode())
-    _write(root / "report.html", render_html(job_report(material, collectives), title="distdoctor guard: the run").encode())
+    _write(root / "report.html", run_page(job_report(material, collectives), title="distdoctor guard: the run").encode())

@@ -10,7 +10,8 @@ HOOK_DIR = Path(__file__).resolve().parent / "hook"
 
 
 def guard_environment(env: Mapping[str, str], *, hang_timeout: float | None = None, report_dir: str | None = None,
-                      verify: str | None = None, on_hang: str | None = None) -> dict[str, str]:
+                      verify: str | None = None, on_hang: str | None = None, slow: str | None = None,
+                      slow_window: float | None = None) -> dict[str, str]:
     """``env`` plus the import hook first on PYTHONPATH, the guard's settings and the recorder's buffer.
 
     The settings are validated here (ValueError names the bad one), so a typo fails before the
@@ -21,7 +22,8 @@ def guard_environment(env: Mapping[str, str], *, hang_timeout: float | None = No
 
     out = dict(env)
     given = {"DISTDOCTOR_HANG_TIMEOUT": hang_timeout, "DISTDOCTOR_REPORT_DIR": report_dir,
-             "DISTDOCTOR_GUARD_VERIFY": verify, "DISTDOCTOR_GUARD_ON_HANG": on_hang}
+             "DISTDOCTOR_GUARD_VERIFY": verify, "DISTDOCTOR_GUARD_ON_HANG": on_hang, "DISTDOCTOR_GUARD_SLOW": slow,
+             "DISTDOCTOR_GUARD_SLOW_WINDOW": slow_window}
     out.update({k: str(v) for k, v in given.items() if v is not None})
     if out.get("DISTDOCTOR_REPORT_DIR"):
         out["DISTDOCTOR_REPORT_DIR"] = str(Path(out["DISTDOCTOR_REPORT_DIR"]).resolve())

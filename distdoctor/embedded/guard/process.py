@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from distdoctor.diagnosis.snapshot import FINISHED, RUNNING, RankSnapshot
-from distdoctor.embedded.guard import evidence, transport
+from distdoctor.embedded.guard import evidence, pace, transport
 from distdoctor.embedded.guard import findings as gf
 from distdoctor.embedded.guard import report as api
 from distdoctor.embedded.guard import snapshot as snapshots
@@ -58,6 +58,7 @@ class Guard:
         self.verifier: Verifier | None = None
         self.works = WorkTracker(self.c10d.Work, self._dropped, self._waiting)
         self.watch: EpisodeWatch | None = None
+        self.meter: Any = None  # the slow-rank accounting (embedded.guard.pace), when on
         self.side_problem = ""
         self.flight = FlightRecorder(self.c10d_module(), os.environ, os.environ.get("DISTDOCTOR_GUARD_FR_NOTE", ""))
         self.crash = CrashHook(self)
@@ -90,6 +91,7 @@ class Guard:
         self.watch = EpisodeWatch(self, self.recorder, side, hang_timeout=s.hang_timeout, answer_s=s.answer_s,
                                   poll_s=s.poll_s, on_hang=s.on_hang, flight=self.flight, world=self.world)
         self.watch.start()
+        self._pace("start")
         self.crash.install()
         atexit.register(self._at_exit)
         blind = self.blind_spots()
@@ -145,6 +147,7 @@ class Guard:
                     setattr(module, name, self.originals[name])
         self.works.uninstall()
         self.crash.uninstall()
+        self._pace("stop")
         if self.watch is not None:
             self.watch.stop(join_s=1.0)
         atexit.unregister(self._at_exit)
@@ -182,11 +185,26 @@ class Guard:
             if not self.final_left or self.crash.withdrawn():  # withdrawn: a failed call's error was caught
                 self.leave_final(self.state(FINISHED, keep=False))
             self.stall_summary(wait_s=self.settings.answer_s)
+            self._pace("conclude")
             evidence.finish(self.settings.report_dir, self.rank, self.world, self.flight, self.watch.saw_episodes)
         if self.findings and not self.concluded:
             report = self.report()
             sys.stderr.write(api.render_text(report, f"distdoctor guard (rank {self.rank}) at {where}:") + "\n")
             self.write_json(report, "summary")
+
+    def _pace(self, step: str) -> None:
+        """The slow-rank accounting's start, stop, or end of run (embedded.guard.pace); its fault is its own."""
+        try:
+            if step == "start":
+                self.meter = pace.start(self)
+            elif self.meter is not None:
+                meter, self.meter = self.meter, None
+                if step == "conclude":
+                    pace.conclude(self, meter)
+                else:
+                    meter.stop()
+        except Exception as exc:
+            self.fault("slow-rank accounting", exc)
 
     def leave_final(self, state: dict[str, Any]) -> None:
         """A rank that finishes or raises leaves its last state, so a peer still waiting can say so."""

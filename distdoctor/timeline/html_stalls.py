@@ -8,9 +8,9 @@
 
 from __future__ import annotations
 
-import html
 from typing import Any, Mapping
 
+from distdoctor.core.html_pictures import escape, short
 from distdoctor.core.report import format_ranks
 
 MAX_RANK_LANES = 32
@@ -20,14 +20,6 @@ MAX_PROFILE_ROWS = 20
 WIDTH, LABEL_W, LANE_H, TOP = 1120, 190, 24, 28
 BAR_H, STRIP_H = 13, 6   # a stall's bar, and under it the rank's collectives per slice of time
 LATE, WAITING, FAULT, ACTIVE = "#d32f2f", "#f2b35d", "#4a148c", "#8ea4c8"
-
-
-def escape(value: Any) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
-
-
-def short(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def stall_timeline(timeline: Mapping[str, Any]) -> str:
@@ -207,7 +199,9 @@ def _lane(members: list[int], late_s: Mapping[int, float], hosts: Mapping[str, A
 
 
 def straggler_profile(timeline: Mapping[str, Any]) -> str:
-    """Per late rank: how many stalls, the seconds the others waited for it, its lines."""
+    """Per late rank: how many stalls, the seconds the others waited for it, the calls it was in (the outermost
+    frame of its code where its stack parts from a waiting rank's: one row for a rank-0-only evaluation, not one
+    per line its samples caught inside it)."""
     stalls = [s for s in timeline.get("stalls") or () if isinstance(s, Mapping)]
     hosts = timeline.get("hosts") if isinstance(timeline.get("hosts"), Mapping) else {}
     rows: dict[int, dict[str, Any]] = {}
@@ -219,7 +213,7 @@ def straggler_profile(timeline: Mapping[str, Any]) -> str:
             row["stalls"] += 1
             row["seconds"] += _seconds(stall)
             row["waited"] += _seconds(stall) * len(stall.get("waiting") or ())
-            line = stall.get("where") or "(line unknown)"
+            line = stall.get("call") or stall.get("where") or "(line unknown)"
             row["lines"][line] = row["lines"].get(line, 0) + 1
     if not rows:
         return ""
@@ -237,5 +231,5 @@ def straggler_profile(timeline: Mapping[str, Any]) -> str:
     more = (f'<p class="muted">{len(ordered) - MAX_PROFILE_ROWS} more late ranks in the JSON report.</p>'
             if len(ordered) > MAX_PROFILE_ROWS else "")
     return ("<h3>Straggler profile</h3><table><tr><th>late rank</th><th>stalls</th><th>seconds late</th><th></th>"
-            "<th>rank-seconds waited by the others</th><th>where it was (top lines)</th></tr>"
+            "<th>rank-seconds waited by the others</th><th>where it was (the calls, most frequent first)</th></tr>"
             + "".join(body) + "</table>" + more)

@@ -1,0 +1,248 @@
+"""A rank's pace as plain data: what it waited for its peers per group and step, where its other time went."""
+
+# Each guarded rank publishes one document per window (schema distdoctor.pace/1, written by
+# embedded.guard.pace.window); the judge reads every rank's through the job's store, which has no
+# authentication, so from_doc trusts nothing: a malformed field is "not measured", never an
+# exception, and every list is bounded. Windows of one rank add up (merge) into the figures over a
+# span: the judge's horizon, the whole run.
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+SCHEMA = "distdoctor.pace/1"
+BIN_FIRST_MS, BIN_FACTOR, BINS = 0.02, 1.8, 25
+MAX_GROUPS = 32
+MAX_PATHS = 64          # paths kept per rank when windows are merged (the heaviest)
+MAX_FRAMES = 8
+Frame4 = tuple  # (file, line, function, code): the frame's identity is its first three
+
+
+@dataclass
+class GroupPace:
+    """A rank's waits in one group (kind: collective or p2p)."""
+
+    group: str
+    kind: str
+    waited_s: float = 0.0
+    regions: int = 0
+    measured_regions: int = 0
+    steps: int = 0
+    measured_steps: int = 0
+    hist: list[int] = field(default_factory=lambda: [0] * BINS)
+
+    @property
+    def wait_per_step_s(self) -> float | None:
+        return self.waited_s / self.measured_steps if self.measured_steps else None
+
+
+@dataclass
+class PathRow:
+    """One path of the user's frames (outermost first) and the time the samples gave it."""
+
+    frames: tuple[Frame4, ...]
+    n: int = 0
+    s: float = 0.0
+    cpu: float = 0.0
+    runq: float = 0.0
+    gc: int = 0
+    data: int = 0
+    key: tuple = field(init=False, repr=False, compare=False)  # the frames' identity (file, line, function)
+
+    def __post_init__(self) -> None:
+        self.key = tuple(f[:3] for f in self.frames)
+
+
+@dataclass
+class RankPace:
+    """One rank over a span of windows."""
+
+    rank: int
+    host: str = ""
+    t0: float | None = None
+    t1: float | None = None
+    wall_s: float = 0.0
+    run_s: float | None = None
+    runq_s: float | None = None
+    blocked_s: float | None = None
+    gc_s: float | None = None
+    gc_n: int = 0
+    gc_full: int = 0
+    groups: dict[tuple[str, str], GroupPace] = field(default_factory=dict)
+    paths: dict[tuple, PathRow] = field(default_factory=dict)
+    samples: int = 0
+    waiting: int = 0
+    profile_s: float = 0.0
+    gpu: bool = False
+    notes: tuple[str, ...] = ()
+    windows: int = 0
+    final: bool = False
+    last_window: int = -1
+
+
+def _num(value: Any, default: float | None = 0.0) -> float | None:
+    kind = type(value)  # exact types first: a judge at 4,096 ranks reads hundreds of thousands of these
+    if (kind is float or kind is int) and 0 <= value < math.inf:
+        return float(value)
+    return default
+
+
+def _count(value: Any) -> int:
+    number = _num(value, 0.0)
+    return int(min(number or 0.0, 1e12))
+
+
+def _hist(raw: Any) -> list[int]:
+    values = raw[:BINS] if type(raw) is list else []
+    if not all(type(v) is int and 0 <= v < 1 << 40 for v in values):
+        values = [_count(v) for v in values]
+    return values + [0] * (BINS - len(values))
+
+
+def _frame(raw: Any) -> Frame4 | None:
+    if not isinstance(raw, list) or len(raw) < 3:
+        return None
+    line = raw[1] if isinstance(raw[1], int) and not isinstance(raw[1], bool) else None
+    code = str(raw[3])[:120] if len(raw) > 3 and raw[3] is not None else ""
+    return (str(raw[0])[:300], line, str(raw[2])[:120], code)
+
+
+def _groups(raw: Any) -> dict[tuple[str, str], GroupPace]:
+    out: dict[tuple[str, str], GroupPace] = {}
+    for item in (raw if isinstance(raw, list) else [])[:MAX_GROUPS]:
+        if not isinstance(item, Mapping) or item.get("kind") not in ("collective", "p2p"):
+            continue
+        group = GroupPace(str(item.get("group"))[:100], item["kind"], _num(item.get("waited_s")) or 0.0,
+                          _count(item.get("regions")), _count(item.get("measured_regions")), _count(item.get("steps")),
+                          _count(item.get("measured_steps")), _hist(item.get("hist")))
+        out[(group.kind, group.group)] = group
+    return out
+
+
+def _paths(raw: Any) -> tuple[dict[tuple, PathRow], int, int, float]:
+    if not isinstance(raw, Mapping):
+        return {}, 0, 0, 0.0
+    frames = [_frame(f) for f in (raw.get("frames") if isinstance(raw.get("frames"), list) else [])[:512]]
+    out: dict[tuple, PathRow] = {}
+    for item in (raw.get("paths") if isinstance(raw.get("paths"), list) else [])[:MAX_PATHS]:
+        if not isinstance(item, list) or len(item) < 7 or not isinstance(item[0], list):
+            continue
+        picked = [frames[i] for i in item[0][:MAX_FRAMES] if isinstance(i, int) and 0 <= i < len(frames)]
+        if any(f is None for f in picked):
+            continue
+        row = PathRow(tuple(picked), _count(item[1]), _num(item[2]) or 0.0, _num(item[3]) or 0.0, _num(item[4]) or 0.0,
+                      _count(item[5]), _count(item[6]))
+        out[row.key] = merge_path(out[row.key], row) if row.key in out else row
+    return out, _count(raw.get("samples")), _count(raw.get("waiting")), _num(raw.get("s")) or 0.0
+
+
+def from_doc(doc: Any) -> RankPace | None:
+    """A window's document (or a merged one) as a RankPace; None when it is not one."""
+    if not isinstance(doc, Mapping) or doc.get("schema") != SCHEMA or not isinstance(doc.get("rank"), int):
+        return None
+    cpu = doc.get("cpu") if isinstance(doc.get("cpu"), Mapping) else {}
+    gc = doc.get("gc") if isinstance(doc.get("gc"), Mapping) else None
+    paths, samples, waiting, profile_s = _paths(doc.get("profile"))
+    return RankPace(
+        rank=doc["rank"], host=str(doc.get("host") or "")[:200], t0=_num(doc.get("t0"), None), t1=_num(doc.get("t1"), None),
+        wall_s=_num(doc.get("wall_s")) or 0.0, run_s=_num(cpu.get("run_s"), None), runq_s=_num(cpu.get("runq_s"), None),
+        blocked_s=_num(cpu.get("blocked_s"), None), gc_s=_num(gc.get("s"), None) if gc else None,
+        gc_n=_count(gc.get("n")) if gc else 0, gc_full=_count(gc.get("full")) if gc else 0, groups=_groups(doc.get("waits")),
+        paths=paths, samples=samples, waiting=waiting, profile_s=profile_s, gpu=bool(doc.get("gpu")),
+        notes=tuple(str(n)[:300] for n in (doc.get("notes") if isinstance(doc.get("notes"), list) else [])[:8]),
+        windows=max(1, _count(doc.get("windows"))), final=bool(doc.get("final")),
+        last_window=int(_count(doc.get("window"))))
+
+
+def _add(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a + b
+
+
+def merge_path(a: PathRow, b: PathRow) -> PathRow:
+    return PathRow(a.frames, a.n + b.n, a.s + b.s, a.cpu + b.cpu, a.runq + b.runq, a.gc + b.gc, a.data + b.data)
+
+
+def merge(a: RankPace, b: RankPace) -> RankPace:
+    """Two spans of one rank as one (b the later)."""
+    groups = dict(a.groups)  # GroupPace values are never changed in place: a sum is a new one
+    for key, g in b.groups.items():
+        o = groups.get(key)
+        groups[key] = g if o is None else GroupPace(
+            o.group, o.kind, o.waited_s + g.waited_s, o.regions + g.regions, o.measured_regions + g.measured_regions,
+            o.steps + g.steps, o.measured_steps + g.measured_steps, [x + y for x, y in zip(o.hist, g.hist)])
+    paths = dict(a.paths)
+    for key, row in b.paths.items():
+        paths[key] = merge_path(paths[key], row) if key in paths else row
+    if len(paths) > MAX_PATHS:
+        paths = dict(sorted(paths.items(), key=lambda kv: -kv[1].s)[:MAX_PATHS])
+    return RankPace(
+        rank=a.rank, host=b.host or a.host, t0=a.t0 if a.t0 is not None else b.t0, t1=b.t1 if b.t1 is not None else a.t1,
+        wall_s=a.wall_s + b.wall_s, run_s=_add(a.run_s, b.run_s), runq_s=_add(a.runq_s, b.runq_s),
+        blocked_s=_add(a.blocked_s, b.blocked_s), gc_s=_add(a.gc_s, b.gc_s), gc_n=a.gc_n + b.gc_n,
+        gc_full=a.gc_full + b.gc_full, groups=groups, paths=paths, samples=a.samples + b.samples,
+        waiting=a.waiting + b.waiting, profile_s=a.profile_s + b.profile_s, gpu=a.gpu or b.gpu,
+        notes=tuple(dict.fromkeys(a.notes + b.notes))[:8], windows=a.windows + b.windows, final=b.final,
+        last_window=max(a.last_window, b.last_window))
+
+
+def edges_ms() -> list[float]:
+    return [BIN_FIRST_MS * BIN_FACTOR ** i for i in range(BINS - 1)]
+
+
+def fraction_below(hist: list[int], ms: float) -> float | None:
+    """The share of steps whose wait was under ``ms`` (linear inside a bin); None without steps."""
+    total = sum(hist)
+    if not total:
+        return None
+    below, low = 0.0, 0.0
+    for count, high in zip(hist, edges_ms() + [math.inf]):
+        if ms >= high:
+            below += count
+        else:
+            if math.isfinite(high) and ms > low:
+                below += count * (ms - low) / (high - low)
+            break
+        low = high
+    return below / total
+
+
+def quantile_ms(hist: list[int], q: float) -> float | None:
+    """The q-quantile of the steps' waits in ms, linear inside its bin (bins are a factor 1.8 wide)."""
+    total = sum(hist)
+    if not total:
+        return None
+    bounds = [0.0] + edges_ms() + [edges_ms()[-1] * BIN_FACTOR]
+    target, seen = q * total, 0.0
+    for index, count in enumerate(hist):
+        if count and seen + count >= target:
+            return bounds[index] + (bounds[index + 1] - bounds[index]) * (target - seen) / count
+        seen += count
+    return bounds[-1]
+
+
+def to_doc(pace: RankPace) -> dict[str, Any]:
+    """The inverse of from_doc: a span of one rank as the document a window is (windows: how many)."""
+    frames: list[list[Any]] = []
+    index: dict[tuple, int] = {}
+    paths = []
+    for row in sorted(pace.paths.values(), key=lambda r: -r.s):
+        ids = []
+        for frame in row.frames:
+            if frame[:3] not in index:
+                index[frame[:3]] = len(frames)
+                frames.append(list(frame))
+            ids.append(index[frame[:3]])
+        paths.append([ids, row.n, round(row.s, 4), round(row.cpu, 4), round(row.runq, 4), row.gc, row.data])
+    cpu = None if pace.run_s is None else {"run_s": round(pace.run_s, 4), "runq_s": round(pace.runq_s or 0.0, 4),
+                                           "blocked_s": round(pace.blocked_s or 0.0, 4)}
+    return {"schema": SCHEMA, "rank": pace.rank, "host": pace.host, "window": pace.last_window, "windows": pace.windows,
+            "final": pace.final, "t0": pace.t0, "t1": pace.t1, "wall_s": round(pace.wall_s, 4), "cpu": cpu,
+            "gc": None if pace.gc_s is None else {"s": round(pace.gc_s, 4), "n": pace.gc_n, "full": pace.gc_full},
+            "waits": [{"group": g.group, "kind": g.kind, "waited_s": round(g.waited_s, 5), "regions": g.regions,
+                       "measured_regions": g.measured_regions, "steps": g.steps, "measured_steps": g.measured_steps,
+                       "hist": g.hist} for g in pace.groups.values()],
+            "profile": {"samples": pace.samples, "waiting": pace.waiting, "s": round(pace.profile_s, 4),
+                        "frames": frames, "paths": paths},
+            "gpu": pace.gpu, "notes": list(pace.notes)}

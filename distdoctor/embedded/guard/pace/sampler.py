@@ -1,0 +1,153 @@
+"""Where the main thread spends the time it does not wait for peers: its stack sampled, the time between samples weighed."""
+
+# Every sample (about every 100 ms, jittered so it never beats with the step) reads the main
+# thread's frames and keeps the path of the user's frames, outermost first (at most MAX_DEPTH):
+# the differential profile compares these paths between a slow rank and its peers, and the call
+# where they part is the one a user recognises (diagnosis.pace_where). The time since the previous
+# sample is given to the path, split as the scheduler counts it: on a CPU, runnable (contention),
+# blocked. A sample inside a region (regions.Regions) while the thread sleeps is a wait for peers
+# and is only counted. Each sample notes whether it fell inside a garbage collection and whether
+# a DataLoader frame is on the stack. About 40 us a sample (frames, two pread()s); on a loaded machine the
+# GIL's hand-over to and from this thread costs the training thread more than that: 20 samples a second
+# cost the DDP tutorial's step about 2 %, 5 a second 1 % (benchmarks/bench_pace.py), hence 10.
+
+from __future__ import annotations
+
+import linecache
+import sys
+import time
+from typing import Any
+
+from distdoctor.diagnosis.frames import display_path, is_user_file
+
+MAX_DEPTH = 8
+MAX_FRAMES_WALKED = 512
+DATA_MARK = "/torch/utils/data/"
+TOP_PATHS = 8
+CODE_CHARS = 72
+# A path's figures: samples, wall ns, on-CPU ns, runnable ns, samples in a GC, samples under a DataLoader.
+N, WALL, RUN, RUNQ, GC, DATA = range(6)
+
+
+class Profile:
+    """One window's samples."""
+
+    def __init__(self) -> None:
+        self.paths: dict[tuple, list[int]] = {}
+        self.samples = self.waiting = 0
+        self.wall_ns = 0
+
+    def add(self, path: tuple, wall: int, run: int, runq: int, in_gc: bool, data: bool) -> None:
+        row = self.paths.get(path)
+        if row is None:
+            row = self.paths[path] = [0, 0, 0, 0, 0, 0]
+        row[N] += 1
+        row[WALL] += wall
+        row[RUN] += run
+        row[RUNQ] += runq
+        row[GC] += in_gc
+        row[DATA] += data
+        self.samples += 1
+        self.wall_ns += wall
+
+    def document(self, top: int = TOP_PATHS) -> dict[str, Any]:
+        """The heaviest paths as plain data: a table of frames (each with its source line), paths as indices."""
+        ordered = sorted(self.paths.items(), key=lambda kv: -kv[1][WALL])
+        frames: list[list[Any]] = []
+        index: dict[tuple, int] = {}
+        paths = []
+        for path, row in ordered[:top]:
+            ids = []
+            for frame in path:
+                if frame not in index:
+                    index[frame] = len(frames)
+                    code = linecache.getline(frame[0], frame[1]).strip()[:CODE_CHARS] if frame[1] else ""
+                    frames.append([display_path(frame[0]), frame[1], frame[2], code])
+                ids.append(index[frame])
+            paths.append([ids, row[N], round(row[WALL] / 1e9, 4), round(row[RUN] / 1e9, 4), round(row[RUNQ] / 1e9, 4),
+                          row[GC], row[DATA]])
+        rest = [sum(row[i] for _, row in ordered[top:]) for i in range(6)]
+        return {"samples": self.samples, "waiting": self.waiting, "s": round(self.wall_ns / 1e9, 4), "frames": frames,
+                "paths": paths, "rest": [rest[N], round(rest[WALL] / 1e9, 4), round(rest[RUN] / 1e9, 4),
+                                         round(rest[RUNQ] / 1e9, 4), rest[GC], rest[DATA]]}
+
+
+class Sampler:
+    """Samples one thread's stack into the current Profile."""
+
+    def __init__(self, ident: int | None, sched: Any, regions: Any, gcwatch: Any) -> None:
+        self.ident, self.sched, self.regions, self.gcwatch = ident, sched, regions, gcwatch
+        self.profile = Profile()
+        self._files: dict[str, bool] = {}
+        self._last: tuple[int, Any] | None = None
+        self._gc_seen = 0
+        self.collections: list[tuple[list, int]] = []   # long collections not yet filed (collected)
+        if gcwatch is not None:
+            gcwatch.on_long = self.collected
+
+    def take(self) -> Profile:
+        self._file_collections()
+        taken, self.profile = self.profile, Profile()
+        return taken
+
+    def sample(self) -> None:
+        if self.gcwatch is not None and self.gcwatch.active:
+            return  # inside a collection (its callbacks let this thread in): it gets its own line, whole
+        self._file_collections()
+        frame = sys._current_frames().get(self.ident or 0)
+        now, times = time.perf_counter_ns(), self.sched.times() if self.sched is not None else None
+        last, self._last = self._last, (now, times)
+        collected = 0
+        if self.gcwatch is not None:  # the collections since the last sample have their own lines (collected)
+            collected, self._gc_seen = self.gcwatch.total_ns - self._gc_seen, self.gcwatch.total_ns
+        if frame is None or last is None:
+            return
+        if self.regions is not None and self.regions.depth > 0 and self.sched is not None \
+                and self.sched.state() in ("S", "D"):
+            self.profile.waiting += 1  # waiting for peers: the regions measure it exactly
+            return
+        path, data = self._path(_raw(frame))
+        wall = max(0, now - last[0] - collected)
+        run = runq = 0
+        if times is not None and last[1] is not None:
+            run = max(0, times.run_ns - last[1].run_ns - collected)
+            runq = max(0, times.runq_ns - last[1].runq_ns)
+        self.profile.add(path, wall, min(run, wall), min(runq, wall), False, data)
+
+    def collected(self, frame: Any, ns: int) -> None:
+        """A long collection of the main thread, for the line that triggered it. Called inside the collection,
+        maybe in the middle of an import: it only copies the frames' names (anything that could import here
+        would break the import it interrupts), and the sampler's thread files it at its next sample."""
+        self.collections.append((_raw(frame), ns))
+
+    def _file_collections(self) -> None:
+        while self.collections:
+            raw, ns = self.collections.pop(0)
+            path, data = self._path(raw)
+            self.profile.add(path, ns, ns, 0, True, data)
+
+    def _path(self, raw: list[tuple[str, int, str]]) -> tuple[tuple, bool]:
+        """The user's frames outermost first (at most MAX_DEPTH), and whether a DataLoader frame is on the stack."""
+        mine: list[tuple[str, int, str]] = []
+        data = False
+        for frame in raw:
+            path = frame[0]
+            user = self._files.get(path)
+            if user is None:
+                user = self._files[path] = is_user_file(path)
+            if user:
+                mine.append(frame)
+            elif not data and DATA_MARK in path:
+                data = True
+        mine.reverse()
+        return tuple(mine[:MAX_DEPTH]), data
+
+
+def _raw(frame: Any) -> list[tuple[str, int, str]]:
+    """A stack's (file, line, function), innermost first: attribute reads only."""
+    out = []
+    while frame is not None and len(out) < MAX_FRAMES_WALKED:
+        code = frame.f_code
+        out.append((code.co_filename, frame.f_lineno, code.co_name))
+        frame = frame.f_back
+    return out

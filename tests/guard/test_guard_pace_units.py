@@ -1,0 +1,179 @@
+"""The slow-rank accounting's parts in one process: regions, the GC's timing, the sampler, the wrappers, the windows."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import time
+
+import pytest
+
+from distdoctor.diagnosis.pace import from_doc
+from distdoctor.embedded.guard import cadence
+from distdoctor.embedded.guard.pace.exchange import interval_s
+from distdoctor.embedded.guard.pace.gcwatch import GcWatch
+from distdoctor.embedded.guard.pace.hooks import Hooks
+from distdoctor.embedded.guard.pace.regions import COLLECTIVE, P2P, Regions
+from distdoctor.embedded.guard.pace.sampler import Sampler
+from distdoctor.embedded.guard.pace.window import Windows
+from distdoctor.machine.thread_sched import ThreadSched
+
+needs_schedstat = pytest.mark.skipif(not ThreadSched().usable, reason="no /proc/self/task/<tid>/schedstat here")
+
+
+class Record:
+    def __init__(self, op: str, group: str = "0") -> None:
+        self.op, self.group = op, group
+
+
+@needs_schedstat
+def test_a_region_counts_the_time_blocked_not_the_time_on_a_cpu():
+    regions = Regions(ThreadSched())
+    token = regions.enter()
+    time.sleep(0.05)                      # blocked: a wait for peers
+    until = time.perf_counter() + 0.03
+    while time.perf_counter() < until:    # on a CPU: not a wait
+        pass
+    regions.leave(token, "0")
+    waits = regions.take(0)[(COLLECTIVE, "0")]
+    assert 0.04 <= waits.waited_ns / 1e9 < 0.075 and waits.steps == 1 and waits.measured_steps == 1
+
+
+@needs_schedstat
+def test_a_backward_after_a_syncing_forward_is_a_step_of_that_group_and_calls_in_it_are_not():
+    regions = Regions(ThreadSched())
+    for _ in range(3):
+        regions.leave_call(regions.enter(), Record("all_reduce", "g1"), False)
+    regions.sync_group = "g1"
+    regions.leave_backward(regions.enter())
+    regions.leave_call(regions.enter(), Record("all_reduce", "g1"), False)   # now inside a step of g1
+    regions.leave_backward(regions.enter())                                 # no syncing forward: no step
+    regions.leave_call(regions.enter(), Record("send"), False)
+    regions.leave_call(regions.enter(), Record("all_reduce"), True)          # async: nothing waited yet
+    taken = regions.take(0)
+    assert taken[(COLLECTIVE, "g1")].steps == 4 and taken[(COLLECTIVE, "g1")].regions == 5
+    assert taken[(P2P, "0")].steps == 1 and regions.depth == 0
+    assert (COLLECTIVE, "0") in taken and taken[(COLLECTIVE, "0")].steps == 0  # the plain backward's own region
+
+
+def test_nested_regions_are_measured_once_and_short_steps_one_in_a_stride():
+    regions = Regions(None)
+    outer = regions.enter()
+    assert regions.enter() is None and regions.depth == 2   # FSDP's inner module, a collective inside backward
+    regions.leave(None, "0")
+    regions.leave(outer, "0")
+    assert regions.depth == 0
+    for _ in range(100):
+        regions.leave(regions.enter(), "0")
+    regions.take(100 * 5_000_000)  # 5 ms steps: one measured in ten (a measured step every 50 ms)
+    assert regions.stride == 10
+    measured = 0
+    for _ in range(100):
+        measured += regions.measuring  # this step is measured (a token with the clocks, where schedstat is)
+        regions.leave(regions.enter(), "0")
+    assert measured in (10, 11)  # one in ten, and the step already begun when the stride changed
+    regions.enabled = False
+    assert regions.enter() is None
+
+
+def test_the_gc_watch_times_collections_and_hands_long_ones_their_frame():
+    watch = GcWatch()
+    seen = []
+    watch.on_long = lambda frame, ns: seen.append((frame.f_code.co_name, ns))
+    assert watch.install()
+    heap = [[i] for i in range(300_000)]
+
+    def collect_here():
+        gc.collect()
+
+    try:
+        collect_here()
+    finally:
+        watch.uninstall()
+    del heap
+    spent, count, full = watch.take()
+    assert count >= 1 and full >= 1 and spent > 0 and watch.total_ns >= spent
+    assert any(name == "collect_here" for name, _ in seen) and gc.callbacks.count(watch) == 0
+    watch.enabled = False
+    watch("start", {})
+    assert not watch.active
+
+
+def test_the_sampler_keeps_the_users_frames_outermost_first_and_skips_waits():
+    ready, stop = threading.Event(), threading.Event()
+    ident = []
+
+    def user_loop():  # a thread standing in for the main thread, inside this (user) file
+        ident.append(threading.get_ident())
+        ready.set()
+        while not stop.is_set():
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=user_loop, daemon=True)
+    thread.start()
+    ready.wait(5)
+    sched = ThreadSched(thread.native_id)
+    sampler = Sampler(ident[0], sched if sched.usable else None, None, GcWatch())
+    for _ in range(5):
+        sampler.sample()
+        time.sleep(0.01)
+    stop.set()
+    thread.join(5)
+    profile = sampler.take()
+    assert profile.samples == 4  # the first sample only starts the clock
+    path = max(profile.paths, key=lambda p: profile.paths[p][0])
+    assert path[-1][2] == "user_loop" and all(f[0].endswith(".py") for f in path)
+    document = profile.document()
+    assert document["frames"][document["paths"][0][0][-1]][2] == "user_loop"
+
+
+def test_the_wrappers_are_installed_where_torch_has_them_and_undone():
+    torch = pytest.importorskip("torch")
+    regions = Regions(ThreadSched() if ThreadSched().usable else None)
+    hooks = Hooks(regions, lambda pg: "0")
+    original = torch.autograd.backward
+    lacks = hooks.install(torch)
+    try:
+        assert lacks == [] and torch.autograd.backward is not original
+        x = torch.ones(3, requires_grad=True)
+        (x * 2).sum().backward()  # Tensor.backward calls torch.autograd.backward
+        assert x.grad is not None and regions.take(0)[(COLLECTIVE, "0")].regions == 1
+    finally:
+        hooks.uninstall()
+    assert torch.autograd.backward is original
+    assert Hooks(regions, str).install(type("NoTorch", (), {})()) == [
+        "torch.autograd.backward", "torch.nn.parallel.DistributedDataParallel.forward"]
+
+
+def test_a_window_is_a_document_the_judge_reads():
+    regions = Regions(ThreadSched() if ThreadSched().usable else None)
+    windows = Windows(3, "node-a", regions.sched, regions, Sampler(None, None, regions, None), GcWatch())
+    for _ in range(20):
+        regions.leave(regions.enter(), "0")
+    document = windows.close()
+    pace = from_doc(document)
+    assert pace is not None and pace.rank == 3 and pace.groups[(COLLECTIVE, "0")].steps == 20
+    assert windows.close()["window"] == 1
+
+
+@pytest.mark.parametrize("world", [1024, 4096, 16384])
+def test_the_windows_and_the_healthy_polling_stay_under_a_tenth_of_a_request_per_second_per_rank(world):
+    from distdoctor.embedded.guard import GuardSettings
+
+    per_rank = 1 / cadence.busy_interval_s(world) + 1 / interval_s(GuardSettings().slow_window, world)
+    assert per_rank <= 0.1
+    assert 1 / interval_s(1.0, world) <= 1 / cadence.busy_interval_s(world)  # never more than the polling
+
+
+def test_settings_turn_it_off_and_set_its_window():
+    from distdoctor.embedded.guard import settings_from_env
+
+    assert settings_from_env({}).slow == "off"  # a flag: the guard with it is over 1 % of the plain step (docs)
+    assert settings_from_env({"DISTDOCTOR_GUARD_SLOW": "on", "DISTDOCTOR_GUARD_SLOW_WINDOW": "5"}).slow == "on"
+    assert settings_from_env({}, slow_window=7).slow_window == 7
+    with pytest.raises(ValueError, match="slow"):
+        settings_from_env({"DISTDOCTOR_GUARD_SLOW": "maybe"})
+    with pytest.raises(ValueError, match="slow_window"):
+        settings_from_env({}, slow_window=0)
+    assert sys.modules  # the settings module imports no torch
