@@ -116,19 +116,23 @@ def read_dump(dump: Any, now_ns: int | None = None) -> tuple[GroupProgress, ...]
     now_ns = now_ns if now_ns is not None else time.time_ns()
     entries = dump.get("entries")
     by_group: dict[str, list[PendingOp]] = {}
+    numbers: dict[str, list[tuple[int, int]]] = {}  # group -> (op_id, collective_seq_id) of its collectives
     for entry in (entries[:_MAX_ENTRIES] if isinstance(entries, list) else []):
         op = entry_op(entry, now_ns) if isinstance(entry, Mapping) else None
         group = _group_of(entry) if op is not None else None
         if op is not None and group is not None:
             by_group.setdefault(group, []).append(op)
+            op_id = _seq(entry.get("op_id"))
+            if op_id is not None and op.seq is not None:
+                numbers.setdefault(group, []).append((op_id, op.seq))
     configs = dump.get("pg_config") if isinstance(dump.get("pg_config"), Mapping) else {}
     status = dump.get("pg_status") or {}
     groups = []
     for group in sorted(set(map(str, status)) | set(by_group), key=lambda g: (len(g), g)):
         state = status.get(group) if isinstance(status.get(group), Mapping) else {}
         ops = sorted(by_group.get(group, []), key=lambda op: op.seq or 0)
-        enqueued = _seq(state.get("last_enqueued_collective"))
-        completed = _seq(state.get("last_completed_collective"))
+        enqueued, completed = _collective_numbers(_seq(state.get("last_enqueued_collective")),
+                                                  _seq(state.get("last_completed_collective")), numbers.get(group, []))
         if enqueued is None and ops:
             enqueued = ops[-1].seq
         pending = next((op for op in ops if op.state != "completed" and op.seq is not None
@@ -137,6 +141,31 @@ def read_dump(dump: Any, now_ns: int | None = None) -> tuple[GroupProgress, ...]
         groups.append(GroupProgress(group=group, ranks=_ranks(configs.get(group)), last_enqueued=enqueued,
                                     last_completed=completed, pending=pending, recent=recent))
     return tuple(groups)
+
+
+def _collective_numbers(enqueued: int | None, completed: int | None,
+                        numbers: list[tuple[int, int]]) -> tuple[int | None, int | None]:
+    """The group's last enqueued and completed collective, numbered as its entries are.
+
+    Gloo's pg_status counts every op (its op_id: point-to-point ones too) while the entries number
+    collectives alone (collective_seq_id): on a rank that sent or received, the two drift apart, and
+    a count compared with an entry's number, or with a peer's count, is off by the rank's own
+    point-to-point calls (a rank outside any call read as pending in one; two ranks at one collective
+    read as at two). Told apart by the newest entry: its op_id is the enqueued count (op numbering,
+    translated here) or its collective number is (left as it is)."""
+    if enqueued is None or not numbers:
+        return enqueued, completed
+    newest_op, newest_seq = max(numbers)
+    if enqueued == newest_seq or newest_op == newest_seq or enqueued < newest_op:
+        return enqueued, completed
+    ordered = sorted(numbers)
+
+    def translated(count: int | None) -> int | None:
+        if count is None or count < ordered[0][0]:
+            return count  # older than every entry kept: cannot be translated, left as torch said
+        return max(seq for op_id, seq in ordered if op_id <= count)
+
+    return translated(enqueued), translated(completed)
 
 
 def _without_age(op: PendingOp) -> PendingOp:

@@ -49,6 +49,29 @@ def dump_while_waiting(out: str) -> None:
     _write(out, dist.get_rank(), seen)
 
 
+def dump_after_a_dropped_send(out: str) -> None:
+    """Rank 0 posts an isend nobody receives (its Work dropped), then both ranks all-reduce three times:
+    gloo's pg_status counts the send on rank 0 alone (its op numbers), the entries number collectives."""
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import _dump_fr_trace_json
+
+    rank = dist.get_rank()
+    if rank == 0:
+        dist.isend(torch.ones(4), dst=1, tag=7)
+    for _ in range(3):
+        dist.all_reduce(torch.ones(2))
+    deadline = time.monotonic() + 30  # gloo marks completion from its own thread: wait for it, bounded
+    while time.monotonic() < deadline:
+        status = json.loads(_dump_fr_trace_json(includeCollectives=False, onlyActive=False)).get("pg_status", {})
+        if all(int(g.get("last_completed_collective", -1)) >= int(g.get("last_enqueued_collective", 0))
+               for g in status.values()):
+            break
+        time.sleep(0.05)
+    _write(out, rank, json.loads(_dump_fr_trace_json(includeCollectives=True, onlyActive=False)))
+    dist.barrier()
+
+
 def _write(out: str, rank: int, dump: dict) -> None:
     with open(f"{out}/dump-{rank}.json", "w") as handle:
         json.dump(dump, handle)

@@ -359,7 +359,8 @@ class Guard:
         blind = self.blind_spots()
         snap = snapshots.build(rank=self.rank, status=status, recorder=self.recorder, groups=groups,
                                flight=self.flight, notes=[blind.title] if blind else [],
-                               thread_errors=self.crash.thread_errors, main=self._main_look(), **given)
+                               thread_errors=self.crash.thread_errors, main=self._main_look(),
+                               backend_of=lambda name: transport.group_backend(self.dist, name), **given)
         # The stalled group's own connections (its backend, the device of the call that waits in it).
         return replace(snap, transport=transport.read_for(self.dist, group, self.recorder)) if status == RUNNING else snap
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import threading
 import time
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from distdoctor.diagnosis.frames import display_path, user_frame, with_source
 from distdoctor.diagnosis.origin import exception_origin_is_distributed
@@ -17,6 +18,10 @@ from distdoctor.diagnosis.snapshot import (RUNNING, Frame, GroupProgress, Pendin
 from distdoctor.embedded.guard.record import COLLECTIVES, POINT_TO_POINT, CallRecord
 
 _GUARD_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# torch's own files, wherever it is installed (display_path keeps them absolute or relative)
+_TORCH_FILE = re.compile(r"(^|[/\\\\])torch[/\\\\]")
+
+
 def stack_frames(frame: Any, limit: int = 24) -> tuple[Frame, ...]:
     """A Python stack from ``frame`` outwards, innermost last, without the guard's own frames."""
     frames: list[Frame] = []
@@ -117,6 +122,31 @@ def _as_guarded(groups: tuple[GroupProgress, ...], running: list[CallRecord], no
     return tuple(out)
 
 
+def in_torch(stack: Iterable[Frame]) -> bool:
+    """Whether the main thread is inside torch's code (a call that may wait in a collective issued from
+    C++: DDP's all-reduce in backward, FSDP's, a c10d function); a stack that cannot be read counts as in."""
+    frames = list(stack)
+    return not frames or any(_TORCH_FILE.search(frame.file or "") for frame in frames)
+
+
+def settled(groups: tuple[GroupProgress, ...], backend_of: Callable[[str], str | None]) -> tuple[GroupProgress, ...]:
+    """The gloo groups of a rank whose main thread is in none of them, as settled.
+
+    Gloo runs a collective in the caller's wait and marks it completed in the recorder later, at times
+    not until the next one: a rank that returned from its last collective and sleeps, loads data or
+    evaluates shows that collective still pending for as long. A main thread in no guarded call and
+    outside torch's code waits in no collective of a gloo group (an async op not waited on holds no
+    one: its wait() is a guarded call). Other backends (NCCL: the device runs behind the thread) keep
+    what the recorder says."""
+    out = []
+    for group in groups:
+        if group.waiting and backend_of(group.group) == "gloo":
+            counts = [c for c in (group.last_completed, group.last_enqueued) if c is not None]
+            group = replace(group, last_completed=max(counts) if counts else None, pending=None)
+        out.append(group)
+    return tuple(out)
+
+
 def last_issued(groups: Iterable[GroupProgress]) -> str | None:
     """The collective a failed rank issued last (the one its error came from), as text."""
     last = [g.recent[-1] for g in groups if g.recent]
@@ -127,7 +157,7 @@ def build(*, rank: int, status: str = RUNNING, recorder: Any, groups: dict[str, 
           error: RaisedError | None = None, stack: tuple[Frame, ...] | None = None,
           in_collective: str | None = None, notes: Iterable[str] = (),
           thread_errors: Iterable[RaisedError] = (), failed_call: CallRecord | None = None,
-          main: RankSnapshot | None = None) -> RankSnapshot:
+          main: RankSnapshot | None = None, backend_of: Callable[[str], str | None] | None = None) -> RankSnapshot:
     """This rank now. Groups come from torch's flight recorder when it works, else from the guard's
     records. ``failed_call``: the guarded call that just failed (it ended, but the rank was in it).
     ``main``: the watchdog's latest look at the main thread (embedded.guard.mainthread), when no
@@ -140,6 +170,8 @@ def build(*, rank: int, status: str = RUNNING, recorder: Any, groups: dict[str, 
     recorded = _as_guarded(recorded, running, recorder.clock()) if running else recorded
     looked = main is not None and stack is None and status == RUNNING
     stack = (main.stack if looked else main_stack()) if stack is None else stack
+    if recorded and not running and status == RUNNING and backend_of is not None and not in_torch(stack):
+        recorded = settled(recorded, backend_of)
     in_collective = in_collective or (call_text(running[0]) if running else None) or (main.in_collective if looked else None)
     if in_collective is None and error is not None and error.consequence:
         # The wait the main thread was last seen in, when no recorder says which collective failed.
