@@ -257,19 +257,24 @@ def _drive(world: int, phase: Any, events: Any, warm_s: float, healthy_s: float,
     }
 
 
-def _finish(events: Any, workers: int, out: dict[str, Any]) -> dict[str, Any]:
-    totals, faults, connected, got = 0, [], 0, 0
-    deadline = time.monotonic() + 30
-    while got < workers and time.monotonic() < deadline:
+def _done_reports(events: Any, workers: int, wait_s: float = 30.0) -> list[tuple]:
+    """The workers' ("done", ...) reports, as many as come within ``wait_s`` (other events skipped)."""
+    done: list[tuple] = []
+    deadline = time.monotonic() + wait_s
+    while len(done) < workers and time.monotonic() < deadline:
         try:
             item = events.get(timeout=0.5)
         except Exception:
             continue
         if item[0] == "done":
-            got += 1
-            totals += item[2]
-            faults += item[3]
-            connected += item[4]
+            done.append(item)
+    return done
+
+
+def _finish(events: Any, workers: int, out: dict[str, Any]) -> dict[str, Any]:
+    done = _done_reports(events, workers)
+    got, totals, connected = len(done), sum(item[2] for item in done), sum(item[4] for item in done)
+    faults = [fault for item in done for fault in item[3]]
     stall_requests = totals - out.get("stall_marks", 0) if "stall_marks" in out else None
     return {"requests": totals, "faults": faults[:20], "fault_count": len(faults), "connected": connected,
             "workers_done": got, "stall_requests": stall_requests,
@@ -436,17 +441,10 @@ def pace_run(world: int, *, slow: int, seconds: float = 100.0, processes: int = 
         drain(time.monotonic() + 1.0)
     finally:
         phase.value = STOP
-        got, deadline = 0, time.monotonic() + 30
-        while got < len(procs) and time.monotonic() < deadline:
-            try:
-                item = events.get(timeout=0.5)
-            except Exception:
-                continue
-            if item[0] == "done":
-                got += 1
-                totals["requests"] += item[2]
-                totals["published"] += item[3]
-                totals["connected"] += item[4]
+        for item in _done_reports(events, len(procs)):
+            totals["requests"] += item[2]
+            totals["published"] += item[3]
+            totals["connected"] += item[4]
         _stop(done, procs)
     del server
     measured = sum(marks.get(WAITING, {}).values()) - sum(marks.get(MEASURE, {}).values())
