@@ -125,6 +125,8 @@ def read_dump(dump: Any, now_ns: int | None = None) -> tuple[GroupProgress, ...]
             op_id = _seq(entry.get("op_id"))
             if op_id is not None and op.seq is not None:
                 numbers.setdefault(group, []).append((op_id, op.seq))
+    if isinstance(entries, list) and len(entries) > _MAX_ENTRIES:
+        numbers = {}  # the newest entries were not read: the counts cannot be translated by them
     configs = dump.get("pg_config") if isinstance(dump.get("pg_config"), Mapping) else {}
     status = dump.get("pg_status") or {}
     groups = []

@@ -74,6 +74,14 @@ def test_op_numbered_counts_are_read_as_collective_numbers():
     assert read_dump(_numbered(ops, 4, 4))[0].last_enqueued == 4
 
 
+def test_counts_are_left_as_torch_said_when_the_newest_entries_were_not_read(monkeypatch):
+    import distdoctor.diagnosis.flight_recorder as fr
+
+    monkeypatch.setattr(fr, "_MAX_ENTRIES", 3)  # only the oldest three read: op 5 (seq 4) unseen
+    [group] = read_dump(_numbered([(1, 1), (2, 2), (4, 3), (5, 4)], 5, 5))
+    assert (group.last_enqueued, group.last_completed) == (5, 5)
+
+
 @pytest.mark.parametrize("dump", [None, 3, "text", [], {"pg_status": 7}, {"entries": "x"},
                                   {"entries": [{"collective_seq_id": "x"}, 5, None], "pg_status": {}}])
 def test_a_foreign_or_damaged_dump_is_no_dump_or_no_groups(dump):
