@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from distdoctor.core.findings import Finding
-from distdoctor.diagnosis.pace_where import parting_frame
 from distdoctor.diagnosis.snapshot import Frame
 from distdoctor.embedded.guard.stall import Stall
 
@@ -88,6 +87,8 @@ def facts(findings: list[Finding]) -> dict[str, Any]:
 def _call(snapshots: Iterable[Any], late: int | None, waiting: int | None) -> str | None:
     """The late rank's call where its stack parts from a waiting rank's (diagnosis.pace_where): one row of the
     straggler profile per call, whatever line inside it each look caught."""
+    from distdoctor.diagnosis.pace_where import parting_frame  # the pace's code loads only once a stall is told
+
     stacks = {s.get("rank"): s.get("stack") for s in snapshots if isinstance(s, dict)}
     if late is None or waiting is None or not isinstance(stacks.get(late), list):
         return None
