@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from distdoctor.diagnosis.diagnose import diagnose
 from distdoctor.diagnosis.snapshot import RUNNING, Frame, GroupProgress, PendingOp, RankSnapshot
-from distdoctor.embedded.guard.snapshot import in_torch, settled
+from distdoctor.embedded.guard.record import CallRecord
+from distdoctor.embedded.guard.snapshot import _as_guarded, _settle, in_torch, settled
 
 SLEEPING = (Frame("train.py", 110, "<module>"),)
 IN_BACKWARD = (Frame("train.py", 40, "<module>"),
@@ -37,3 +38,56 @@ def test_the_issues_dropped_send_job_is_no_deadlock_once_the_sender_is_settled()
     sender = RankSnapshot(rank=0, status=RUNNING, where=SLEEPING[0], groups=settled((LAGGING,), lambda name: "gloo"))
     ids = [f.id for f in diagnose([sender, receiver])]
     assert "job.E006" not in ids and ids and ids[0] == "job.E002", ids
+
+
+# A rank whose main thread waits in a guarded receive (rank 1 of the same job, run 10 of a loaded
+# repetition): gloo still shows its all_reduce #16 of step 7 pending, issued 6.5 s ago, while the
+# receive it called after it started 3.2 s ago.
+IN_RECV = (Frame("proof_job.py", 113, "<module>"),
+           Frame("/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 2500, "recv"))
+NOW = 100.0
+
+
+def _call(op: str, started: float, site: str = "proof_job.py:113") -> CallRecord:
+    return CallRecord(op, "0", 0, shapes=((4,),), dtypes=("float32",), params={"peer": 0, "tag": 0}, site=site,
+                      function="<module>", started=started)
+
+
+def _lagging(age_s: float) -> GroupProgress:
+    return GroupProgress("0", last_enqueued=16, last_completed=15,
+                         pending=PendingOp("all_reduce", 16, ((4,),), ("Float",), "scheduled", age_s))
+
+
+def test_a_collective_issued_before_the_receive_the_main_thread_waits_in_is_settled_on_gloo():
+    [group] = _settle((_lagging(6.5),), [_call("recv", NOW - 3.2)], IN_RECV, NOW, lambda name: "gloo")
+    assert group.pending is None and group.last_completed == 16
+    [shown] = _as_guarded((group,), [_call("recv", NOW - 3.2)], NOW)
+    assert shown.pending.op == "recv" and shown.pending.peer == 0
+
+
+def test_what_the_receive_does_not_prove_keeps_the_recorders_word():
+    recv = _call("recv", NOW - 3.2)
+    cases = {
+        "issued inside the receive": ((_lagging(3.0),), [recv], IN_RECV, "gloo"),
+        "a Python-issued collective still running (async)": ((_lagging(6.5),), [recv, _call("all_reduce", NOW - 7)],
+                                                              IN_RECV, "gloo"),
+        "the receive runs on another thread": ((_lagging(6.5),), [_call("recv", NOW - 3.2, "loader.py:9")], IN_RECV, "gloo"),
+        "nccl": ((_lagging(6.5),), [recv], IN_RECV, "nccl"),
+        "backend not known": ((_lagging(6.5),), [recv], IN_RECV, None),
+    }
+    for why, (groups, running, stack, backend) in cases.items():
+        assert _settle(groups, running, stack, NOW, lambda name: backend) == groups, why
+
+
+def test_the_receivers_stale_collective_is_not_read_as_the_wait_and_the_straggler_is_named_at_recv():
+    """Both ranks completed all_reduce #16; rank 0 sleeps before its send, rank 1 waits in recv. Read as
+    the recorder shows it, rank 1 "waits in all_reduce #16" and rank 0 is late for it; settled, rank 0 is
+    late for the receive rank 1 waits in."""
+    sender = RankSnapshot(rank=0, status=RUNNING, where=SLEEPING[0],
+                          groups=(GroupProgress("0", last_enqueued=16, last_completed=16),))
+    recv = _call("recv", NOW - 3.2)
+    receiving = _as_guarded(_settle((_lagging(6.5),), [recv], IN_RECV, NOW, lambda name: "gloo"), [recv], NOW)
+    receiver = RankSnapshot(rank=1, status=RUNNING, in_collective="recv (float32[4])", where=IN_RECV[0],
+                            groups=receiving)
+    [first, *_] = diagnose([sender, receiver])
+    assert first.id == "job.E002" and "recv" in first.title and "all_reduce" not in first.title, first.title

@@ -129,22 +129,43 @@ def in_torch(stack: Iterable[Frame]) -> bool:
     return not frames or any(_TORCH_FILE.search(frame.file or "") for frame in frames)
 
 
-def settled(groups: tuple[GroupProgress, ...], backend_of: Callable[[str], str | None]) -> tuple[GroupProgress, ...]:
-    """The gloo groups of a rank whose main thread is in none of them, as settled.
+def settled(groups: tuple[GroupProgress, ...], backend_of: Callable[[str], str | None],
+            before_s: float | None = None) -> tuple[GroupProgress, ...]:
+    """The gloo groups of a rank whose main thread is in none of their collectives, as settled
+    (``before_s``: only what was issued more than that many seconds ago, before the point-to-point call
+    the main thread is in).
 
     Gloo runs a collective in the caller's wait and marks it completed in the recorder later, at times
-    not until the next one: a rank that returned from its last collective and sleeps, loads data or
-    evaluates shows that collective still pending for as long. A main thread in no guarded call and
-    outside torch's code waits in no collective of a gloo group (an async op not waited on holds no
-    one: its wait() is a guarded call). Other backends (NCCL: the device runs behind the thread) keep
-    what the recorder says."""
+    not until the next one: a rank that returned from its last collective and sleeps, loads data,
+    evaluates or waits in a receive shows that collective still pending for as long. A main thread in
+    no guarded call and outside torch's code waits in no collective of a gloo group (an async op not
+    waited on holds no one: its wait() is a guarded call); nor does one inside a guarded
+    point-to-point call, for what it issued before that call (with no Python-issued collective still
+    running: an async one is running until its Work completes). Other backends (NCCL: the device runs
+    behind the thread) keep what the recorder says."""
     out = []
     for group in groups:
-        if group.waiting and backend_of(group.group) == "gloo":
+        issued_before = before_s is None or (group.pending is not None and group.pending.age_s is not None
+                                             and group.pending.age_s > before_s)
+        if group.waiting and issued_before and backend_of(group.group) == "gloo":
             counts = [c for c in (group.last_completed, group.last_enqueued) if c is not None]
             group = replace(group, last_completed=max(counts) if counts else None, pending=None)
         out.append(group)
     return tuple(out)
+
+
+def _settle(groups: tuple[GroupProgress, ...], running: list[CallRecord], stack: tuple[Frame, ...], now: float,
+            backend_of: Callable[[str], str | None]) -> tuple[GroupProgress, ...]:
+    """settled() where the main thread is provably in no collective: outside torch with no guarded call
+    running, or in a guarded point-to-point call (its caller's line on the main thread's stack) with no
+    Python-issued collective running."""
+    if not running:
+        return groups if in_torch(stack) else settled(groups, backend_of)
+    if any(record.op not in POINT_TO_POINT for record in running):
+        return groups
+    lines = {frame.label for frame in stack}
+    inside = [record for record in running if record.site in lines]
+    return settled(groups, backend_of, before_s=now - inside[0].started + 0.05) if inside else groups
 
 
 def last_issued(groups: Iterable[GroupProgress]) -> str | None:
@@ -167,11 +188,11 @@ def build(*, rank: int, status: str = RUNNING, recorder: Any, groups: dict[str, 
     if flight is not None and not flight.usable:
         notes.append(f"only Python-issued collectives counted: {flight.problem}")
     running = recorder.running_records() + ([failed_call] if failed_call is not None else [])
-    recorded = _as_guarded(recorded, running, recorder.clock()) if running else recorded
     looked = main is not None and stack is None and status == RUNNING
     stack = (main.stack if looked else main_stack()) if stack is None else stack
-    if recorded and not running and status == RUNNING and backend_of is not None and not in_torch(stack):
-        recorded = settled(recorded, backend_of)
+    if recorded and status == RUNNING and backend_of is not None:
+        recorded = _settle(recorded, running, stack, recorder.clock(), backend_of)
+    recorded = _as_guarded(recorded, running, recorder.clock()) if running else recorded
     in_collective = in_collective or (call_text(running[0]) if running else None) or (main.in_collective if looked else None)
     if in_collective is None and error is not None and error.consequence:
         # The wait the main thread was last seen in, when no recorder says which collective failed.
