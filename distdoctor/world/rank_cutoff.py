@@ -36,6 +36,12 @@ class CutoffFlow:
         process then exits with 128 + the signal's number."""
         self._last_word(exit_code_for(signum), interrupted=signal_name(signum))
 
+    def _writing_report(self) -> None:
+        """The report is built and printed from here on: the watchdog's hard exit waits for it a
+        little longer on a loaded machine (watchdog.WRITE_GRACE_S) instead of cutting it off."""
+        if self._watchdog is not None:
+            self._watchdog.writing()
+
     def _last_word(self, code: int, interrupted: str | None = None) -> int | None:
         with self._report_lock:
             reported = self._reported_code
@@ -50,13 +56,16 @@ class CutoffFlow:
                 # Rank 0 stuck before it reached the world (in the local stage), or a process
                 # with no world at all: it reports for itself. Other ranks stay quiet: rank 0
                 # names them as missing (under the self-test, the supervisor speaks if it cannot).
+                self._writing_report()
                 self._render(self._partial(None, interrupted), code)
             elif not self._rank0_final_word(INTERRUPT_FINAL_WAIT_S if interrupted else STORE_READ_S):
                 # Rank 0 is gone or stuck without a word: nobody else will report this rank's
                 # results. (Rank 0's own watchdog fires before this one and leaves its word; a
                 # signal sent to every rank reaches rank 0 too, which then gives it within the wait.)
+                self._writing_report()
                 self._render(self._partial(None, interrupted, rank0_silent=True), code, alone=True)
             return None
+        self._writing_report()  # its store reads below are bounded each (STORE_READ_S)
         if not self._render(self._partial(self.world if is_root else None, interrupted), code):
             with self._report_lock:
                 if self._reported_code is not None and self._reported_code != code:

@@ -113,6 +113,7 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
         # Where a rank other than 0 writes its one line instead of a report (see _render).
         self.note = note
         self.world: World | None = None
+        self._watchdog: Watchdog | None = None
         self.progress = RunProgress()
         self.rank = self.ctx.rank if self.ctx.rank is not None else 0
         # One report per process: the main flow and the watchdog race for it near the deadline.

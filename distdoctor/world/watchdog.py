@@ -24,6 +24,10 @@ from distdoctor.core.report import EXIT_INCOMPLETE
 
 # How long on_expire may take (render a report, read a few store keys) before the hard exit.
 EXPIRE_GRACE_S = 2.0
+# Once on_expire says it is writing its report (local work: build and print, no store, no socket),
+# the hard exit waits this much longer for it, once: a loaded machine (a rank importing torch on a
+# busy core holds the interpreter for seconds) must not turn a late report into no report at all.
+WRITE_GRACE_S = 2.0
 
 
 # The least working time a world needs once its ranks run: open the store, check in, let rank 0
@@ -87,6 +91,7 @@ class Watchdog:
         self._cancelled = threading.Event()
         self._thread: threading.Thread | None = None
         self._exiting = threading.Lock()
+        self._writing = threading.Event()
 
     def start(self) -> "Watchdog":
         self._thread = threading.Thread(target=self._watch, name=self.name, daemon=True)
@@ -96,6 +101,11 @@ class Watchdog:
     def cancel(self) -> None:
         """The run finished in time (or exits by itself): never fire."""
         self._cancelled.set()
+
+    def writing(self) -> None:
+        """on_expire's own thread: the report is being built and written now (bounded local work), so
+        the hard exit grants WRITE_GRACE_S more, once, if it comes first."""
+        self._writing.set()
 
     def __enter__(self) -> "Watchdog":
         return self.start()
@@ -112,7 +122,7 @@ class Watchdog:
         if self._cancelled.is_set():
             return
         self.fired.set()
-        backstop = threading.Timer(self.grace_s, self._hard_exit)
+        backstop = threading.Timer(self.grace_s, self._backstop)
         backstop.daemon = True
         backstop.start()
         code = EXIT_INCOMPLETE
@@ -127,6 +137,14 @@ class Watchdog:
             except Exception:
                 pass
         self._hard_exit(code)
+
+    def _backstop(self) -> None:
+        if self._writing.is_set():
+            last = threading.Timer(WRITE_GRACE_S, self._hard_exit)
+            last.daemon = True
+            last.start()
+            return
+        self._hard_exit()
 
     def _hard_exit(self, code: int = EXIT_INCOMPLETE) -> None:
         if not self._exiting.acquire(blocking=False):

@@ -7,7 +7,7 @@ import time
 
 from distdoctor.world.rank_payload import device_mapping, merge_check_entries
 from distdoctor.fakes import FakeProbes, fake_context, fake_gpus
-from distdoctor.world.watchdog import Watchdog
+from distdoctor.world.watchdog import WRITE_GRACE_S, Watchdog
 from tests.conftest import measured_startup_s
 
 
@@ -38,6 +38,49 @@ def test_a_blocked_on_expire_still_exits_after_the_grace():
     Watchdog(start + 0.05, block.wait, exit=exit_, grace_s=0.3).start()
     assert done.wait(2.0 + measured_startup_s())
     assert 0.3 <= time.monotonic() - start < 1.5 + measured_startup_s() and exits == [3]
+    block.set()
+
+
+def test_a_report_being_written_when_the_grace_runs_out_gets_more_time_once():
+    """A loaded machine (a rank importing torch holds the interpreter) can make the partial report's
+    writing outlast the grace: the hard exit then waits WRITE_GRACE_S more for it, once."""
+    exits, printed = [], []
+    done = threading.Event()
+
+    def exit_(code):
+        exits.append(code)
+        done.set()
+
+    def slow_write():
+        dog.writing()
+        time.sleep(0.6)  # longer than the grace below, shorter than the grace plus WRITE_GRACE_S
+        printed.append("report")
+        return 3
+
+    dog = Watchdog(time.monotonic() + 0.05, slow_write, exit=exit_, grace_s=0.3)
+    dog.start()
+    assert done.wait(2.0 + WRITE_GRACE_S + measured_startup_s())
+    assert printed == ["report"] and exits == [3]
+
+
+def test_a_report_writer_that_never_ends_still_exits_after_the_extra_grace():
+    exits = []
+    done = threading.Event()
+    block = threading.Event()
+
+    def exit_(code):
+        exits.append(code)
+        done.set()
+
+    def stuck_write():
+        dog.writing()
+        block.wait()
+
+    start = time.monotonic()
+    dog = Watchdog(start + 0.05, stuck_write, exit=exit_, grace_s=0.3)
+    dog.start()
+    assert done.wait(2.0 + WRITE_GRACE_S + measured_startup_s())
+    assert 0.3 + WRITE_GRACE_S <= time.monotonic() - start and exits == [3]
     block.set()
 
 
