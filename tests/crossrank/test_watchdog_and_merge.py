@@ -41,15 +41,22 @@ def test_a_blocked_on_expire_still_exits_after_the_grace():
     block.set()
 
 
+class _Exits:
+    """The watchdog's exit, recorded: ``codes`` and an event set at the first."""
+
+    def __init__(self) -> None:
+        self.codes: list[int] = []
+        self.done = threading.Event()
+
+    def __call__(self, code: int) -> None:
+        self.codes.append(code)
+        self.done.set()
+
+
 def test_a_report_being_written_when_the_grace_runs_out_gets_more_time_once():
     """A loaded machine (a rank importing torch holds the interpreter) can make the partial report's
     writing outlast the grace: the hard exit then waits WRITE_GRACE_S more for it, once."""
-    exits, printed = [], []
-    done = threading.Event()
-
-    def exit_(code):
-        exits.append(code)
-        done.set()
+    exits, printed = _Exits(), []
 
     def slow_write():
         dog.writing()
@@ -57,30 +64,22 @@ def test_a_report_being_written_when_the_grace_runs_out_gets_more_time_once():
         printed.append("report")
         return 3
 
-    dog = Watchdog(time.monotonic() + 0.05, slow_write, exit=exit_, grace_s=0.3)
-    dog.start()
-    assert done.wait(2.0 + WRITE_GRACE_S + measured_startup_s())
-    assert printed == ["report"] and exits == [3]
+    dog = Watchdog(time.monotonic() + 0.05, slow_write, exit=exits, grace_s=0.3).start()
+    assert exits.done.wait(2.0 + WRITE_GRACE_S + measured_startup_s())
+    assert printed == ["report"] and exits.codes == [3]
 
 
 def test_a_report_writer_that_never_ends_still_exits_after_the_extra_grace():
-    exits = []
-    done = threading.Event()
-    block = threading.Event()
-
-    def exit_(code):
-        exits.append(code)
-        done.set()
+    exits, block = _Exits(), threading.Event()
 
     def stuck_write():
         dog.writing()
         block.wait()
 
     start = time.monotonic()
-    dog = Watchdog(start + 0.05, stuck_write, exit=exit_, grace_s=0.3)
-    dog.start()
-    assert done.wait(2.0 + WRITE_GRACE_S + measured_startup_s())
-    assert 0.3 + WRITE_GRACE_S <= time.monotonic() - start and exits == [3]
+    dog = Watchdog(start + 0.05, stuck_write, exit=exits, grace_s=0.3).start()
+    assert exits.done.wait(2.0 + WRITE_GRACE_S + measured_startup_s())
+    assert 0.3 + WRITE_GRACE_S <= time.monotonic() - start and exits.codes == [3]
     block.set()
 
 
