@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from tests.conftest import free_port, measured_startup_s, slack_s
 
 pytestmark = pytest.mark.multiproc
@@ -154,6 +155,6 @@ def test_a_foreign_service_on_master_port_is_bounded_on_every_rank(service):
     assert ids(results[0]) == ["init.E003"], results[0]
     expected = "init.E009" if service == "http" else "init.E002"
     assert ids(results[1]) == [expected], results[1]
-    # elapsed counts from before torch is imported (seconds on a loaded machine)
-    assert max(r["elapsed"] for r in results) < 5 + 12, results
+    # elapsed counts from before torch is imported (seconds on a loaded machine: 18 s once at load 10)
+    assert max(r["elapsed"] for r in results) < 5 + 9 + slack_s(measured_startup_s()), results
     assert took < 30

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tests.conftest import deadline_bound
+from tests.conftest import deadline_bound, measured_startup_s
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -63,7 +63,11 @@ def run(cmd: list[str], env: dict[str, str], preexec=None) -> Outcome:
 
 def check_local(env: dict[str, str], *extra: str, preexec=None, prefix: list[str] | None = None) -> Outcome:
     """`distdoctor check --stage local --format json` in a fresh process."""
-    cmd = [*(prefix or []), sys.executable, "-m", "distdoctor", "check", "--stage", "local", "--format", "json", *extra]
+    # Each check's own bound (10 s by default) grows with the measured start-up: on a loaded machine a
+    # check that imports torch's backends can take longer than that, and would be reported as unknown.
+    check_timeout = f"{10.0 + 2 * measured_startup_s():.0f}"
+    cmd = [*(prefix or []), sys.executable, "-m", "distdoctor", "check", "--stage", "local", "--format", "json",
+           "--check-timeout", check_timeout, *extra]
     return run(cmd, env, preexec)
 
 
