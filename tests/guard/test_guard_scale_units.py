@@ -289,6 +289,41 @@ def test_a_rank_that_joins_late_answers_the_look_in_progress_and_not_the_ones_do
         watch.stop()
 
 
+class _AskedBetween:
+    """A rank's side channel on which another rank asks for a look of its own right after this rank's
+    first read of the two a claim makes (the look count and the current look): the race of two ranks
+    that stall at once in different calls (the soak's receive cycle: ranks 2-3 in recv, 0-1 in all_reduce)."""
+
+    def __init__(self, side: SideChannel, other: Board) -> None:
+        self.side, self.other, self.fired = side, other, False
+
+    def __getattr__(self, name: str):
+        return getattr(self.side, name)
+
+    def _after_first_read(self, value):
+        if not self.fired:
+            self.fired = True
+            self.other.claim("0")
+        return value
+
+    def count(self, key, delta=0):
+        value = self.side.count(key, delta)
+        return self._after_first_read(value) if delta == 0 and key == self.side.key("looks") else value
+
+    def get_if_present(self, key):
+        value = self.side.get_if_present(key)
+        return self._after_first_read(value) if key == self.side.key("current") else value
+
+
+def test_two_ranks_that_ask_at_once_share_one_look():
+    server = tcp_store()
+    first = Board(side_of(server, "once"), 2)  # rank 2, stalled in recv, asks between rank 0's two reads
+    racing = _AskedBetween(side_of(server, "once"), first)
+    look, mine = Board(racing, 0).claim("0")  # rank 0, stalled in all_reduce
+    assert racing.fired
+    assert (look, mine) == (1, False), "rank 0 asked a look of its own beside rank 2's: neither answers the other's"
+
+
 FINALIZING = """
 import os, signal, subprocess, sys, threading, time
 from distdoctor.embedded.guard import channel

@@ -102,10 +102,14 @@ class Board:
         """(the look to join, whether this rank asked for it): with ``join``, the current look while it
         is open (one request); else the next one, claimed with compare_set; a rank that loses answers
         the winner's look, unless that one is stale."""
+        # The count is read before `current`: the asking rank writes `current` before it counts its look,
+        # so a look counted before this read is seen open below, and one counted after it has this number
+        # and is lost to with compare_set. (Read the other way round, two ranks stalling at once in
+        # different calls could each ask a look of their own, and neither answered the other's in time.)
+        look = self.latest() + 1
         current = self.side.get_if_present(self.side.key("current")) if join else None
         if self.joinable(current):
             return current["look"], False
-        look = self.latest() + 1
         mine = {"rank": self.rank, "group": group, "t": time.time()}
         text = json.dumps(mine)
         for _ in range(tries):
