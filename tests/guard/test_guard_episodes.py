@@ -95,6 +95,8 @@ class FakeHost:
         self.noted: list[str] = []
         self.ended: list = []
         self.faults: list = []
+        self.concluded = False  # set by the watchdog once a verdict ends the job (the exception hook then stays quiet)
+        self.concluded_at_end: list[bool] = []
 
     def state(self, group=None):
         return self.make_state()
@@ -122,6 +124,7 @@ class FakeHost:
         self.noted.append(line)
 
     def end(self, report, why, rendered_here, findings=None):
+        self.concluded_at_end.append(self.concluded)
         self.ended.append((why, rendered_here, findings))
 
     def fault(self, part, exc):
@@ -210,6 +213,8 @@ def test_exit_ends_every_rank_at_the_first_verdict_and_report_never_ends(on_hang
         if on_hang == "exit":
             assert wait_until(lambda: hosts[0].ended and hosts[1].ended)
             assert hosts[0].ended[0][1] is True  # rank 0 decided (its report is printed)
+            # Concluded before the wait for the others: the error the others' end then raises here is not a new cause.
+            assert hosts[0].concluded_at_end == [True] and hosts[1].concluded_at_end == [True]
             why, here, findings = hosts[1].ended[0]
             assert not here and findings[0].id == "job.E002"
             assert hosts[1].said[0].startswith("the job ends, on_hang='exit' (rank 0's verdict): job.E002 [straggler_rank] "

@@ -278,6 +278,7 @@ class EpisodeWatch:
             findings = [Finding.from_dict(f) for f in verdict.get("findings", ())]
             why = [f"{f.id} [{f.cause}] {f.title}" for f in findings] or [str(verdict.get("reason") or "")]
             self.ended = True
+            self.host.concluded = True  # an error raised from here on is this end's, not a new cause
             # Said before the acknowledgement: the deciding rank ends once every rank read its verdict,
             # and the launcher then stops the others.
             for line in [f"the job ends, {verdict.get('reason')} (rank {verdict.get('renderer')}'s verdict): "
@@ -604,6 +605,9 @@ class EpisodeWatch:
         """This rank decided that the job ends: the episode ends with it; wait (bounded) until the ranks
         that answered read the verdict (this rank may host the store), then end."""
         self.ended = True
+        # The others end as they read the verdict: this rank's own collective then fails, and that error is
+        # the end this verdict causes, not a new cause for the exception hook to report.
+        self.host.concluded = True
         episode.seconds = episode.stall.seconds(self.clock())
         self._keep(episode)
         if look is not None and self.board is not None and answers:
