@@ -576,8 +576,14 @@ class EpisodeWatch:
             self._end(report, seen.look, seen.answers, episode)
 
     def _close(self, episode: Episode) -> None:
-        look = self.seen.look if self.seen is not None else None
-        self.own, self.seen = None, None
+        # The episode stays this rank's own until its end is recorded: whoever sees `own` cleared reads
+        # the stall's length in the ledger (a test read it a moment too early, at load 10).
+        try:
+            self._record_end(episode, self.seen.look if self.seen is not None else None)
+        finally:
+            self.own, self.seen = None, None
+
+    def _record_end(self, episode: Episode, look: int | None) -> None:
         episode.seconds = episode.stall.seconds(self.clock())
         known = facts(episode.findings)
         late = known["late"]
