@@ -324,6 +324,19 @@ def test_two_ranks_that_ask_at_once_share_one_look():
     assert (look, mine) == (1, False), "rank 0 asked a look of its own beside rank 2's: neither answers the other's"
 
 
+def test_a_collectives_first_stalled_rank_joins_the_look_collecting_its_group_and_no_other():
+    """The soak's receive cycle: rank 3 stalls in a receive and asks a look at the default group; rank 1,
+    the first stalled in the all-reduce, joins it (one look hears every rank) instead of asking its own.
+    A look at another group, or one already judged, is not joined."""
+    server = tcp_store()
+    asker = Board(side_of(server, "join"), 3)
+    assert asker.claim("0") == (1, True)
+    assert Board(side_of(server, "join"), 1).claim("0", same_group=True) == (1, False)
+    assert Board(side_of(server, "join"), 2).claim("7", same_group=True) == (2, True)  # another group: its own
+    asker.side.put(asker.side.key("current"), {"rank": 2, "group": "0", "t": time.time(), "look": 2, "phase": "watch"})
+    assert Board(side_of(server, "join"), 1).claim("0", same_group=True) == (3, True)  # judged: not joined
+
+
 FINALIZING = """
 import os, signal, subprocess, sys, threading, time
 from distdoctor.embedded.guard import channel

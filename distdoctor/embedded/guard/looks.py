@@ -65,12 +65,15 @@ class Board:
         return request is not None and time.time() - float(request.get("t") or 0.0) < STALE_REQUEST_S
 
     # -- asking ------------------------------------------------------------------------------------
-    def joinable(self, current: Any) -> bool:
+    def joinable(self, current: Any, group: str | None = None) -> bool:
         """Whether the look ``current`` describes is still being collected, or its verdict watches an
-        episode still open (another rank's): a rank that stalls now joins it rather than ask for another."""
+        episode still open (another rank's): a rank that stalls now joins it rather than ask for another
+        (``group``: only a look at that group, the one whose transport its answers read)."""
         if not isinstance(current, dict) or not isinstance(current.get("look"), int) or not self.fresh(current):
             return False
         if current.get("rank") == self.rank:  # its own look: this rank looks again
+            return False
+        if group is not None and (current.get("group") != group or current.get("phase") != COLLECTING):
             return False
         return current.get("phase") in (COLLECTING, "watch")
 
@@ -98,17 +101,17 @@ class Board:
     def number_stall(self, stall_key: str, look: int) -> None:
         self.side.put(self.side.key("stall", stall_key), {"rank": self.rank, "t": time.time(), "look": look})
 
-    def claim(self, group: str, tries: int = 8, join: bool = True) -> tuple[int, bool]:
+    def claim(self, group: str, tries: int = 8, join: bool = True, same_group: bool = False) -> tuple[int, bool]:
         """(the look to join, whether this rank asked for it): with ``join``, the current look while it
-        is open (one request); else the next one, claimed with compare_set; a rank that loses answers
-        the winner's look, unless that one is stale."""
+        is open (one request; ``same_group``: only one being collected for ``group``); else the next one,
+        claimed with compare_set; a rank that loses answers the winner's look, unless that one is stale."""
         # The count is read before `current`: the asking rank writes `current` before it counts its look,
         # so a look counted before this read is seen open below, and one counted after it has this number
         # and is lost to with compare_set. (Read the other way round, two ranks stalling at once in
         # different calls could each ask a look of their own, and neither answered the other's in time.)
         look = self.latest() + 1
         current = self.side.get_if_present(self.side.key("current")) if join else None
-        if self.joinable(current):
+        if self.joinable(current, group if same_group else None):
             return current["look"], False
         mine = {"rank": self.rank, "group": group, "t": time.time()}
         text = json.dumps(mine)

@@ -341,9 +341,11 @@ class EpisodeWatch:
         look, mine = board.claim_stall(key)
         if not mine:
             return look, False
-        look, mine = board.claim(stall.group, join=False)  # this collective's first: a look of its own
-        if mine:
-            board.number_stall(key, look)
+        # This collective's first: the look another rank is collecting for this group right now (ranks that
+        # stall at once in different calls of one group, a receive here, an all-reduce there: one look that
+        # hears them all), else a look of its own. Either is numbered for the others stalled in it.
+        look, mine = board.claim(stall.group, same_group=True)
+        board.number_stall(key, look)
         return look, mine
 
     def _stall_key(self, stall: Stall) -> str | None:
