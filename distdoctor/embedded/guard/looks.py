@@ -5,6 +5,7 @@
 #                            episode closed): the one key a rank polls while nothing happens to it
 #   looks                    how many looks were requested (the next one is looks + 1)
 #   stall/<group>/<seq>      claimed by the first rank stalled in that collective: the others join its look
+#                            (its own, or the one another rank is collecting for that group right then)
 #   current                  the latest look and its phase (collecting, watch, end, none, closed): a rank
 #                            that stalls reads it once and joins a look still open
 #   look/<n>/request         claimed with compare_set by the rank that asks: ranks that stall at once
