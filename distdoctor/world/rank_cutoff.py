@@ -50,22 +50,20 @@ class CutoffFlow:
             # (bounded) before the process ends, or a rank alone would exit with nothing printed.
             self._emitted.wait(EMIT_WAIT_S)
             return reported
+        self._writing_report()  # all that follows is bounded: each store read has its own deadline
         is_root = self.world is not None and self.world.is_root and self.world.rank == 0
         if not is_root and not self.all_ranks:
             if self.rank == 0 or not self._described:
                 # Rank 0 stuck before it reached the world (in the local stage), or a process
                 # with no world at all: it reports for itself. Other ranks stay quiet: rank 0
                 # names them as missing (under the self-test, the supervisor speaks if it cannot).
-                self._writing_report()
                 self._render(self._partial(None, interrupted), code)
             elif not self._rank0_final_word(INTERRUPT_FINAL_WAIT_S if interrupted else STORE_READ_S):
                 # Rank 0 is gone or stuck without a word: nobody else will report this rank's
                 # results. (Rank 0's own watchdog fires before this one and leaves its word; a
                 # signal sent to every rank reaches rank 0 too, which then gives it within the wait.)
-                self._writing_report()
                 self._render(self._partial(None, interrupted, rank0_silent=True), code, alone=True)
             return None
-        self._writing_report()  # its store reads below are bounded each (STORE_READ_S)
         if not self._render(self._partial(self.world if is_root else None, interrupted), code):
             with self._report_lock:
                 if self._reported_code is not None and self._reported_code != code:

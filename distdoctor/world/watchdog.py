@@ -24,9 +24,10 @@ from distdoctor.core.report import EXIT_INCOMPLETE
 
 # How long on_expire may take (render a report, read a few store keys) before the hard exit.
 EXPIRE_GRACE_S = 2.0
-# Once on_expire says it is writing its report (local work: build and print, no store, no socket),
-# the hard exit waits this much longer for it, once: a loaded machine (a rank importing torch on a
-# busy core holds the interpreter for seconds) must not turn a late report into no report at all.
+# Once on_expire says it is writing its report (bounded work: build and print, each store read under
+# its own deadline), the hard exit waits this much longer for it, once: a loaded machine (a rank
+# importing torch on a busy core holds the interpreter for seconds) must not turn a late report into
+# no report at all.
 WRITE_GRACE_S = 2.0
 
 

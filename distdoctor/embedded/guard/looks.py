@@ -74,8 +74,8 @@ class Board:
             return False
         if current.get("rank") == self.rank:  # its own look: this rank looks again
             return False
-        if group is not None and (current.get("group") != group or current.get("phase") != COLLECTING):
-            return False
+        if group is not None:
+            return current.get("group") == group and current.get("phase") == COLLECTING
         return current.get("phase") in (COLLECTING, "watch")
 
     def claim_stall(self, stall_key: str) -> tuple[int | None, bool]:
@@ -102,16 +102,16 @@ class Board:
     def number_stall(self, stall_key: str, look: int) -> None:
         self.side.put(self.side.key("stall", stall_key), {"rank": self.rank, "t": time.time(), "look": look})
 
-    def claim(self, group: str, tries: int = 8, join: bool = True, same_group: bool = False) -> tuple[int, bool]:
-        """(the look to join, whether this rank asked for it): with ``join``, the current look while it
-        is open (one request; ``same_group``: only one being collected for ``group``); else the next one,
-        claimed with compare_set; a rank that loses answers the winner's look, unless that one is stale."""
+    def claim(self, group: str, tries: int = 8, same_group: bool = False) -> tuple[int, bool]:
+        """(the look to join, whether this rank asked for it): the current look while it is open (one
+        request; ``same_group``: only one being collected for ``group``); else the next one, claimed with
+        compare_set; a rank that loses answers the winner's look, unless that one is stale."""
         # The count is read before `current`: the asking rank writes `current` before it counts its look,
         # so a look counted before this read is seen open below, and one counted after it has this number
         # and is lost to with compare_set. (Read the other way round, two ranks stalling at once in
         # different calls could each ask a look of their own, and neither answered the other's in time.)
         look = self.latest() + 1
-        current = self.side.get_if_present(self.side.key("current")) if join else None
+        current = self.side.get_if_present(self.side.key("current"))
         if self.joinable(current, group if same_group else None):
             return current["look"], False
         mine = {"rank": self.rank, "group": group, "t": time.time()}
