@@ -123,6 +123,20 @@ def test_a_request_that_times_out_closes_the_connection_so_its_late_answer_is_ne
         listener.close()
 
 
+def _refused_within(port: int, seconds: float) -> bool:
+    """Whether a connect to the port is refused (nothing listens) within ``seconds``."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
 def test_a_refused_connect_is_tried_again_within_its_budget_and_a_lost_store_fails_fast_after():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -133,9 +147,11 @@ def test_a_refused_connect_is_tried_again_within_its_budget_and_a_lost_store_fai
                                                                 timeout=timedelta(seconds=10)))).start()
     client = StoreClient("127.0.0.1", port, timeout_s=2, connect_timeout_s=5)
     assert client.add("n", 1) == 1  # refused at first, then the store listened: connected within 5 s
-    del started[:]  # the store's server goes away with its last reference
-    time.sleep(0.5)
+    del started[:]  # the store's server goes away with its last reference and the client's connection
     client.close()
+    # ... not at once: on a loaded machine it still accepted 0.5 s later (the suite, 2026-11-29). What
+    # is tested is the client against a store that is gone, so wait until it is.
+    assert _refused_within(port, 30), f"the store on port {port} still accepts 30 s after its last reference went"
     with pytest.raises(StoreWireError):
         client.add("n", 1)  # reconnect refused for its whole budget (2 s)
     began = time.monotonic()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from distdoctor.diagnosis.diagnose import diagnose
 from distdoctor.diagnosis.snapshot import RUNNING, Frame, GroupProgress, PendingOp, RankSnapshot
-from distdoctor.embedded.guard.record import CallRecord
+from distdoctor.embedded.guard.record import WORD_COUNT, CallRecord
 from distdoctor.embedded.guard.snapshot import _as_guarded, _settle, in_torch, settled
 
 SLEEPING = (Frame("train.py", 110, "<module>"),)
@@ -91,3 +93,40 @@ def test_the_receivers_stale_collective_is_not_read_as_the_wait_and_the_straggle
                             groups=receiving)
     [first, *_] = diagnose([sender, receiver])
     assert first.id == "job.E002" and "recv" in first.title and "all_reduce" not in first.title, first.title
+
+
+# A rank in the guard's verification of its all_reduce (the suite's policy job, 2026-11-29): the recorder
+# shows the verification exchange (an all_gather of the fingerprint's int64 words) as the newest op,
+# #7, and still all_reduce #5 pending (gloo had not marked it); the peer, asleep before its all_reduce,
+# completed #6. The diagnosis settles #5 and takes the next op from `recent`: the exchange.
+def _verifying() -> GroupProgress:
+    words = ((WORD_COUNT,),)
+    recent = tuple(PendingOp("all_gather" if seq % 2 else "all_reduce", seq, words if seq % 2 else ((4,),),
+                             ("Long",) if seq % 2 else ("Float",), "scheduled") for seq in range(1, 8))
+    return GroupProgress("0", last_enqueued=7, last_completed=4,
+                         pending=PendingOp("all_reduce", 5, ((4,),), ("Float",), "scheduled", 14.25), recent=recent)
+
+
+def test_a_rank_in_the_guards_verification_waits_in_the_call_it_verifies_not_in_an_all_gather():
+    call = CallRecord("all_reduce", "0", 3, shapes=((4,),), dtypes=("float32",), params={}, site="policy_job.py:83",
+                      function="<module>", started=NOW - 3.7)
+    [shown] = _as_guarded((_verifying(),), [call], NOW)
+    assert shown.recent[-1].signature() == ("all_reduce", ((4,),), ("float32",)) and shown.recent[-1].seq == 7
+    assert [op.op for op in shown.recent[:-1]] == [op.op for op in _verifying().recent[:-1]]  # history kept
+    waiting = RankSnapshot(rank=0, status=RUNNING, in_collective="all_reduce (float32[4])",
+                           where=Frame("policy_job.py", 83, "<module>"), groups=(shown,))
+    late = RankSnapshot(rank=1, status=RUNNING, where=Frame("policy_job.py", 80, "<module>"),
+                        groups=(GroupProgress("0", last_enqueued=6, last_completed=6, recent=_verifying().recent[:-1]),))
+    [first, *_] = diagnose([waiting, late])
+    assert first.id == "job.E002" and "all_reduce #7 (float32[4])" in first.title and "all_gather" not in first.title, \
+        first.title
+
+
+def test_a_users_own_all_gather_or_an_exchange_that_is_not_the_newest_op_is_kept():
+    call = CallRecord("all_reduce", "0", 3, shapes=((4,),), dtypes=("float32",), params={}, site="policy_job.py:83",
+                      function="<module>", started=NOW - 3.7)
+    users = replace(_verifying(), recent=(*_verifying().recent[:-1], PendingOp("all_gather", 7, ((9, 2),), ("Long",))))
+    older = replace(_verifying(), last_enqueued=8)
+    for group in (users, older):
+        [shown] = _as_guarded((group,), [call], NOW)
+        assert shown.recent == group.recent

@@ -24,6 +24,8 @@ _COLLECTIVE_SET = frozenset(COLLECTIVES)
 # Fingerprint fields compared across ranks, in the order of the exchanged words.
 COMPARED = ("op", "shapes", "dtypes", "devices", "params")
 WORD_MAGIC = 0x6464  # "dd": a row that lacks it did not come from a guard's verification
+# The words of a fingerprint (CallRecord.words): magic, seq, the compared fields, site, proposal.
+WORD_COUNT = 2 + len(COMPARED) + 2
 
 
 # Point-to-point numbering: a key per (group, direction, peer, tag) in use; beyond this many, a new

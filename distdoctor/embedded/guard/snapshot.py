@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 from distdoctor.diagnosis.frames import display_path, user_frame, with_source
 from distdoctor.diagnosis.origin import exception_origin_is_distributed
 from distdoctor.diagnosis.snapshot import (RUNNING, Frame, GroupProgress, PendingOp, RaisedError, RankSnapshot)
-from distdoctor.embedded.guard.record import COLLECTIVES, POINT_TO_POINT, CallRecord
+from distdoctor.embedded.guard.record import COLLECTIVES, POINT_TO_POINT, WORD_COUNT, CallRecord
 
 _GUARD_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # torch's own files, wherever it is installed (display_path keeps them absolute or relative)
@@ -117,9 +117,35 @@ def _as_guarded(groups: tuple[GroupProgress, ...], running: list[CallRecord], no
                 and pending.age_s <= now - call.started + 0.05:
             pending = PendingOp(call.op, pending.seq, tuple(tuple(x) for x in call.shapes), tuple(call.dtypes),
                                 pending.state, pending.age_s)
-        out.append(replace(group, pending=pending))
+        group = replace(group, pending=pending)
+        out.append(_newest_as_call(group, call) if call is not None and call.op in COLLECTIVES else group)
     out += [GroupProgress(name, pending=_pending(call, now, numbered=False)) for name, call in calls.items()]
     return tuple(out)
+
+
+def _is_verification(op: PendingOp) -> bool:
+    """The guard's own verification exchange: an all_gather of one row of fingerprint words (int64)."""
+    return op.op == "all_gather" and op.sizes == ((WORD_COUNT,),) and \
+        all(d.lower().removeprefix("torch.") in ("long", "int64") for d in op.dtypes) and bool(op.dtypes)
+
+
+def _newest_as_call(group: GroupProgress, call: CallRecord) -> GroupProgress:
+    """The group's newest recorded op, when it is the guard's verification exchange, as the guarded
+    collective it verifies (the exchange is the last thing issued before that call, inside it).
+
+    A diagnosis that finds the recorder's pending op already completed on a peer takes the next op
+    from ``recent`` as the one the rank waits in: that is the exchange while the guard verifies the
+    user's all_reduce, and the user called all_reduce, not an all_gather of int64 words."""
+    if not group.recent:
+        return group
+    newest = group.recent[-1]
+    if newest.seq is None or newest.seq != group.last_enqueued or not _is_verification(newest):
+        return group
+    as_call = replace(newest, op=call.op, sizes=tuple(tuple(x) for x in call.shapes), dtypes=tuple(call.dtypes))
+    pending = group.pending
+    if pending is not None and pending.seq == newest.seq and _is_verification(pending):
+        pending = replace(pending, op=call.op, sizes=as_call.sizes, dtypes=as_call.dtypes)
+    return replace(group, recent=(*group.recent[:-1], as_call), pending=pending)
 
 
 def in_torch(stack: Iterable[Frame]) -> bool:
