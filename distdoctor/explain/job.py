@@ -24,7 +24,7 @@ from distdoctor.diagnosis.frames import is_user_file
 from distdoctor.diagnosis.snapshot import EXITED, RaisedError, RankSnapshot
 from distdoctor.explain.activity import CLOCK_MARGIN_S
 from distdoctor.explain.candidates import Ranked, apply_cues, describe, from_threads
-from distdoctor.explain.priors import load_priors
+from distdoctor.explain.priors import active_priors
 from distdoctor.explain.catalog import Catalog
 from distdoctor.explain.ranks import CUT_TYPE, RankCollector
 from distdoctor.explain.scan import Accumulator
@@ -358,7 +358,7 @@ def _kind_and_confidence(primary: Finding, first: RankSnapshot | None, snaps: Se
     _weigh_activity(ranked, said)
     if family:
         # A verdict read from an exit code alone: how often each cause was behind it in the labelled threads.
-        ranked = from_threads(ranked, family, acc, catalog, load_priors())
+        ranked = from_threads(ranked, family, acc, catalog, active_priors())
     # The kill the verdict is about is no further evidence for it.
     ranked = apply_cues(ranked, acc, catalog, ignore=("sigkill_line",) if primary.id == job_kinds.KILLED.id else ())
     top = ranked[0]

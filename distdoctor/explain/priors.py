@@ -20,10 +20,21 @@
 #     lift(cause | cue) = (observed + CUE_PSEUDO) / (expected + CUE_PSEUDO), bounded to [MIN_LIFT, MAX_LIFT];
 # a cue seen in the logs multiplies its causes' priors by their lifts before they are normalised
 # again. Threads whose cause is "unknown" are kept in the file but counted nowhere.
+#
+# The prior measure q is not the catalog's order alone: that order was written while reading the dev
+# corpus logs, and on logs nobody tuned on it generalised poorly (docs/explain.md, the corpus and its
+# figures). It is blended with how often each cause was behind any labelled dev thread, whatever its
+# family (the cause's field frequency, counted like the families, +FREQ_PSEUDO each):
+#     q(cause) = (1 - FIELD_WEIGHT) * catalog(cause) + FIELD_WEIGHT * field(cause),
+# both normalised over the family's candidate causes. A family with fewer than MIN_FAMILY_THREADS
+# labelled dev threads keeps the catalog's order, as before. FIELD_WEIGHT was chosen on the dev threads'
+# leave-one-out figure (tests/explain/priors_figures.py --part dev: each thread ranked by counts without
+# it; 0.25 to 0.75 all give the same figure), never on a sealed figure.
 
 from __future__ import annotations
 
 import tomllib
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -40,6 +51,10 @@ MIN_CUE_THREADS = 5
 # A family needs this many labelled dev threads before its counts replace the catalog's order (with fewer,
 # one thread swings the order).
 MIN_FAMILY_THREADS = 5
+# How much of the prior measure is the causes' field frequency over all labelled dev threads (the rest is the
+# catalog's hand-set order), and the pseudo-count each cause gets in that frequency.
+FIELD_WEIGHT = 0.5
+FREQ_PSEUDO = 0.5
 
 FAMILIES = (
     "store_wait_timeout", "store_connect_failed", "rendezvous_timeout", "nccl_watchdog_timeout", "gloo_timeout",
@@ -84,16 +99,28 @@ class Priors:
     def family_threads(self, family: str) -> int:
         return sum(self.family_counts.get(family, {}).values())
 
-    def posterior(self, family: str, base: Mapping[str, float]) -> dict[str, float] | None:
+    def prior_measure(self, causes: list[str], base: Mapping[str, float]) -> dict[str, float]:
+        """q over `causes`: the catalog's confidences (normalised) blended with the causes' field frequency
+        over all labelled dev threads (FIELD_WEIGHT); the catalog's order alone when nothing is counted."""
+        weight = sum(max(base.get(c, 0.0), 0.0) for c in causes) or 1.0
+        catalog = {c: max(base.get(c, 0.0), 0.0) / weight for c in causes}
+        if not self.total:
+            return catalog
+        field = {c: self.cause_counts.get(c, 0) + FREQ_PSEUDO for c in causes}
+        norm = sum(field.values()) or 1.0
+        return {c: (1 - FIELD_WEIGHT) * catalog[c] + FIELD_WEIGHT * field[c] / norm for c in causes}
+
+    def posterior(self, family: str, base: Mapping[str, float],
+                  min_threads: int = MIN_FAMILY_THREADS) -> dict[str, float] | None:
         """p(cause | family) over the causes of `base` (the catalog's confidences) and those the threads
-        add; None when the family has fewer than MIN_FAMILY_THREADS labelled dev threads."""
+        add; None when the family has fewer than `min_threads` labelled dev threads (the catalog's order
+        stands). (priors_figures.py's leave-one-out passes 0 for a family the shipped counts rank.)"""
         counts = self.family_counts.get(family, {})
         n = sum(counts.values())
-        if n < MIN_FAMILY_THREADS:
+        if n < min_threads:
             return None
         causes = list(dict.fromkeys([*base, *sorted(counts, key=lambda c: -counts[c])]))
-        weight = sum(max(v, 0.0) for v in base.values()) or 1.0
-        q = {c: max(base.get(c, 0.0), 0.0) / weight for c in causes}
+        q = self.prior_measure(causes, base)
         return {c: (counts.get(c, 0) + PSEUDO_THREADS * q[c]) / (n + PSEUDO_THREADS) for c in causes}
 
     def lift(self, cue: str, cause: str) -> float | None:
@@ -168,3 +195,14 @@ def load_priors(path: Path = THREADS_PATH) -> Priors:
         return Priors()
     with open(path, "rb") as fh:
         return count(parse_threads(tomllib.load(fh)))
+
+
+# The priors explain ranks with: the shipped dev threads' counts, or (only for the cross-validated figure,
+# tests/explain/corpus_figures.py --cross) counts recomputed without the thread of the log being judged.
+PRIORS_OVERRIDE: ContextVar["Priors | None"] = ContextVar("priors_override", default=None)
+
+
+def active_priors() -> Priors:
+    """The priors in force: the override when one is set, else the shipped dev threads' counts."""
+    override = PRIORS_OVERRIDE.get()
+    return load_priors() if override is None else override

@@ -4,8 +4,11 @@ python tests/explain/priors_figures.py [--part dev|sealed]
 For each labelled thread of the part whose family has a catalog signature with candidates, the ranking
 explain gives that family from the priors alone (the dev threads' counts smoothed towards the catalog's
 order, no log and no cues: priors.py), and whether the thread's cause is first, or among the first three.
-On the dev part each thread is left out of the counts it is judged by (leave-one-out); the sealed part is
-never counted, so it is judged against all dev threads. The sealed figure is taken once, when a piece of
+On the dev part each thread is left out of the counts it is judged by (leave-one-out), while whether its family
+is ranked by counts at all is decided as the shipped explain decides it, on the family's full count (before
+issue 45's third round, a 5-thread family fell back to the catalog's order when one thread was left out, which
+explain never does: that understated the dev figure); the sealed part is never counted, so it is judged against
+all dev threads. The sealed figure is taken once, when a piece of
 work is done (docs/explain.md).
 """
 
@@ -31,16 +34,18 @@ def family_bases() -> dict[str, dict[str, float]]:
 
 
 def evaluate(part: str) -> list[tuple[str, str, list[str]]]:
-    from distdoctor.explain.priors import THREADS_PATH, count, parse_threads
+    from distdoctor.explain.priors import MIN_FAMILY_THREADS, THREADS_PATH, count, parse_threads
 
     threads = parse_threads(tomllib.loads(THREADS_PATH.read_text()))
+    full = count(threads)
     bases = family_bases()
     judged = [t for t in threads if t.part == part and t.cause != "unknown" and t.signature in bases]
     out = []
     for t in judged:
         counted = [u for u in threads if u is not t]
         base = bases[t.signature]
-        posterior = count(counted).posterior(t.signature, base) or base
+        ranked_by_counts = full.family_threads(t.signature) >= MIN_FAMILY_THREADS
+        posterior = count(counted).posterior(t.signature, base, 0 if ranked_by_counts else 1 << 30) or base
         ranked = sorted(posterior, key=lambda c: -posterior[c])
         out.append((t.signature, t.cause, ranked))
     return out

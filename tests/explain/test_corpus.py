@@ -6,7 +6,7 @@ from __future__ import annotations
 import tomllib
 
 # pytest puts this directory on sys.path (tests/ is not a package), as for conftest.py.
-from corpus_figures import CORPUS, entries, evaluate, figures, log_part, part_of
+from corpus_figures import CORPUS, cross_validate, entries, evaluate, figures, log_part, part_of
 
 
 def test_every_corpus_log_is_indexed_with_its_source_and_why_it_is_or_is_not_ambiguous():
@@ -39,3 +39,14 @@ def test_dev_figures_meet_the_bar():
     assert f["top3_generic"] >= 0.8, f
     assert f["confidently_wrong"] == 0, f
     assert f["confident_right"] >= 0.9, f
+
+
+def test_the_cross_validated_dev_figure_holds_with_what_each_log_fitted_left_out():
+    # Each dev log judged with the threads' priors counted without its own thread and without the hand-set rules
+    # only its thread's log fires (corpus_figures.py --cross): the dev estimate that is not fitted to the log it
+    # judges. At the time of writing 34 of 38 ambiguous logs (89 %) against 36 of 38 on the plain dev figure; the
+    # bar below is the issue's own floor for ambiguous logs plus the dev margin, not a relaxed plain-dev bar.
+    f = figures(cross_validate())
+    assert f["top1_identifies"] >= 0.9, f
+    assert f["top3_generic"] >= 0.85, f
+    assert f["confidently_wrong"] == 0, f

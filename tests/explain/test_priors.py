@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from distdoctor.explain import explain_text
-from distdoctor.explain.priors import (MIN_FAMILY_THREADS, PSEUDO_THREADS, Thread, ThreadsError, count, load_priors,
-                                       parse_threads)
+from distdoctor.explain.priors import (FIELD_WEIGHT, FREQ_PSEUDO, MIN_FAMILY_THREADS, PSEUDO_THREADS, Thread,
+                                       ThreadsError, count, load_priors, parse_threads)
 
 
 def thread(i: int, signature: str, cause: str, part: str = "dev", cues=()) -> Thread:
@@ -23,14 +23,32 @@ def test_the_posterior_is_the_threads_counts_smoothed_towards_the_catalogs_order
     threads = [thread(i, "nccl_watchdog_timeout", "straggler_rank") for i in range(6)] + \
         [thread(9, "nccl_watchdog_timeout", "collective_mismatch")]
     base = {"collective_timeout_hang": 0.25, "rank_missing": 0.3, "straggler_rank": 0.3, "collective_mismatch": 0.15}
-    post = count(threads).posterior("nccl_watchdog_timeout", base)
-    q = {c: v / sum(base.values()) for c, v in base.items()}
+    priors = count(threads)
+    post = priors.posterior("nccl_watchdog_timeout", base)
+    q = priors.prior_measure(list(base), base)
     assert post["straggler_rank"] == pytest.approx((6 + PSEUDO_THREADS * q["straggler_rank"]) / (7 + PSEUDO_THREADS))
     assert post["rank_missing"] == pytest.approx(PSEUDO_THREADS * q["rank_missing"] / (7 + PSEUDO_THREADS))
     assert sum(post.values()) == pytest.approx(1.0)
     assert max(post, key=post.get) == "straggler_rank"
     # Too few threads: the catalog's order stands.
     assert count(threads[:MIN_FAMILY_THREADS - 1]).posterior("nccl_watchdog_timeout", base) is None
+
+
+def test_the_prior_measure_blends_the_catalogs_order_with_the_causes_field_frequency():
+    # Causes counted over every labelled dev thread, whatever its family: the catalog's order alone was fitted to
+    # the dev logs it was written from; the field frequency is what the threads say across families.
+    threads = [thread(i, "address_in_use", "port_in_use") for i in range(6)] + \
+        [thread(10, "store_wait_timeout", "straggler_rank")]
+    base = {"rank_missing": 0.6, "port_in_use": 0.2, "straggler_rank": 0.2}
+    q = count(threads).prior_measure(list(base), base)
+    field = {"rank_missing": FREQ_PSEUDO, "port_in_use": 6 + FREQ_PSEUDO, "straggler_rank": 1 + FREQ_PSEUDO}
+    norm = sum(field.values())
+    for cause in base:
+        assert q[cause] == pytest.approx((1 - FIELD_WEIGHT) * base[cause] + FIELD_WEIGHT * field[cause] / norm)
+    assert sum(q.values()) == pytest.approx(1.0) and q["port_in_use"] > q["straggler_rank"]
+    # Nothing counted: the catalog's order, normalised.
+    assert count([]).prior_measure(list(base), base) == pytest.approx({"rank_missing": 0.6, "port_in_use": 0.2,
+                                                                      "straggler_rank": 0.2})
 
 
 def test_a_cue_moves_the_causes_it_went_with_in_the_threads():
