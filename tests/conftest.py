@@ -105,7 +105,7 @@ _ONE_WORKER_GROUPS = (("tests/hosts/", "hosts"), ("tests/launchers/", "launchers
                           "tests/explain/test_real_jobs.py", "tests/explain/test_recorder_dumps.py",
                           "tests/explain/test_wrapped_jobs.py",
                           "tests/stacks/test_stacks_jobs.py", "tests/stacks/test_watch.py",
-                          "tests/bench/test_bench_loopback.py")))
+                          "tests/bench/test_bench_loopback.py", "tests/timeline/test_guard_pictures.py")))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items (its own hook of this name)

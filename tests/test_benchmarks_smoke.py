@@ -16,8 +16,16 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from run import BENCHMARKS  # noqa: E402
 
 
+# The benchmarks whose quick run launches real jobs for 20-100 s each (the guard's long jobs, the
+# simulated thousands of ranks, torchrun sweeps): their smoke runs are in the `extended` set (python -m
+# pytest -m extended), apart from the suite, whose wall time is the CI's; the product code they drive
+# is tested by the suite itself, and the light ones here keep the harness (run.py, --json) tested.
+HEAVY = ("selftest", "detection", "preflight", "guard", "collectives", "scale", "pace", "soak")
+
+
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("bench", list(BENCHMARKS))
+@pytest.mark.parametrize("bench", [pytest.param(name, marks=pytest.mark.extended) if name in HEAVY else name
+                                   for name in BENCHMARKS])
 def test_quick_benchmark_prints_every_figure(tmp_path, startup_s, bench):
     """One benchmark's quick run (one test each, so that the suite's workers share them)."""
     out = tmp_path / "figures.json"

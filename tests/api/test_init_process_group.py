@@ -60,6 +60,9 @@ def test_tcp_init_method_with_rank_arguments():
     assert [(r["raised"], r["sum"]) for r in results] == [(False, 2.0), (False, 2.0)], results
 
 
+# extended: test_missing_rank_is_named_within_the_timeout covers init.E001 through the same open_store/check_in;
+# tcp:// differs only in resolve_target, which test_tcp_init_method_with_rank_arguments keeps covered
+@pytest.mark.extended
 def test_missing_rank_over_tcp_init_method():
     (result,) = launch([0], 2, free_port(), rdzv_timeout=3, extra=("tcp", "no-local-checks"))
     assert ids(result) == ["init.E001"] and result["findings"][0]["ranks"] == [1]

@@ -50,6 +50,9 @@ def test_sweep_figures_for_every_op_and_size_are_correct_and_printed(report):
     assert [c["status"] for c in data["checks"]] == ["pass", "pass"]
 
 
+# extended: test_sweep_figures_for_every_op_and_size_are_correct_and_printed covers the same bench run (json);
+# only the rendering (terminal, markdown) differs, and this test's two runs are its own
+@pytest.mark.extended
 def test_rich_output_has_the_tables_markdown_too():
     out = bench(*QUICK, "--ops", "all_reduce", "--no-links")
     assert out.returncode == 0, out.stderr[-2000:]

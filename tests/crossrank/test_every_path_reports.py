@@ -104,7 +104,9 @@ def ids(report: dict) -> set[str]:
     return {f["id"] for f in report["findings"]}
 
 
-@pytest.mark.parametrize("fmt", ["json", "markdown", "terminal"])
+# extended: [json] covers this path (rdzv.C001, rank 1's own report) and parses it; only the rendering differs
+@pytest.mark.parametrize("fmt", ["json", pytest.param("markdown", marks=pytest.mark.extended),
+                                 pytest.param("terminal", marks=pytest.mark.extended)])
 def test_a_rank_alone_with_nothing_listening_prints_its_own_report(fmt):
     port = free_port()
     with ranks(Rank(rank_env(1, port), fmt=fmt)) as (rank1,):

@@ -34,7 +34,9 @@ def ids(report: dict) -> list[str]:
     return [f["id"] for f in report["findings"]]
 
 
-@pytest.mark.parametrize("mode", [["--cpu"], []], ids=["cpu", "no-multi-gpu"])
+# extended: [no-multi-gpu] covers launch.E014 under a real accelerate simple mode; --cpu differs only in the
+# title's wording (unit case in tests/checks/test_local_checks.py; ACCELERATE_USE_CPU is also read by the mpi mode test)
+@pytest.mark.parametrize("mode", [pytest.param(["--cpu"], marks=pytest.mark.extended), []], ids=["cpu", "no-multi-gpu"])
 def test_simple_mode_names_the_single_process(mode):
     result, report = accelerate(*mode, "--num_processes", "2")
     assert "launch.E014" in ids(report) and "launch.C001" not in ids(report)

@@ -85,6 +85,9 @@ def test_the_local_stage_names_it_from_the_variables_alone():
     assert {c["stage"] for c in report["checks"]} == {"local"}
 
 
+# extended: test_srun.py::test_torchrun_inside_a_multi_task_srun_gives_one_report_naming_the_misuse covers a real
+# srun running torchrun per task named launch.E004 by the same local check; here only --stage local differs
+@pytest.mark.extended
 def test_a_real_srun_running_torchrun_per_task_is_named_by_the_local_stage(slurm_cluster):
     result = subprocess.run(
         ["srun", "--kill-on-bad-exit=0", "-n", "2", sys.executable, "-m", "torch.distributed.run",

@@ -42,7 +42,8 @@ def one_report(result: subprocess.CompletedProcess) -> dict:
     return report
 
 
-@pytest.mark.parametrize("ntasks", [2, 4])
+# extended: [4] covers the zero-config srun world; [2] is the same at a smaller size
+@pytest.mark.parametrize("ntasks", [pytest.param(2, marks=pytest.mark.extended), 4])
 def test_zero_config_srun_forms_one_world_with_one_report(slurm_cluster, ntasks):
     result = srun(slurm_cluster, "-n", str(ntasks), *check())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
