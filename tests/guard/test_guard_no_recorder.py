@@ -50,6 +50,9 @@ def test_a_ddp_straggler_is_named_from_the_stacks_and_says_it_had_no_sequence_nu
     assert HANG_TIMEOUT <= waited < HANG_TIMEOUT + 8, waited
 
 
+# extended: test_guard_ddp.py::test_an_exception_in_one_rank_is_named_on_the_other_ranks_with_their_failure_as_its_consequence[2]
+# covers this path (the crash hook names rank 1's error in every report; the recorder plays no part in it)
+@pytest.mark.extended
 def test_a_rank_that_raises_is_named_by_every_report(tmp_path):
     result = run(tmp_path, "raise")
     out = result.stdout

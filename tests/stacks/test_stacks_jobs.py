@@ -67,6 +67,8 @@ def test_native_frames_confirm_ddp_gradient_all_reduce(sleeping_rank):
     assert sleeping_rank.alive()
 
 
+# extended: test_the_sleeping_rank_is_named_with_its_line_and_the_job_keeps_running covers this path (json)
+@pytest.mark.extended
 def test_markdown_and_terminal_reports_name_the_rank(sleeping_rank):
     for fmt in ("markdown", "rich"):
         result = distdoctor("stacks", "--format", fmt, str(sleeping_rank.pid))

@@ -89,6 +89,9 @@ def test_report_html_opens_and_shows_the_late_rank_and_its_line(straggler_run, b
     assert len(late) == 1 and "rank 2 late" in late[0] and late_line(script) in late[0]
 
 
+# extended: test_trace.py::test_chrome_s_devtools_trace_engine_reads_the_trace covers this path (the same writer and
+# engine); this run's trace is checked by test_trace_json_shows_the_late_rank_at_its_line_and_every_collective_after_it
+@pytest.mark.extended
 def test_chrome_s_devtools_trace_engine_reads_the_run(straggler_run, browser):
     from chromium_page import devtools_model
 

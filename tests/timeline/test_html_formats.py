@@ -59,6 +59,9 @@ def test_explain_of_a_guard_s_report_directory_draws_its_run(tmp_path, browser):
     assert page.evaluate("document.querySelector('.late-label').lastChild.textContent") == "▲ rank 3 on node-a"
 
 
+# extended: tests/stacks/test_stacks_jobs.py::test_the_sleeping_rank_is_named_with_its_line_and_the_job_keeps_running
+# covers this job (json), test_html.py::test_stacks_ranks_are_grouped_with_the_odd_one_first the page
+@pytest.mark.extended
 @pytest.mark.multiproc
 def test_stacks_writes_its_ranks_grouped_with_the_late_one_first(tmp_path, browser):
     with hung_job(tmp_path, "sleep", 3) as job:
