@@ -62,6 +62,25 @@ def test_rich_output_has_the_tables_markdown_too():
     assert md.returncode == 0 and "| broadcast | 8B |" in md.stdout and "### Collective sweep" in md.stdout
 
 
+def test_the_module_runs_report_renders_as_tables_and_markdown(report):
+    """The terminal and markdown renderings of the real sweep the module measured (the CLI's own
+    rich/markdown runs are `extended`: they launch two more worlds for what differs only here)."""
+    import io
+
+    from distdoctor.bench.render import render_bench_markdown, render_bench_rich
+    from distdoctor.core.findings import Finding
+    from distdoctor.core.report import Report
+
+    data, _ = report
+    built = Report(findings=[Finding.from_dict(f) for f in data["findings"]], data=data["data"])
+    out = io.StringIO()
+    render_bench_rich(built, out)
+    text = out.getvalue()
+    assert "busbw" in text and "all_reduce" in text and "32K" in text and "\x1b[" not in text, text[-2000:]
+    md = render_bench_markdown(built)
+    assert "### Collective sweep" in md and "| broadcast | 8B |" in md, md[-2000:]
+
+
 def test_compare_exits_non_zero_on_a_regression_and_zero_without(report, tmp_path):
     data, _ = report
     better = json.loads(json.dumps(data))
