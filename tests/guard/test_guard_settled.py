@@ -130,3 +130,22 @@ def test_a_users_own_all_gather_or_an_exchange_that_is_not_the_newest_op_is_kept
     for group in (users, older):
         [shown] = _as_guarded((group,), [call], NOW)
         assert shown.recent == group.recent
+
+
+def test_a_rank_in_a_guarded_collective_of_another_group_has_its_earlier_default_group_collective_settled():
+    """The suite's proof job (2026-11-29): rank 0 in the guarded all_reduce of group 1 (its line on the main
+    stack), gloo still showing the default group's all_reduce issued before it pending: the rank waits in
+    group 1's call, not in the default group's."""
+    call = CallRecord("all_reduce", "1", 0, shapes=((4,),), dtypes=("float32",), params={}, site="proof_job.py:82",
+                      function="<module>", started=NOW - 3.0)
+    stack = (Frame("proof_job.py", 82, "<module>"),
+             Frame("/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 2800, "all_reduce"))
+    default, own = _lagging(6.5), GroupProgress("1", last_enqueued=0, last_completed=None)
+    [settled_default, kept_own] = _settle((default, own), [call], stack, NOW, lambda name: "gloo")
+    assert settled_default.pending is None and kept_own == own
+    # Issued inside the call (younger than it), another thread's call, or an async one beside it: kept.
+    assert _settle((_lagging(2.0), own), [call], stack, NOW, lambda name: "gloo")[0].pending is not None
+    assert _settle((default, own), [call, _call("all_reduce", NOW - 7)], stack, NOW, lambda n: "gloo")[0] == default
+    elsewhere = CallRecord("all_reduce", "1", 0, shapes=((4,),), dtypes=("float32",), params={}, site="loader.py:9",
+                           function="<module>", started=NOW - 3.0)
+    assert _settle((default, own), [elsewhere], stack, NOW, lambda name: "gloo")[0] == default

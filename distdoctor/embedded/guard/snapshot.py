@@ -187,10 +187,17 @@ def _settle(groups: tuple[GroupProgress, ...], running: list[CallRecord], stack:
     Python-issued collective running."""
     if not running:
         return groups if in_torch(stack) else settled(groups, backend_of)
-    if any(record.op not in POINT_TO_POINT for record in running):
-        return groups
     lines = {frame.label for frame in stack}
     inside = [record for record in running if record.site in lines]
+    if any(record.op not in POINT_TO_POINT for record in running):
+        # The main thread in one guarded collective (nothing else running: no async collective) waits in
+        # that one: what the other gloo groups issued before it is settled, as before a receive.
+        if len(running) == 1 and inside:
+            call = inside[0]
+            others = {g.group: g for g in settled(tuple(g for g in groups if g.group != call.group), backend_of,
+                                                  before_s=now - call.started + 0.05)}
+            return tuple(others.get(g.group, g) for g in groups)
+        return groups
     return settled(groups, backend_of, before_s=now - inside[0].started + 0.05) if inside else groups
 
 
