@@ -3,6 +3,7 @@ same keys as torch's clients, every request bounded, a failed request never read
 
 from __future__ import annotations
 
+import select
 import socket
 import subprocess
 import sys
@@ -13,6 +14,8 @@ from datetime import timedelta
 import pytest
 
 from distdoctor.world.store_wire import PINGING, PRE_VALIDATION, VALIDATING, StoreClient, StoreWireError
+from tests.conftest import measured_startup_s
+
 from .test_store_identity import old_store
 
 dist = pytest.importorskip("torch.distributed")
@@ -151,6 +154,8 @@ def test_a_refused_connect_is_tried_again_within_its_budget_and_a_lost_store_fai
     client.close()
     store = subprocess.Popen([sys.executable, "-c", _STORE_SCRIPT], stdout=subprocess.PIPE, text=True)
     try:
+        ready, _, _ = select.select([store.stdout], [], [], 60 + 4 * measured_startup_s())  # never waits forever
+        assert ready, "the store's process printed no port"
         lost = StoreClient("127.0.0.1", int(store.stdout.readline()), timeout_s=2, connect_timeout_s=5)
         assert lost.add("n", 1) == 1
     finally:

@@ -183,22 +183,27 @@ def settled(groups: tuple[GroupProgress, ...], backend_of: Callable[[str], str |
 def _settle(groups: tuple[GroupProgress, ...], running: list[CallRecord], stack: tuple[Frame, ...], now: float,
             backend_of: Callable[[str], str | None]) -> tuple[GroupProgress, ...]:
     """settled() where the main thread is provably in no collective: outside torch with no guarded call
-    running, or in a guarded point-to-point call (its caller's line on the main thread's stack) with no
-    Python-issued collective running."""
+    running; in a guarded point-to-point call (its caller's line on the main thread's stack) with no
+    Python-issued collective running, for what was issued before it; or in the one guarded collective
+    running, for what the other groups issued before it."""
     if not running:
         return groups if in_torch(stack) else settled(groups, backend_of)
     lines = {frame.label for frame in stack}
     inside = [record for record in running if record.site in lines]
-    if any(record.op not in POINT_TO_POINT for record in running):
-        # The main thread in one guarded collective (nothing else running: no async collective) waits in
-        # that one: what the other gloo groups issued before it is settled, as before a receive.
-        if len(running) == 1 and inside:
-            call = inside[0]
-            others = {g.group: g for g in settled(tuple(g for g in groups if g.group != call.group), backend_of,
-                                                  before_s=now - call.started + 0.05)}
-            return tuple(others.get(g.group, g) for g in groups)
+    if not inside:
         return groups
-    return settled(groups, backend_of, before_s=now - inside[0].started + 0.05) if inside else groups
+    call = inside[0]
+    if call.op in POINT_TO_POINT:
+        if any(record.op not in POINT_TO_POINT for record in running):
+            return groups
+        own = None
+    elif len(running) == 1:
+        own = call.group  # in one guarded collective, nothing else running: it waits in that one, not before it
+    else:
+        return groups
+    before = {g.group: g for g in settled(tuple(g for g in groups if g.group != own), backend_of,
+                                         before_s=now - call.started + 0.05)}
+    return tuple(before.get(g.group, g) for g in groups)
 
 
 def last_issued(groups: Iterable[GroupProgress]) -> str | None:
