@@ -99,6 +99,9 @@ DERIVATIONS: dict[str, Callable[[str], str]] = {
     # A hang in the first collectives after init (where blocked P2P shows) rather than mid-training.
     "first_collectives": lambda value: "yes" if value.isdigit() and len(value) < 4 and int(value) <= 2 else "",
     "exit_signal": lambda value: _exit_signal(value),
+    "upper": str.upper,
+    # A process group's timeout under a minute: torch's defaults are 10 and 30 minutes.
+    "short_timeout": lambda value: "yes" if value.isdigit() and int(value) < 60_000 else "",
     "is_abort": lambda value: "yes" if _exit_signal(value) == "SIGABRT" else "",
 }
 

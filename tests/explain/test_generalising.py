@@ -61,12 +61,44 @@ WORDING = [
      "collective_mismatch"),
     ("torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with exit code 1",
      "worker_exception"),
+    # torchelastic's ProcessFailure (errors/__init__.py) when a log shows the failure object, not the summary:
+    # its message for a signal, f"Signal {-exitcode} ({signal_name}) received by PID {pid}", and its repr.
+    ("The worker fails with {0: ProcessFailure(local_rank=0, pid=54, exitcode=-7, error_file='<N/A>', "
+     "error_file_data={'message': '<NONE>'}, message='Signal 7 (SIGBUS) received by PID 54', timestamp=1711419181)}",
+     "shm_too_small"),
+    ("{1: ProcessFailure(local_rank=1, pid=8812, exitcode=-9, error_file='<N/A>', error_file_data={'message': "
+     "'<NONE>'}, message='Signal 9 (SIGKILL) received by PID 8812', timestamp=1711419181)}", "oom_killed_rank"),
+    ("torch.distributed.elastic.multiprocessing.api.SignalException: Process 81061 got signal: 1", "launcher_misuse"),
+    # torch < 1.0's THD (General.cpp), before c10d's "environment variable RANK expected, but not set".
+    ("RuntimeError: rank is not set but it is required for env:// init method at /opt/conda/conda-bld/pytorch/work/"
+     "torch/lib/THD/process_group/General.cpp:17", "env_missing"),
+    # The deprecated launcher's argument after a copy through a chat or word processor (an en dash).
+    ("train.py: error: unrecognized arguments: \u2013local_rank=3", "launcher_misuse"),
+    # A posted excerpt cut right after the variable's name.
+    ("    raise KeyError(key) from None\nKeyError: 'RANK", "env_missing"),
 ]
 
 
 @pytest.mark.parametrize("line,cause", WORDING, ids=[f"{i}-{c}" for i, (_, c) in enumerate(WORDING)])
 def test_wording_of_every_version_names_its_meaning(line, cause):
     assert explain_text(line + "\n").findings[0].cause == cause
+
+
+WATCHDOG = ("[rank3]:[E1121 10:22:41.52 ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)={ms}) ran for {ran} milliseconds "
+            "before timing out.\n")
+
+
+def test_a_process_group_timeout_of_milliseconds_is_the_setting_first():
+    ranked = explain_text(WATCHDOG.format(ms=1, ran=90)).findings[0].data["candidates"]
+    assert ranked[0]["cause"] == "timeout_config", ranked
+    assert any("under a minute" in reason for reason in ranked[0]["reordered_by"]), ranked[0]
+
+
+def test_the_default_process_group_timeout_is_no_setting_fault():
+    ranked = explain_text(WATCHDOG.format(ms=600000, ran=600013)).findings[0].data["candidates"]
+    assert ranked[0]["cause"] != "timeout_config", ranked
+    assert not any("under a minute" in reason for r in ranked for reason in r.get("reordered_by", [])), ranked
 
 
 def test_the_old_spelling_of_the_nccl_id_exchange_is_read():
