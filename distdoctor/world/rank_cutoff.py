@@ -19,6 +19,12 @@ from distdoctor.world.rank_state import EMIT_WAIT_S, GOODBYE_ON_EXPIRE_S, INTERR
 from distdoctor.world.store_exchange import World
 from distdoctor.world.store_open import verdict_so_far
 
+# The mark a rank sets when it starts importing torch.distributed, before its local stage: a run
+# cut off there says so, instead of "the local stage did not finish" with no check ever started.
+TORCH_IMPORT = "torch import"
+_PHASES = {TORCH_IMPORT: "importing torch.distributed", "local": "the local stage",
+           "rendezvous": "the rendezvous (every rank's check-in)", "collective": "the collective stage"}
+
 
 class CutoffFlow:
     """RankRun's watchdog and signal side (mixed into RankRun; runs on their threads)."""
@@ -137,38 +143,43 @@ class CutoffFlow:
         """The word on a cut-off run: the deadline (core.E004), or a signal when ``signame`` (core.E006)."""
         doing = f" (running: {', '.join(running)})" if running else ""
         during = f", while {', '.join(running)} {'was' if len(running) == 1 else 'were'} running" if running else ""
+        where = self._where(stage)
         data = {"stage": stage, "running": running}
         if signame:
             return RUN_INTERRUPTED(
-                f"The {stage} stage was interrupted by {signame} on {ranks_label(stuck)}{doing}",
+                f"{where[0].upper()}{where[1:]} was interrupted by {signame} on {ranks_label(stuck)}{doing}",
                 detail=f"distdoctor received {signame} {self.clock() - self.started:.1f}s after it started, "
-                f"in the {stage} stage{during}; the report is partial.",
+                f"in {where}{during}; the report is partial.",
                 ranks=stuck, check="signal", data={**data, "signal": signame},
             )
         spent = self._stage_times()
         return RUN_DEADLINE(
-            f"The {stage} stage did not finish before the run's deadline on {ranks_label(stuck)}{doing}",
+            f"{where[0].upper()}{where[1:]} did not finish before the run's deadline on {ranks_label(stuck)}{doing}",
             detail=f"The watchdog ended the run {self.config.timeout:g}s after distdoctor started, "
-            f"in the {stage} stage{during}; the report is partial."
+            f"in {where}{during}; the report is partial."
             + (f" Where the time went on this rank: {spent}." if spent else ""),
             ranks=stuck, check="watchdog", data={**data, **({"stage_times": spent} if spent else {})},
         )
 
+    def _where(self, stage: str) -> str:
+        """'the local stage', or the start-up when the rank was still importing torch (no check had begun)."""
+        marks = getattr(self, "stage_started", {})
+        if stage == "local" and TORCH_IMPORT in marks and "local" not in marks:
+            return "the start-up (importing torch.distributed; no check had begun)"
+        return f"the {stage} stage"
+
     def _stage_times(self) -> str:
-        """'start-up and the local stage 41.2s, the rendezvous (every rank's check-in) 6.3s, the
-        collective stage 12.4s (each collective check had 13.2 s ...)': what was slow, in words."""
+        """'start-up 1.2s, importing torch.distributed 3.1s, the local stage 0.1s, the rendezvous (every
+        rank's check-in) 6.3s, the collective stage 12.4s (each collective check had 13.2 s ...)': what
+        was slow, in words; the start-up is distdoctor's own before the first of these began."""
         marks = sorted(getattr(self, "stage_started", {}).items(), key=lambda kv: kv[1])
-        if not marks:
-            return ""
-        names = {"local": "start-up and the local stage", "rendezvous": "the rendezvous (every rank's check-in)",
-                 "collective": "the collective stage"}
-        ends = [t for _, t in marks[1:]] + [self.clock()]
-        first = self.started
-        parts = []
+        now = self.clock()
+        ends = [t for _, t in marks[1:]] + [now]
+        parts = [f"start-up {(marks[0][1] if marks else now) - self.started:.1f}s"]
         for (stage, began), end in zip(marks, ends):
-            parts.append(f"{names.get(stage, stage)} {end - (first if stage == 'local' else began):.1f}s")
+            parts.append(f"{_PHASES.get(stage, stage)} {end - began:.1f}s")
         note = getattr(self, "deadline_note", "")
-        return ", ".join(parts) + (f" ({note})" if note and marks[-1][0] == "collective" else "")
+        return ", ".join(parts) + (f" ({note})" if note and marks and marks[-1][0] == "collective" else "")
 
     def _testing_hang(self, stage: str) -> None:
         """Test-only: DISTDOCTOR_TESTING=1 DISTDOCTOR_TEST_HANG=<rank>:<stage> blocks this flow.

@@ -47,7 +47,7 @@ from distdoctor.world.kinds import NATIVE_OUTPUT, STORE_ENTRY_MALFORMED, STORE_U
 from distdoctor.world.native_output import NativeOutput, merged_lines
 from distdoctor.world.stage_deadline import collective_check_s, stage_need_s
 from distdoctor.world.watchdog import MIN_WORLD_S, Watchdog, flush_std_streams, too_little_time
-from distdoctor.world.rank_cutoff import CutoffFlow
+from distdoctor.world.rank_cutoff import TORCH_IMPORT, CutoffFlow
 from distdoctor.world.rank_member import MemberFlow
 from distdoctor.world.rank_payload import checkin_payload
 from distdoctor.world.rank_root import RootFlow
@@ -141,6 +141,15 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
         self.progress.stage = stage
         PROGRESS.set_stage(stage)
 
+    def _import_torch(self) -> None:
+        """Every check of a rank needs torch; importing it before the local stage keeps that time
+        out of the first check's own deadline. The import is marked: on a busy node it outlasted a
+        23 s deadline on both ranks of a world, and a run cut off there must name it, not the local
+        stage's checks (none had begun)."""
+        self.stage_started.setdefault(TORCH_IMPORT, self.clock())
+        PROGRESS.set_stage("start-up (importing torch)")
+        import torch.distributed  # noqa: F401
+
     def _stage(self, stage: str, skip_reason: str | None = None) -> None:
         self._enter_stage(stage)
         if stage in self.config.stages:
@@ -225,9 +234,7 @@ class RankRun(RootFlow, MemberFlow, CutoffFlow, StoreFindings):
                 if self.use_watchdog and self.ctx.env.get("DISTDOCTOR_NATIVE_STDERR") != "1":
                     # A rank of the CLI (never a user's process): torch's C++ lines go to the report.
                     self.native = NativeOutput.capture()
-                # Every check of a rank needs torch; importing it here (seconds on a busy node)
-                # keeps that time out of the first check's own deadline.
-                import torch.distributed  # noqa: F401
+                self._import_torch()
             self._testing_hang("local")
             self._stage("local")
             if spec is None:

@@ -113,3 +113,35 @@ def test_device_mapping_by_local_rank_with_fake_gpus():
     beyond = fake_context(env={"LOCAL_RANK": "5"}, probes=FakeProbes(gpu_list=fake_gpus(2)))
     assert device_mapping(beyond) is None
     assert device_mapping(fake_context(probes=FakeProbes(gpu_list=[]))) is None
+
+
+def _cut_off_report(marks: dict[str, float], cut_at: float):
+    """The partial report of rank 1 of a 2-host world whose watchdog fired ``cut_at`` s after its start,
+    having reached each of ``marks`` (the torch import, a stage) that many seconds after it."""
+    from distdoctor.core.config import Config
+    from distdoctor.world.rank_run import RankRun
+
+    now = [1000.0]
+    run = RankRun(Config(timeout=23.0), env={"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "hosta",
+                                             "MASTER_PORT": "29500"}, argv=[], clock=lambda: now[0],
+                  started=1000.0, watchdog=False)
+    for mark, at in marks.items():
+        now[0] = 1000.0 + at
+        run._import_torch() if mark == "torch" else run._enter_stage(mark)  # torch is imported here: instant
+    now[0] = 1000.0 + cut_at
+    (cut,) = [f for f in run._partial(None).findings if f.id == "core.E004"]
+    return cut
+
+
+def test_a_rank_cut_off_while_importing_torch_names_the_import_not_the_local_stage():
+    # Both ranks of the partitioned 2-host scenario were cut off at 23 s (the suite, load 4-10) before
+    # any check began: torch's import had taken the time. Their reports said "the local stage did not
+    # finish" and nothing of where the time went, which read as a slow check.
+    cut = _cut_off_report({"torch": 1.5}, 22.6)
+    assert "importing torch.distributed" in cut.title and "local stage" not in cut.title, cut.title
+    assert "start-up 1.5s, importing torch.distributed 21.1s." in cut.detail, cut.detail
+    assert cut.data["stage"] == "local" and cut.data["stage_times"].startswith("start-up 1.5s")
+    # Once the local stage has begun, it is the local stage's, and each phase has its own time.
+    cut = _cut_off_report({"torch": 1.5, "local": 4.0}, 22.6)
+    assert cut.title.startswith("The local stage did not finish"), cut.title
+    assert "start-up 1.5s, importing torch.distributed 2.5s, the local stage 18.6s." in cut.detail, cut.detail
