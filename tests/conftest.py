@@ -53,6 +53,24 @@ def measured_startup_s() -> float:
     return time.monotonic() - start
 
 
+_RECENT_STARTUP: list[tuple[float, float]] = []  # (when measured, seconds)
+RECENT_STARTUP_TTL_S = 120.0
+
+
+def recent_startup_s() -> float:
+    """The start-up measured within the last two minutes (timed again when older), never less than the
+    session's: a deadline set from the session's first measurement alone was outlasted by a load burst
+    later in the suite (a lab world's two ranks were cut off while still importing torch)."""
+    import subprocess
+    import time
+
+    now = time.monotonic()
+    if not _RECENT_STARTUP or now - _RECENT_STARTUP[-1][0] > RECENT_STARTUP_TTL_S:
+        subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, timeout=300)
+        _RECENT_STARTUP.append((now, time.monotonic() - now))
+    return max(measured_startup_s(), _RECENT_STARTUP[-1][1])
+
+
 @pytest.fixture(scope="session")
 def startup_s() -> float:
     """measured_startup_s() as a fixture."""

@@ -73,6 +73,14 @@ def test_the_table_has_a_row_per_release_and_a_mark_per_case():
     assert [r.ok for r in results()] == [False, True, False]
 
 
+def test_ci_runs_every_case_on_the_oldest_release_and_its_chosen_cases_on_the_newest():
+    releases = [matrix.RELEASES[0], matrix.RELEASES[-1]]
+    assert matrix.ci_cases(releases[0], releases) == []  # [] is every case
+    newest = matrix.ci_cases(releases[-1], releases)
+    assert newest == list(matrix.CI_NEWEST_CASES) and set(newest) < set(matrix.CASES)
+    assert matrix.ci_cases(releases[0], releases[:1]) == []  # one release asked for: all of it
+
+
 def test_write_docs_rewrites_only_the_block(tmp_path, monkeypatch):
     page = tmp_path / "compatibility.md"
     page.write_text(f"# title\nkept above\n\n{matrix.BEGIN}\nold table\n{matrix.END}\n\nkept below\n")

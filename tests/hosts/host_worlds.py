@@ -7,7 +7,6 @@ Every rank is one process on its host, started the way a user starts a multi-nod
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -27,7 +26,6 @@ _SCRUB_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_
                 "GROUP_RANK", "ROLE_RANK", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "NODE_RANK")
 
 
-@functools.cache
 def scenario_deadline(base: float = 10.0) -> float:
     """distdoctor's --timeout in a lab scenario: ``base`` plus three start-ups measured now.
 
@@ -35,9 +33,9 @@ def scenario_deadline(base: float = 10.0) -> float:
     loaded machine that alone took 9 s of a fixed 10 s deadline (the rendezvous stage was then
     skipped and its findings never made), so the deadline scales with the measured start-up.
     """
-    from tests.conftest import measured_startup_s
+    from tests.conftest import recent_startup_s
 
-    return float(round(base + 3 * measured_startup_s()))
+    return float(round(base + 3 * recent_startup_s()))
 
 
 def base_env() -> dict[str, str]:
@@ -65,6 +63,7 @@ class RankSpec:
 class WorldRun:
     ranks: dict[int, Started]
     bound: float
+    timeout: float | None = None  # the --timeout distdoctor was given (distdoctor_world)
 
     def wait(self) -> "WorldRun":
         """Wait for every rank up to ``bound`` s from the start; kill what is still running."""
@@ -166,7 +165,9 @@ def distdoctor_world(lab: Lab, specs: Sequence[RankSpec], *, timeout: float, arg
     """Every started rank runs ``distdoctor check --format json --timeout T``; waits for them."""
     argv = [sys.executable, "-m", "distdoctor", "check", "--format", "json", "--timeout", f"{timeout:g}", *args]
     # Generous outer bound: the assertions check the deadline, this only stops a runaway.
-    run = start_world(lab, specs, argv, bound=timeout + 20, label="dd", **kwargs).wait()
+    run = start_world(lab, specs, argv, bound=timeout + 20, label="dd", **kwargs)
+    run.timeout = timeout
+    run.wait()
     times = [run.elapsed(r) for r in run.ranks]
     slowest = None if any(t is None for t in times) else max(times, default=0.0)
     DISTDOCTOR_RESULTS.append((current_test(), timeout, slowest, {r: run.code(r) for r in run.ranks}))
