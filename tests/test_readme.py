@@ -27,9 +27,11 @@ def test_ci_runs_exactly_the_readme_test_command():
     # Before it, CI only installs the launchers the suite starts (never fatal, never a test run);
     # after it, the compatibility matrix for the oldest and the newest torch (its own environments).
     assert ci_commands[0] == ".ci/install-launchers"
-    assert ci_commands[2:] == ["python compat/matrix.py --ci"]
-    # CI adds pip's -q only; the command is otherwise the README's, character for character.
-    assert ci_commands[1].replace("pip install -q ", "pip install ") == test_command
+    assert ci_commands[3:] == ["python compat/matrix.py --ci", 'exit "$suite"']
+    # CI adds pip's -q only; the command is otherwise the README's, character for character, and its status is
+    # the script's (a failing step inside an && list does not end a `set -e` script by itself).
+    assert ci_commands[1] == "suite=0" and ci_commands[2].endswith(" || suite=$?")
+    assert ci_commands[2].removesuffix(" || suite=$?").replace("pip install -q ", "pip install ") == test_command
 
 
 def test_ci_launcher_install_is_guarded_and_never_fatal():

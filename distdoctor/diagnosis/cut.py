@@ -27,7 +27,7 @@ EVERY_RANK_TAKES_PART = frozenset({"all_reduce", "allreduce", "all_gather", "all
 MAX_LINES = 4
 
 
-def _completed_by_all(progress: GroupProgress) -> int | None:
+def completed_by_all(progress: GroupProgress) -> int | None:
     """The highest sequence number this rank completed of a collective every member takes part in."""
     done = progress.last_completed
     if done is None:
@@ -52,7 +52,7 @@ def impossible(snaps: Sequence[RankSnapshot]) -> list[str]:
     for group, members in sorted(_groups(snaps).items()):
         floor, by = None, None
         for snap, progress in members:
-            done = _completed_by_all(progress)
+            done = completed_by_all(progress)
             if done is not None and (floor is None or done > floor):
                 floor, by = done, snap.rank
         if floor is None:

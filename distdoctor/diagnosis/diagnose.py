@@ -32,7 +32,7 @@ from distdoctor.core.rank_groups import (MAX_LINES, as_ranges, group_ranks, grou
                                          within_budget)
 from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis import kinds
-from distdoctor.diagnosis.cut import EVERY_RANK_TAKES_PART
+from distdoctor.diagnosis.cut import EVERY_RANK_TAKES_PART, completed_by_all
 from distdoctor.diagnosis.frames import is_user_file
 from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, NOT_HEARD, RAISED, RUNNING, UNKNOWN,
                                            UNREACHABLE, GroupProgress, PendingOp, RankSnapshot)
@@ -92,20 +92,28 @@ def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
     later collective when the pending one is a collective every rank takes part in (all_reduce,
     all_gather, a barrier ...): its completion anywhere means this rank passed it (gloo was seen to
     leave it unmarked for seconds while the rank waited in the next one); a root's collective
-    (broadcast, reduce, gather, scatter) can complete on the root before the others received.
+    (broadcast, reduce, gather, scatter) can complete on the root before the others received, so it
+    is settled only when a peer completed a later collective every rank takes part in: that one could
+    not complete without this rank's part in it, which it issued after the root's (the suite's DDP job:
+    rank 1, in backward, read as waiting in broadcast #6 while rank 0 had completed all_reduce #7).
     """
     done: dict[str, int] = {}
+    by_all: dict[str, int] = {}
     for snap in snaps:
         for group in snap.groups:
             if group.last_completed is not None:
                 done[group.group] = max(done.get(group.group, -1), group.last_completed)
+            passed_by_all = completed_by_all(group)
+            if passed_by_all is not None:
+                by_all[group.group] = max(by_all.get(group.group, -1), passed_by_all)
     out = []
     for snap in snaps:
         groups = []
         for group in snap.groups:
             top = done.get(group.group)
             if (group.pending is not None and group.pending.seq is not None and top is not None
-                    and group.pending.seq <= top and (_outside_torch(snap) or _passed(group))):
+                    and group.pending.seq <= top
+                    and (_outside_torch(snap) or _passed(group) or group.pending.seq < by_all.get(group.group, -1))):
                 completed = min(top, group.last_enqueued) if group.last_enqueued is not None else top
                 later = next((op for op in group.recent if op.seq is not None and op.seq > completed), None)
                 group = replace(group, last_completed=max(group.last_completed or -1, completed), pending=later)

@@ -149,3 +149,34 @@ def test_a_rank_in_a_guarded_collective_of_another_group_has_its_earlier_default
     elsewhere = CallRecord("all_reduce", "1", 0, shapes=((4,),), dtypes=("float32",), params={}, site="loader.py:9",
                            function="<module>", started=NOW - 3.0)
     assert _settle((default, own), [elsewhere], stack, NOW, lambda name: "gloo")[0] == default
+
+
+# The suite's DDP checkpoint job (tests/guard/scripts/long_job.py pauses, a quiet CI run, 2026-11-29): rank 0
+# writes its snapshot alone after completing all_reduce #7; rank 1, in backward, waits in all_reduce #8 for it,
+# while gloo still shows a broadcast #6 of rank 1's pending. A root's collective proves nothing by itself (it
+# can complete on the root first), but all_reduce #7 could not complete on rank 0 without rank 1's part in it.
+def _ddp_pair(rank0_completed: int):
+    snapshotting = RankSnapshot(rank=0, status=RUNNING, where=Frame("long_job.py", 30, "save_snapshot"),
+                                groups=(GroupProgress("0", last_enqueued=rank0_completed, last_completed=rank0_completed,
+                                                      recent=(PendingOp("broadcast", 6, ((1,),), ("Int",), "completed"),
+                                                              PendingOp("all_reduce", 7, ((165,),), ("Float",),
+                                                                        "completed"))[:rank0_completed - 5]),))
+    backward = RankSnapshot(rank=1, status=RUNNING, where=IN_BACKWARD[-1], stack=IN_BACKWARD,
+                            groups=(GroupProgress("0", last_enqueued=8, last_completed=5,
+                                                  pending=PendingOp("broadcast", 6, ((1,),), ("Int",), "started", 3.0),
+                                                  recent=(PendingOp("broadcast", 6, ((1,),), ("Int",), "started"),
+                                                          PendingOp("all_reduce", 7, ((165,),), ("Float",), "started"),
+                                                          PendingOp("all_reduce", 8, ((165,),), ("Float",),
+                                                                    "started"))),))
+    return snapshotting, backward
+
+
+def test_a_roots_stale_collective_is_settled_by_a_later_collective_every_rank_completed():
+    [first, *_] = diagnose(list(_ddp_pair(rank0_completed=7)))
+    assert first.id == "job.E002" and "all_reduce #8" in first.title and "broadcast" not in first.title, first.title
+
+
+def test_a_roots_collective_that_only_the_root_completed_keeps_the_recorders_word():
+    # Rank 0 completed the broadcast alone (no later collective of every rank): rank 1 may still be receiving.
+    [first, *_] = diagnose(list(_ddp_pair(rank0_completed=6)))
+    assert "broadcast #6" in first.title, first.title
