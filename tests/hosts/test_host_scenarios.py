@@ -42,7 +42,7 @@ def assert_answered_in_time(run: WorldRun, deadline: float | None = None) -> Non
     # The deadline the run was given (scenario_deadline() measured then), never one measured again now.
     deadline = run.timeout if deadline is None else deadline
     for rank in run.ranks:
-        elapsed = run.elapsed(rank)
+        elapsed = run.elapsed_in_distdoctor(rank)
         assert elapsed is not None, f"rank {rank} was still running past the bound\n{run.describe()}"
         assert elapsed <= deadline_bound(deadline), f"rank {rank} answered after {elapsed:.2f}s\n{run.describe()}"
         assert run.code(rank) in (0, 1, 3), f"rank {rank} exited {run.code(rank)}\n{run.describe()}"
