@@ -284,6 +284,10 @@ class RankCollector:
         while pos != -1:
             start = block.rfind("\n", 0, pos) + 1
             prefix = block[start:pos]
+            if prefix and not prefix.strip(" \t^~"):
+                # Two processes on one console: this header was glued to the end of the other's caret line
+                # (Python 3.11's "^^^^" under a frame); it is a traceback of its own, at the line's start.
+                prefix = ""
             rank, _ = split_prefix(prefix)
             if rank is None and not prefix:
                 # torch.multiprocessing.spawn: "-- Process 3 terminated with the following error:" above it.
