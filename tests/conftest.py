@@ -37,6 +37,16 @@ def distdoctor_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "distdoctor", *args]
 
 
+def _time_torch_import() -> tuple[float, float]:
+    """(when it started, how long) `python -c "import torch"` took, on time.monotonic()."""
+    import subprocess
+    import time
+
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, timeout=300)
+    return start, time.monotonic() - start
+
+
 @functools.lru_cache(maxsize=1)
 def measured_startup_s() -> float:
     """How long `python -c "import torch"` takes on this machine now (timed once per session).
@@ -45,12 +55,7 @@ def measured_startup_s() -> float:
     loaded machine (where the import alone takes 2-8 s) does not fail them; helpers that have no
     fixture at hand call this function.
     """
-    import subprocess
-    import time
-
-    start = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, timeout=300)
-    return time.monotonic() - start
+    return _time_torch_import()[1]
 
 
 _RECENT_STARTUP: list[tuple[float, float]] = []  # (when measured, seconds)
@@ -61,13 +66,10 @@ def recent_startup_s() -> float:
     """The start-up measured within the last two minutes (timed again when older), never less than the
     session's: a deadline set from the session's first measurement alone was outlasted by a load burst
     later in the suite (a lab world's two ranks were cut off while still importing torch)."""
-    import subprocess
     import time
 
-    now = time.monotonic()
-    if not _RECENT_STARTUP or now - _RECENT_STARTUP[-1][0] > RECENT_STARTUP_TTL_S:
-        subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, timeout=300)
-        _RECENT_STARTUP.append((now, time.monotonic() - now))
+    if not _RECENT_STARTUP or time.monotonic() - _RECENT_STARTUP[-1][0] > RECENT_STARTUP_TTL_S:
+        _RECENT_STARTUP.append(_time_torch_import())
     return max(measured_startup_s(), _RECENT_STARTUP[-1][1])
 
 

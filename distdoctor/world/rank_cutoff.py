@@ -144,17 +144,18 @@ class CutoffFlow:
         doing = f" (running: {', '.join(running)})" if running else ""
         during = f", while {', '.join(running)} {'was' if len(running) == 1 else 'were'} running" if running else ""
         where = self._where(stage)
+        title_where = where[0].upper() + where[1:]
         data = {"stage": stage, "running": running}
         if signame:
             return RUN_INTERRUPTED(
-                f"{where[0].upper()}{where[1:]} was interrupted by {signame} on {ranks_label(stuck)}{doing}",
+                f"{title_where} was interrupted by {signame} on {ranks_label(stuck)}{doing}",
                 detail=f"distdoctor received {signame} {self.clock() - self.started:.1f}s after it started, "
                 f"in {where}{during}; the report is partial.",
                 ranks=stuck, check="signal", data={**data, "signal": signame},
             )
         spent = self._stage_times()
         return RUN_DEADLINE(
-            f"{where[0].upper()}{where[1:]} did not finish before the run's deadline on {ranks_label(stuck)}{doing}",
+            f"{title_where} did not finish before the run's deadline on {ranks_label(stuck)}{doing}",
             detail=f"The watchdog ended the run {self.config.timeout:g}s after distdoctor started, "
             f"in {where}{during}; the report is partial."
             + (f" Where the time went on this rank: {spent}." if spent else ""),
