@@ -141,15 +141,15 @@ def check_launch_line(
     from distdoctor.machine.launch_line import parse_launch_line  # a local-only run loads nothing of the other paths
     from distdoctor.machine.launchers import TORCHRUN, planned_launch  # a local-only run loads nothing of the other paths
     from distdoctor.machine.probes import Probes  # a local-only run loads nothing of the other paths
+    from distdoctor.machine.torchrun_env import worker_thread_default  # a local-only run loads nothing of the other paths
 
     plan = parse_launch_line(list(launch_line))
     probes = Probes()
     gpus = probes.gpus() if plan.launcher == TORCHRUN or plan.inner is not None else []
     launch = planned_launch(plan, env, len(gpus) if isinstance(gpus, list) else None)
     planned_env = dict(env)
-    if launch.launcher == TORCHRUN and (launch.local_world_size.value or 1) > 1:
-        # torchrun sets OMP_NUM_THREADS=1 for its workers when it starts several and it is unset.
-        planned_env.setdefault("OMP_NUM_THREADS", "1")
+    if launch.launcher == TORCHRUN:
+        planned_env.update(worker_thread_default(planned_env, launch.local_world_size.value or 1))
     local_only = dataclasses.replace(config, stages=("local",))
     report = diagnose_here(local_only, env=planned_env, argv=argv, probes=probes, launch=launch, started=started)
     render(report)

@@ -16,7 +16,8 @@ How it runs (and why):
   descriptor to rank 0, whose TCPStore serves on it (``master_listen_fd``); the other ranks
   connect to that port. The group is then ``init_process_group(backend, store=..., rank=...,
   world_size=..., timeout=...)``; RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT
-  are set as a launcher would.
+  are set as a launcher would, and OMP_NUM_THREADS=1 as torchrun sets it for several workers
+  (unless the caller's environment has it).
 - Arguments (pytest's fixture values) are pickled to the children (parent and children are
   the same trusted user). Each rank writes its outcome (passed/failed/skipped + traceback) to a
   JSON file; stdout/stderr go to a file per rank.
@@ -45,6 +46,7 @@ import importlib
 import importlib.util
 from datetime import timedelta
 from distdoctor.core.report import format_ranks
+from distdoctor.machine.torchrun_env import worker_thread_default
 
 STATUS_PASSED, STATUS_FAILED, STATUS_SKIPPED = "passed", "failed", "skipped"
 STATUS_DIED, STATUS_TIMEOUT, STATUS_KILLED = "died", "timeout", "killed"
@@ -179,6 +181,7 @@ def run_distributed(
             child_env.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                               "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
                               "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"})
+            child_env.update(worker_thread_default(child_env, world_size))  # as torchrun does for its workers
             out = open(workdir / f"output-{rank}.txt", "wb")
             outputs[rank] = out
             procs[rank] = subprocess.Popen(

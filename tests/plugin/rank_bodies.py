@@ -31,3 +31,9 @@ def sees_launcher_env():
     assert os.environ["RANK"] == str(dist.get_rank())
     assert os.environ["WORLD_SIZE"] == "3" == str(dist.get_world_size())
     assert os.environ["MASTER_ADDR"] == "127.0.0.1"
+
+
+def runs_intra_op_threads(expected: int):
+    import torch
+
+    assert torch.get_num_threads() == expected, (os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads())

@@ -26,6 +26,18 @@ def test_three_ranks_see_the_launcher_environment():
     assert result.ok, result.failure_message()
 
 
+def test_ranks_run_one_intra_op_thread_as_under_torchrun(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    result = run_distributed("rank_bodies:runs_intra_op_threads", module_file=BODIES, world_size=2, timeout=90, args=(1,))
+    assert result.ok, result.failure_message()
+
+
+def test_the_callers_own_thread_count_is_kept():
+    result = run_distributed("rank_bodies:runs_intra_op_threads", module_file=BODIES, world_size=2, timeout=90,
+                             args=(2,), env={"OMP_NUM_THREADS": "2"})
+    assert result.ok, result.failure_message()
+
+
 def test_no_rank_leaves_before_every_rank_has_finished():
     result = run_distributed("rank_bodies:last_to_finish_sees_every_peer_alive", module_file=BODIES, world_size=3, timeout=90)
     assert result.ok, result.failure_message()
