@@ -342,20 +342,34 @@ def _rank0_decides(protocol: CheckInProtocol, target: Target, deadline: float, s
 def _await_verdict(protocol: CheckInProtocol, target: Target, deadline: float) -> dict[str, Any]:
     _, verdict = protocol.wait_for({"decision": VERDICT}, deadline)
     if verdict is None:
-        abort = {"ok": False, "findings": [INIT_RANKS_MISSING(
-            f"Rank 0 did not complete the rendezvous within the deadline (rank {target.rank} gave up waiting)",
-            detail="Rank 0 hosts the store but never published its verdict: it is stuck or very slow.",
-            ranks=(0,), check=CHECK).to_dict()]}
+        # Each rank's deadline runs on its own clock: one started earlier gives up before rank 0
+        # decides. Its verdict is what the roster shows now (the world's, as rank 0 would say it);
+        # only a complete, consistent roster leaves rank 0 itself as the one that is late.
+        payloads, _ = protocol.read_checkins(protocol.roster(target.world_size))
+        abort = _roster_verdict(payloads, target, f"Rank {target.rank} gave up waiting for rank 0's verdict and "
+                                                  "read the roster in the store")
+        if abort.get("ok"):
+            abort = {"ok": False, "findings": [INIT_RANKS_MISSING(
+                f"Rank 0 did not complete the rendezvous within the deadline (rank {target.rank} gave up waiting)",
+                detail="Every rank checked in, but rank 0 hosts the store and never published its verdict: "
+                "it is stuck or very slow.",
+                ranks=(0,), check=CHECK).to_dict()]}
         verdict = protocol.decide(abort, *VERDICT)
     protocol.acknowledge("read")
     return verdict
 
 
 def _rank0_verdict(protocol: CheckInProtocol, target: Target, deadline: float) -> dict[str, Any]:
-    world = target.world_size
-    seen, _ = protocol.wait_roster(world, deadline)
+    seen, _ = protocol.wait_roster(target.world_size, deadline)
     payloads, _ = protocol.read_checkins(list(seen))
-    first: dict[int, dict[str, Any]] = {}
+    return _roster_verdict(payloads, target,
+                           f"Rank 0 hosted the store at {target.host}:{target.port} and waited for every rank")
+
+
+def _roster_verdict(payloads: Mapping[tuple[int, int], Mapping[str, Any]], target: Target, who: str) -> dict[str, Any]:
+    """The verdict the check-ins show: missing ranks, disagreeing world sizes, duplicate claims."""
+    world = target.world_size
+    first: dict[int, Mapping[str, Any]] = {}
     claims: dict[int, int] = {}
     for (rank, _claim), payload in sorted(payloads.items()):
         first.setdefault(rank, payload)
@@ -366,9 +380,8 @@ def _rank0_verdict(protocol: CheckInProtocol, target: Target, deadline: float) -
         label = ("rank " if len(missing) == 1 else "ranks ") + format_ranks(missing)
         finding = INIT_RANKS_MISSING(
             f"{label.capitalize()} never checked in ({world - len(missing)} of {world} ranks arrived)",
-            detail=(f"Rank 0 hosted the store at {target.host}:{target.port} and waited for WORLD_SIZE={world} ranks. "
-                    "The missing ranks were not started, crashed before init_process_group, or point at another "
-                    "MASTER_ADDR/MASTER_PORT."),
+            detail=(f"{who} (WORLD_SIZE={world}). The missing ranks were not started, crashed before "
+                    "init_process_group, or point at another MASTER_ADDR/MASTER_PORT."),
             ranks=missing, check=CHECK, data={"missing": missing, "world_size": world},
         )
         return {"ok": False, "findings": [finding.to_dict()] + [f.to_dict() for f in duplicates]}

@@ -20,11 +20,14 @@ SCRIPT = str(Path(__file__).with_name("init_script.py"))
 
 
 def launch(ranks: list[int], world_size: int, port: int, rdzv_timeout: float, deadline_s: float = 60,
-           extra: tuple[str, ...] = (), env_extra: dict[str, str] | None = None) -> list[dict]:
-    """Start one process per entry of ranks; wait with a deadline; kill by PID whatever is left."""
+           extra: tuple[str, ...] = (), env_extra: dict[str, str] | None = None, head_start_s: float = 0) -> list[dict]:
+    """Start one process per entry of ranks (the first head_start_s before the others); wait with a
+    deadline; kill by PID whatever is left."""
     procs = []
     try:
-        for rank in ranks:
+        for i, rank in enumerate(ranks):
+            if i == 1:
+                time.sleep(head_start_s)
             env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **(env_extra or {})}
             procs.append(subprocess.Popen([sys.executable, SCRIPT, str(rdzv_timeout), *extra], env=env, text=True,
@@ -129,6 +132,22 @@ def test_world_size_larger_than_the_processes_is_a_missing_rank_not_an_interface
     assert not any(f["cause"] == "wrong_interface" for r in results for f in r["findings"]), results
     missing = next(f for f in results[0]["findings"] if f["id"] == "init.E001")
     assert missing["cause"] == "rank_missing" and missing["ranks"] == [2], missing
+
+
+def test_a_rank_whose_deadline_comes_before_rank_0s_names_the_missing_rank_too():
+    # Each rank's deadline runs on its own clock. Rank 1 starts 3 s before rank 0, so it gives up
+    # before rank 0 decides: its verdict is what the roster shows at that moment (rank 2 never
+    # came), not "rank 0 is stuck", and rank 0 reports the same.
+    results = launch([1, 0], 3, free_port(), rdzv_timeout=6, head_start_s=3)
+    for result in results:
+        missing = next(f for f in result["findings"] if f["id"] == "init.E001")
+        assert missing["cause"] == "rank_missing" and missing["ranks"] == [2], result
+
+
+def test_a_rank_started_long_before_rank_0_still_forms_the_world():
+    # The healthy twin: the same head start, every rank there.
+    results = launch([1, 0], 2, free_port(), rdzv_timeout=6, head_start_s=3)
+    assert [(r["raised"], r["sum"]) for r in results] == [(False, 2.0), (False, 2.0)], results
 
 
 @pytest.mark.parametrize("service", ["silent", "http"])
