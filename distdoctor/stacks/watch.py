@@ -53,6 +53,7 @@ class Screen:
     verdicts: Mapping[str, tuple[Finding, ...]]
     reads: int
     problems: tuple[Finding, ...] = ()     # what could not be looked at (no job, py-spy missing ...)
+    unread: int = 0                         # rank processes found whose first read has not come back yet
 
 
 def _ended_text(snap: RankSnapshot) -> str:
@@ -203,7 +204,9 @@ class Watch:
                 state, kind = _state(looks, cpu, self._held(snap, looks), now)
                 rows.append(Row(view.key, snap.rank, snap.host, snap.pid, state, kind, cpu, _where(snap),
                                 named[snap.rank].label if snap.rank in named else ""))
-        return Screen(now, tuple(rows), verdicts, self._reads, tuple(self.problems))
+        shown = {row.pid for row in rows}
+        unread = sum(1 for members in self.found.jobs.values() for m in members if m.pid not in shown)
+        return Screen(now, tuple(rows), verdicts, self._reads, tuple(self.problems), unread)
 
     def report(self, started: float, silence: Sequence[str] = ()) -> Report:
         """The final report: what `distdoctor stacks` would say now, from the reads kept."""

@@ -56,6 +56,10 @@ def verdict_lines(screen: Screen) -> list[tuple[str, str]]:
         out.append((_STYLE.get(problem.severity.label, ""), f"{problem.id} {problem.title}"))
     if not out and screen.rows:
         out.append(("dim", "reading: a verdict forms once every rank was read 3 times over --span"))
+    if not out and screen.unread:
+        # Found, but py-spy's first dump has not come back (it takes longer than --interval on a busy host).
+        out.append(("dim", f"found {screen.unread} rank process{'es' if screen.unread > 1 else ''}; "
+                           "reading their stacks for the first time"))
     return out or [("dim", "no torch.distributed job found yet; looking again every few seconds")]
 
 
