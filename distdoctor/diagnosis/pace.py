@@ -75,6 +75,8 @@ class RankPace:
     samples: int = 0
     waiting: int = 0
     profile_s: float = 0.0
+    loader_s: float | None = None   # inside DataLoader next(), timed exactly (None: not timed)
+    loader_n: int = 0
     gpu: bool = False
     notes: tuple[str, ...] = ()
     windows: int = 0
@@ -138,6 +140,13 @@ def _paths(raw: Any) -> tuple[dict[tuple, PathRow], int, int, float]:
     return out, _count(raw.get("samples")), _count(raw.get("waiting")), _num(raw.get("s")) or 0.0
 
 
+def _loader(raw: Any) -> tuple[float | None, int]:
+    loader = raw.get("loader") if isinstance(raw, Mapping) else None
+    if not isinstance(loader, Mapping):
+        return None, 0
+    return _num(loader.get("s"), None), _count(loader.get("calls"))
+
+
 def from_doc(doc: Any) -> RankPace | None:
     """A window's document (or a merged one) as a RankPace; None when it is not one."""
     if not isinstance(doc, Mapping) or doc.get("schema") != SCHEMA or not isinstance(doc.get("rank"), int):
@@ -145,12 +154,14 @@ def from_doc(doc: Any) -> RankPace | None:
     cpu = doc.get("cpu") if isinstance(doc.get("cpu"), Mapping) else {}
     gc = doc.get("gc") if isinstance(doc.get("gc"), Mapping) else None
     paths, samples, waiting, profile_s = _paths(doc.get("profile"))
+    loader_s, loader_n = _loader(doc.get("profile"))
     return RankPace(
         rank=doc["rank"], host=str(doc.get("host") or "")[:200], t0=_num(doc.get("t0"), None), t1=_num(doc.get("t1"), None),
         wall_s=_num(doc.get("wall_s")) or 0.0, run_s=_num(cpu.get("run_s"), None), runq_s=_num(cpu.get("runq_s"), None),
         blocked_s=_num(cpu.get("blocked_s"), None), gc_s=_num(gc.get("s"), None) if gc else None,
         gc_n=_count(gc.get("n")) if gc else 0, gc_full=_count(gc.get("full")) if gc else 0, groups=_groups(doc.get("waits")),
-        paths=paths, samples=samples, waiting=waiting, profile_s=profile_s, gpu=bool(doc.get("gpu")),
+        paths=paths, samples=samples, waiting=waiting, profile_s=profile_s, loader_s=loader_s, loader_n=loader_n,
+        gpu=bool(doc.get("gpu")),
         notes=tuple(str(n)[:300] for n in (doc.get("notes") if isinstance(doc.get("notes"), list) else [])[:8]),
         windows=max(1, _count(doc.get("windows"))), final=bool(doc.get("final")),
         last_window=int(_count(doc.get("window"))))
@@ -182,7 +193,8 @@ def merge(a: RankPace, b: RankPace) -> RankPace:
         wall_s=a.wall_s + b.wall_s, run_s=_add(a.run_s, b.run_s), runq_s=_add(a.runq_s, b.runq_s),
         blocked_s=_add(a.blocked_s, b.blocked_s), gc_s=_add(a.gc_s, b.gc_s), gc_n=a.gc_n + b.gc_n,
         gc_full=a.gc_full + b.gc_full, groups=groups, paths=paths, samples=a.samples + b.samples,
-        waiting=a.waiting + b.waiting, profile_s=a.profile_s + b.profile_s, gpu=a.gpu or b.gpu,
+        waiting=a.waiting + b.waiting, profile_s=a.profile_s + b.profile_s, loader_s=_add(a.loader_s, b.loader_s),
+        loader_n=a.loader_n + b.loader_n, gpu=a.gpu or b.gpu,
         notes=tuple(dict.fromkeys(a.notes + b.notes))[:8], windows=a.windows + b.windows, final=b.final,
         last_window=max(a.last_window, b.last_window))
 
@@ -244,5 +256,7 @@ def to_doc(pace: RankPace) -> dict[str, Any]:
                        "measured_regions": g.measured_regions, "steps": g.steps, "measured_steps": g.measured_steps,
                        "hist": g.hist} for g in pace.groups.values()],
             "profile": {"samples": pace.samples, "waiting": pace.waiting, "s": round(pace.profile_s, 4),
-                        "frames": frames, "paths": paths},
+                        "frames": frames, "paths": paths,
+                        "loader": None if pace.loader_s is None else {"s": round(pace.loader_s, 4),
+                                                                      "calls": pace.loader_n}},
             "gpu": pace.gpu, "notes": list(pace.notes)}

@@ -4,7 +4,9 @@
 # to it: Python's garbage collector (gc.callbacks), other time on a CPU, time runnable but not
 # running (schedstat: another process or thread holds its core), and time blocked outside the
 # collectives (I/O, a sleep, a lock, a DataLoader queue). The largest difference names the family;
-# the differential profile's first row refines it: a line only this rank runs, DataLoader frames.
+# the time inside DataLoader next(), timed on every rank, and the differential profile's first row
+# refine it: data loading when the batches' extra time is at least half of it, a line only this
+# rank runs, DataLoader frames under the row.
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ FIXES = {
 
 
 CONTENTION_MARGIN = 0.1   # its share of time runnable but not running, above its peers', to be contention
+LOADER_SHARE = 0.5        # the batches' extra time, of the family's part, to be data loading
 
 
 @dataclass
@@ -70,6 +73,9 @@ def why(slow: tuple[RankPace, float, float], peers: list[tuple[RankPace, float, 
         return _from_rows(rows, gc_only, parts)
     first = rows[0] if rows else None
     ms = parts[top] * 1e3
+    loader = _loader_extra(slow, peers)
+    batches = loader is not None and loader >= LOADER_SHARE * parts[top]
+    timed = f"; its batches (DataLoader next()) take +{loader * 1e3:.1f} ms per step, timed" if batches else ""
     if top == "gc":
         return Why(GC, f"Python's garbage collector: +{ms:.1f} ms per step ({_gc_counts(slow, peers)})", FIXES[GC], parts)
     if top == "runq":
@@ -78,18 +84,27 @@ def why(slow: tuple[RankPace, float, float], peers: list[tuple[RankPace, float, 
         return Why(CONTENTION, f"CPU contention: runnable but not running +{ms:.1f} ms per step ({share:.0%} of its "
                    f"time outside the waits, its peers {their:.0%})", FIXES[CONTENTION], parts)
     if top == "blocked":
-        family = DATA if first is not None and first.data_loading else IO
-        return Why(family, f"{family}: off a CPU outside the collectives +{ms:.1f} ms per step", FIXES[family], parts)
-    family = RANK_ONLY if first is not None and first.only_here and first.share >= 0.5 else \
+        family = DATA if batches or (first is not None and first.data_loading) else IO
+        return Why(family, f"{family}: off a CPU outside the collectives +{ms:.1f} ms per step{timed}", FIXES[family],
+                   parts)
+    family = DATA if batches else RANK_ONLY if first is not None and first.only_here and first.share >= 0.5 else \
         DATA if first is not None and first.data_loading else UNEVEN
     what = {RANK_ONLY: "a line only this rank runs", DATA: "data loading (DataLoader frames under the line)",
             UNEVEN: "uneven work: the same lines take longer on this rank"}[family]
-    return Why(family, f"{what}: +{ms:.1f} ms per step on a CPU", FIXES[family], parts)
+    return Why(family, f"{what}: +{ms:.1f} ms per step on a CPU{timed}", FIXES[family], parts)
 
 
 def _runq_share(part: dict[str, float]) -> float:
     busy = part["cpu"] + part["runq"] + part["gc"]
     return part["runq"] / busy if busy > 0 else 0.0
+
+
+def _loader_extra(slow: tuple[RankPace, float, float], peers: list[tuple[RankPace, float, float]]) -> float | None:
+    """The slow rank's time inside DataLoader next() per step above its peers' mean; None when not timed everywhere."""
+    if slow[0].loader_s is None or not peers or any(p.loader_s is None for p, _, _ in peers):
+        return None
+    theirs = sum((p.loader_s or 0.0) / max(steps, 1e-9) for p, steps, _ in peers) / len(peers)
+    return slow[0].loader_s / max(slow[1], 1e-9) - theirs
 
 
 def _gc_difference(slow: tuple[RankPace, float, float], peers: list[tuple[RankPace, float, float]]) -> float:

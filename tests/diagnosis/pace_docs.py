@@ -27,10 +27,11 @@ def hist_of(waits_ms: list[float]) -> list[int]:
 def window(rank: int, waits_ms: list[float], step_ms: float, *, extra: dict[tuple, float] | None = None,
            runq: float = 0.02, gc_s: float = 0.0, gc_full: int = 0, host: str = "node-a", index: int = 0,
            group: str = "0", t0: float = 1000.0, notes: list[str] | None = None, p2p_s: float = 0.0,
-           blocked_extra: float = 0.0) -> dict[str, Any]:
+           blocked_extra: float = 0.0, loader_s: float | None = None) -> dict[str, Any]:
     """One window of ``len(waits_ms)`` steps of ``step_ms`` each: a rank that waited these times per step; its
     profile is the loop's lines (forward 40 %, backward 30 % of the time outside the waits), plus ``extra``:
-    seconds per step at more paths (tuples of frames)."""
+    seconds per step at more paths (tuples of frames); ``loader_s``: its time inside DataLoader next() per step,
+    timed (None: not timed)."""
     steps = len(waits_ms)
     wall = steps * step_ms / 1e3
     waited = sum(waits_ms) / 1e3
@@ -62,7 +63,9 @@ def window(rank: int, waits_ms: list[float], step_ms: float, *, extra: dict[tupl
                                     "blocked_s": waited + blocked_extra},
             "gc": {"s": gc_s * steps, "n": gc_full * steps, "full": gc_full * steps}, "waits": waits,
             "profile": {"samples": sum(r[1] for r in rows), "waiting": 0, "s": round(sum(paths.values()), 4),
-                        "frames": frames, "paths": rows}, "gpu": False, "notes": notes or []}
+                        "frames": frames, "paths": rows,
+                        "loader": None if loader_s is None else {"s": loader_s * steps, "calls": steps}},
+            "gpu": False, "notes": notes or []}
 
 
 def noisy(mean_ms: float, steps: int = 400, spread_ms: float = 0.3, seed: int = 0) -> list[float]:

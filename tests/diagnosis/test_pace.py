@@ -52,6 +52,30 @@ def test_the_rank_the_others_wait_for_is_named_with_its_cost_the_what_if_the_cal
     assert "`x, y = next(batches)` train.py:40" in finding.detail and "DataLoader" in finding.remediation
 
 
+def extra_at_backward(slow_loader_s: float, peers_loader_s: float | None) -> dict:
+    """Rank 2 blocked 3 ms a step longer, its samples putting the time at its backward; its batches timed at
+    ``slow_loader_s`` a step, its peers' at ``peers_loader_s`` (None: not timed)."""
+    docs = straggler_job(extra={(tuple(MAIN), tuple(BACKWARD)): 0.003}, blocked_extra=0.003 * 400,
+                         loader_s=slow_loader_s)
+    for rank in (0, 1, 3):
+        docs[rank]["profile"]["loader"] = None if peers_loader_s is None else {"s": peers_loader_s * 400, "calls": 400}
+    return only(judge(paces(docs), world=4), "slow.W001")
+
+
+def test_a_slower_batch_timed_is_data_loading_even_where_the_samples_put_the_extra_elsewhere():
+    # The samples' error over a window is a few percent of the step: here they put rank 2's extra time at its
+    # backward. Its batches, timed inside DataLoader next() on every rank, take 3 ms longer: data loading.
+    finding = extra_at_backward(0.018, 0.015)
+    assert finding.data["family"] == "data loading" and "DataLoader" in finding.remediation
+    assert "its batches (DataLoader next()) take +3.0 ms per step, timed" in finding.detail
+
+
+def test_batches_timed_alike_on_every_rank_leave_the_family_to_the_profile():
+    finding = extra_at_backward(0.015, 0.015)
+    assert finding.data["family"] == "I/O or a wait outside collectives" and "its batches" not in finding.detail
+    assert extra_at_backward(0.018, None).data["family"] == "I/O or a wait outside collectives"  # peers not timed
+
+
 def test_a_balanced_job_says_nothing():
     docs = {rank: window(rank, noisy(FLOOR + 0.4, seed=rank, spread_ms=0.4), STEP) for rank in range(4)}
     assert judge(paces(docs)).findings == []
@@ -160,17 +184,24 @@ def test_windows_merge_and_travel_as_documents():
     again = from_doc(to_doc(both))
     group, back = both.groups[("collective", "0")], again.groups[("collective", "0")]
     assert (back.hist, back.steps) == (group.hist, group.steps) and back.waited_s == pytest.approx(group.waited_s, abs=1e-5)
-    assert again.paths.keys() == both.paths.keys()
+    assert again.paths.keys() == both.paths.keys() and again.loader_s is None
+    timed = merge(from_doc(window(0, noisy(1.0), STEP, loader_s=0.01)), from_doc(window(0, noisy(1.0), STEP, loader_s=0.02)))
+    assert timed.loader_s == pytest.approx(12.0) and timed.loader_n == 800
+    assert from_doc(to_doc(timed)).loader_s == pytest.approx(12.0)
+    half = merge(from_doc(window(0, noisy(1.0), STEP, loader_s=0.01)), second)  # one window not timed: not the span
+    assert half.loader_s is None
     hist = both.groups[("collective", "0")].hist
     assert fraction_below(hist, 100.0) == 1.0 and 0.5 < quantile_ms(hist, 0.5) < 2.0
 
 
 @pytest.mark.parametrize("bad", [None, 3, "text", [], {"schema": "other"}, {"schema": "distdoctor.pace/1"},
                                  {"schema": "distdoctor.pace/1", "rank": 1, "wall_s": "x", "waits": "no",
-                                  "profile": {"frames": [1], "paths": [[["a"], 1]]}, "cpu": [], "gc": 7}])
+                                  "profile": {"frames": [1], "paths": [[["a"], 1]], "loader": {"s": "x"}}, "cpu": [],
+                                  "gc": 7}])
 def test_a_malformed_document_is_not_measured_and_never_raises(bad):
     pace = from_doc(bad)
-    assert pace is None or (pace.rank == 1 and pace.groups == {} and pace.paths == {} and pace.run_s is None)
+    assert pace is None or (pace.rank == 1 and pace.groups == {} and pace.paths == {} and pace.run_s is None
+                            and pace.loader_s is None)
 
 
 def test_the_watcher_says_a_slow_rank_once_when_it_starts_and_once_when_it_ends():

@@ -13,9 +13,10 @@ from distdoctor.diagnosis.pace import from_doc
 from distdoctor.embedded.guard import cadence
 from distdoctor.embedded.guard.pace.exchange import interval_s
 from distdoctor.embedded.guard.pace.gcwatch import GcWatch
-from distdoctor.embedded.guard.pace.hooks import Hooks
+from distdoctor.embedded.guard.pace.hooks import LOADER_ITER, Hooks
+from distdoctor.embedded.guard.pace.loader import LoaderClock
 from distdoctor.embedded.guard.pace.regions import COLLECTIVE, P2P, Regions
-from distdoctor.embedded.guard.pace.sampler import Sampler
+from distdoctor.embedded.guard.pace.sampler import INSIDE, OUTSIDE, WALL, Profile, Sampler
 from distdoctor.embedded.guard.pace.window import Windows
 from distdoctor.machine.thread_sched import ThreadSched
 
@@ -114,14 +115,18 @@ def test_the_sampler_keeps_the_users_frames_outermost_first_and_skips_waits():
     thread.start()
     ready.wait(5)
     sched = ThreadSched(thread.native_id)
-    sampler = Sampler(ident[0], sched if sched.usable else None, None, GcWatch())
-    for _ in range(5):
+    clock = LoaderClock()
+    sampler = Sampler(ident[0], sched if sched.usable else None, None, GcWatch(), clock)
+    for index in range(5):
+        if index == 4:
+            clock.enter()  # the thread is inside a DataLoader's next() at the last sample
         sampler.sample()
         time.sleep(0.01)
     stop.set()
     thread.join(5)
     profile = sampler.take()
     assert profile.samples == 4  # the first sample only starts the clock
+    assert sorted(stratum for _, stratum in profile.strata) == [OUTSIDE, INSIDE] and profile.loader[1] == 0
     path = max(profile.paths, key=lambda p: profile.paths[p][0])
     assert path[-1][2] == "user_loop" and all(f[0].endswith(".py") for f in path)
     document = profile.document()
@@ -144,6 +149,82 @@ def test_the_wrappers_are_installed_where_torch_has_them_and_undone():
     assert torch.autograd.backward is original
     assert Hooks(regions, str).install(type("NoTorch", (), {})()) == [
         "torch.autograd.backward", "torch.nn.parallel.DistributedDataParallel.forward"]
+
+
+def test_a_dataloaders_next_is_timed_on_the_main_thread_and_a_call_running_at_a_take_is_split():
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, index):
+            time.sleep(0.02)
+            return index
+
+    clock = LoaderClock()
+    hooks = Hooks(Regions(None), lambda pg: "0", clock)
+    iterator = torch.utils.data.dataloader._BaseDataLoaderIter
+    original = iterator.__dict__["__next__"]
+    assert hooks.install(torch) == [] and iterator.__dict__["__next__"] is not original
+    try:
+        assert [int(x) for x in DataLoader(Slow(), batch_size=None)] == [0, 1, 2, 3]  # StopIteration passes through
+        ns, calls = clock.take()
+        assert calls == 5 and 0.07 < ns / 1e9 < 1.0 and clock.depth == 0  # four batches and the end of the epoch
+        thread = threading.Thread(target=lambda: list(DataLoader(Slow(), batch_size=None)))
+        thread.start()
+        thread.join(10)
+        assert clock.take() == (0, 0)  # another thread's loader is not the main thread's time
+    finally:
+        hooks.uninstall()
+    assert iterator.__dict__["__next__"] is original
+    assert clock.enter() and clock.depth == 1
+    time.sleep(0.03)
+    running, calls = clock.take()              # still inside: its time so far, no call ended
+    time.sleep(0.01)
+    clock.leave()
+    rest, ended = clock.take()
+    assert calls == 0 and running >= 25e6 and ended == 1 and 5e6 <= rest < running
+    clock.enabled = False
+    assert not clock.enter() and clock.depth == 0
+    assert Hooks(Regions(None), str, clock).install(type("NoTorch", (), {})())[-1] == LOADER_ITER
+
+
+def test_the_loader_clock_taken_from_another_thread_loses_and_doubles_nothing():
+    # No lock (a forked DataLoader worker would inherit one held): the main thread replaces one tuple.
+    clock, taken, done = LoaderClock(), [], threading.Event()
+
+    def taker():
+        while not done.is_set():
+            taken.append(clock.take())
+
+    thread = threading.Thread(target=taker)
+    thread.start()
+    started = time.perf_counter_ns()
+    for _ in range(20_000):
+        clock.enter()
+        clock.leave()
+    wall = time.perf_counter_ns() - started
+    done.set()
+    thread.join(10)
+    taken.append(clock.take())
+    assert sum(calls for _, calls in taken) == 20_000 and 0 < sum(ns for ns, _ in taken) <= wall
+
+
+def test_the_samples_inside_a_dataloaders_next_get_the_time_it_took_and_the_others_keep_theirs():
+    profile = Profile()
+    read, step = (("train.py", 29, "<module>"),), (("train.py", 31, "<module>"),)
+    profile.add(read, 30_000_000, 0, 0, False, True, INSIDE)    # the samples caught 30 ms inside next() ...
+    profile.add(read, 10_000_000, 0, 0, False, True, OUTSIDE)   # (its line, outside: the same path, added)
+    profile.add(step, 50_000_000, 40_000_000, 0, False, False, OUTSIDE)
+    profile.loader = (45_000_000, 3)                            # ... which took 45 ms, timed
+    assert profile.paths[read][WALL] == 55_000_000 and profile.paths[step][WALL] == 50_000_000
+    document = profile.document()
+    assert document["s"] == pytest.approx(0.105) and document["loader"] == {"s": 0.045, "calls": 3, "sampled_s": 0.03}
+    untimed = Profile()
+    untimed.add(read, 30_000_000, 0, 0, False, True, INSIDE)
+    assert untimed.paths[read][WALL] == 30_000_000 and untimed.document()["loader"] is None
 
 
 def test_a_window_is_a_document_the_judge_reads():

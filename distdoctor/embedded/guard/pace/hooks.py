@@ -1,4 +1,4 @@
-"""The regions where torch's distributed code waits for peers, wrapped: backward, DDP's and FSDP's forward."""
+"""Torch's calls wrapped for the accounting: backward, DDP's and FSDP's forward (waits for peers), DataLoader next()."""
 
 # DDP's gradient all-reduce runs in C++ during `loss.backward()` and its main thread waits for it at
 # the end of backward (on a CPU process the autograd engine runs on the calling thread); a DDP
@@ -8,7 +8,8 @@
 # the end. Every name is probed where it is used: a torch without one is simply not wrapped there
 # (its waits are then seen by the profile's samples only). The forward wrappers also note whether
 # the coming backward syncs gradients (`require_backward_grad_sync`, False under no_sync() and
-# gradient accumulation): only such a backward ends a step.
+# gradient accumulation): only such a backward ends a step. A DataLoader iterator's `__next__` is
+# timed for the profile (pace.loader: its data lines are measured, not sampled).
 
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ import threading
 from typing import Any, Callable
 
 FSDP_MODULE = "torch.distributed.fsdp"
+LOADER_ITER = "torch.utils.data.dataloader._BaseDataLoaderIter.__next__"
 
 
 class Hooks:
     """The wrappers this process installed, to be undone."""
 
-    def __init__(self, regions: Any, group_of: Callable[[Any], str]) -> None:
-        self.regions, self.group_of = regions, group_of
+    def __init__(self, regions: Any, group_of: Callable[[Any], str], loader: Any = None) -> None:
+        self.regions, self.group_of, self.loader = regions, group_of, loader
         self.undo: list[tuple[Any, str, Any]] = []
         self.fsdp_done = False
         self._syncs_buffers: dict[int, bool] = {}
@@ -43,6 +45,13 @@ class Hooks:
         else:
             lacks.append("torch.nn.parallel.DistributedDataParallel.forward")
         self.install_fsdp()
+        if self.loader is not None:
+            iterator = getattr(getattr(getattr(getattr(torch, "utils", None), "data", None), "dataloader", None),
+                               "_BaseDataLoaderIter", None)
+            if iterator is not None and callable(iterator.__dict__.get("__next__")):
+                self._patch(iterator, "__next__", self._next(iterator.__dict__["__next__"]))
+            else:
+                lacks.append(LOADER_ITER)
         return lacks
 
     def install_fsdp(self) -> None:
@@ -81,6 +90,22 @@ class Hooks:
 
         backward.__distdoctor_original__ = original  # type: ignore[attr-defined]
         return backward
+
+    def _next(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        loader = self.loader
+        main, ident = loader.main, threading.get_ident
+
+        @functools.wraps(original)
+        def __next__(iterator: Any) -> Any:
+            if ident() != main or not loader.enter():
+                return original(iterator)
+            try:
+                return original(iterator)
+            finally:
+                loader.leave()
+
+        __next__.__distdoctor_original__ = original  # type: ignore[attr-defined]
+        return __next__
 
     def _forward(self, original: Callable[..., Any], *, ddp: bool) -> Callable[..., Any]:
         regions, group_of, syncs_buffers = self.regions, self.group_of, self._buffers_synced

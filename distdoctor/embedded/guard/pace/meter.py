@@ -23,7 +23,8 @@ from distdoctor.embedded.guard import cadence, calls
 from distdoctor.embedded.guard.mainthread import gpu_in_use
 from distdoctor.embedded.guard.pace.exchange import Exchange, interval_s
 from distdoctor.embedded.guard.pace.gcwatch import GcWatch
-from distdoctor.embedded.guard.pace.hooks import Hooks
+from distdoctor.embedded.guard.pace.hooks import LOADER_ITER, Hooks
+from distdoctor.embedded.guard.pace.loader import LoaderClock
 from distdoctor.embedded.guard.pace.regions import Regions
 from distdoctor.embedded.guard.pace.sampler import Sampler
 from distdoctor.embedded.guard.pace.window import Windows
@@ -48,9 +49,10 @@ class Meter:
         self.sched = sched if sched.usable else None
         self.regions = Regions(self.sched, default_group=guard.pg_name(guard.c10d.GroupMember.WORLD))
         self.gc = GcWatch()
-        self.sampler = Sampler(threading.main_thread().ident, self.sched, self.regions, self.gc)
+        self.loader = LoaderClock()
+        self.sampler = Sampler(threading.main_thread().ident, self.sched, self.regions, self.gc, self.loader)
         self.windows = Windows(self.rank, socket.gethostname(), self.sched, self.regions, self.sampler, self.gc)
-        self.hooks = Hooks(self.regions, self._group_of)
+        self.hooks = Hooks(self.regions, self._group_of, self.loader)
         side = guard.watch.side if guard.watch is not None else None
         self.exchange = Exchange(side, self.rank) if side is not None else None
         self.watcher = Watcher(self.world, window_s) if self.rank == 0 and side is not None else None
@@ -66,7 +68,7 @@ class Meter:
         it block by block to weigh the accounting against the same guard without it, in one run."""
         self.paused = paused
         self.regions.enabled = not paused and not self.windows.gpu
-        self.gc.enabled = not paused
+        self.gc.enabled = self.loader.enabled = not paused
 
     def _group_of(self, pg: Any) -> str:
         return self.regions.default_group if pg is None else self.guard.pg_name(pg)
@@ -77,8 +79,11 @@ class Meter:
         calls.REGIONS[0] = self.regions
         if self.sched is None:
             self.windows.notes.append(SCHED_NOTE)
-        if lacks:
-            self.windows.notes.append("this torch has no " + ", ".join(lacks) + ": the waits there are not measured")
+        waits = [name for name in lacks if name != LOADER_ITER]
+        if waits:
+            self.windows.notes.append("this torch has no " + ", ".join(waits) + ": the waits there are not measured")
+        if LOADER_ITER in lacks:
+            self.windows.notes.append(f"this torch has no {LOADER_ITER}: the time batches take is sampled, not measured")
         self._check_gpu()
         self.thread = threading.Thread(target=self._run, name="distdoctor-guard-pace", daemon=True)
         self.thread.start()

@@ -1,15 +1,17 @@
 """Where the main thread spends the time it does not wait for peers: its stack sampled, the time between samples weighed."""
 
-# Every sample (about every 100 ms, jittered so it never beats with the step) reads the main
-# thread's frames and keeps the path of the user's frames, outermost first (at most MAX_DEPTH):
-# the differential profile compares these paths between a slow rank and its peers, and the call
-# where they part is the one a user recognises (diagnosis.pace_where). The time since the previous
-# sample is given to the path, split as the scheduler counts it: on a CPU, runnable (contention),
-# blocked. A sample inside a region (regions.Regions) while the thread sleeps is a wait for peers
-# and is only counted. Each sample notes whether it fell inside a garbage collection and whether
-# a DataLoader frame is on the stack. About 40 us a sample (frames, two pread()s); on a loaded machine the
-# GIL's hand-over to and from this thread costs the training thread more than that: 20 samples a second
-# cost the DDP tutorial's step about 2 %, 5 a second 1 % (benchmarks/bench_pace.py), hence 10.
+# Every sample (about every 100 ms, jittered so it never beats with the step) reads the main thread's
+# frames and keeps the path of the user's frames, outermost first (at most MAX_DEPTH): the differential
+# profile compares these paths between a slow rank and its peers, and the call where they part is the
+# one a user recognises (diagnosis.pace_where). The time since the previous sample is given to the
+# path, split as the scheduler counts it: on a CPU, runnable (contention), blocked. A sample inside a
+# region (regions.Regions) while the thread sleeps is a wait for peers and is only counted. Each sample
+# notes whether it fell inside a garbage collection and whether a DataLoader frame is on the stack.
+# Samples taken while the main thread is inside a DataLoader's next() are a stratum of their own: the
+# document gives their paths the time the loader clock measured exactly (pace.loader), in proportion to
+# their sampled time. About 40 us a sample (frames, two pread()s); on a loaded machine the GIL's
+# hand-over to and from this thread costs the training thread more than that: 20 samples a second cost
+# the DDP tutorial's step about 2 %, 5 a second 1 % (benchmarks/bench_pace.py), hence 10.
 
 from __future__ import annotations
 
@@ -27,20 +29,41 @@ TOP_PATHS = 8
 CODE_CHARS = 72
 # A path's figures: samples, wall ns, on-CPU ns, runnable ns, samples in a GC, samples under a DataLoader.
 N, WALL, RUN, RUNQ, GC, DATA = range(6)
+# A path's stratum: sampled outside a DataLoader's next(), sampled inside one, timed exactly (a long collection).
+OUTSIDE, INSIDE, EXACT = range(3)
 
 
 class Profile:
-    """One window's samples."""
+    """One window's samples; ``loader``: (ns, calls) inside DataLoader next() over the window, timed exactly."""
 
     def __init__(self) -> None:
-        self.paths: dict[tuple, list[int]] = {}
+        self.strata: dict[tuple[tuple, int], list[int]] = {}
         self.samples = self.waiting = 0
-        self.wall_ns = 0
+        self.loader: tuple[int, int] | None = None
 
-    def add(self, path: tuple, wall: int, run: int, runq: int, in_gc: bool, data: bool) -> None:
-        row = self.paths.get(path)
+    @property
+    def paths(self) -> dict[tuple, list[int]]:
+        """Each path's figures, its strata added; the inside stratum at the time the loader clock measured."""
+        scale = self._inside_scale()
+        out: dict[tuple, list[int]] = {}
+        for (path, stratum), row in self.strata.items():
+            acc = out.setdefault(path, [0] * 6)
+            factor = scale if stratum == INSIDE else 1.0
+            for i, value in enumerate(row):
+                acc[i] += round(value * factor) if i in (WALL, RUN, RUNQ) else value
+        return out
+
+    def _inside_sampled_ns(self) -> int:
+        return sum(row[WALL] for (_, stratum), row in self.strata.items() if stratum == INSIDE)
+
+    def _inside_scale(self) -> float:
+        sampled = self._inside_sampled_ns()
+        return self.loader[0] / sampled if self.loader is not None and sampled > 0 else 1.0
+
+    def add(self, path: tuple, wall: int, run: int, runq: int, in_gc: bool, data: bool, stratum: int = OUTSIDE) -> None:
+        row = self.strata.get((path, stratum))
         if row is None:
-            row = self.paths[path] = [0, 0, 0, 0, 0, 0]
+            row = self.strata[(path, stratum)] = [0, 0, 0, 0, 0, 0]
         row[N] += 1
         row[WALL] += wall
         row[RUN] += run
@@ -48,11 +71,11 @@ class Profile:
         row[GC] += in_gc
         row[DATA] += data
         self.samples += 1
-        self.wall_ns += wall
 
     def document(self, top: int = TOP_PATHS) -> dict[str, Any]:
         """The heaviest paths as plain data: a table of frames (each with its source line), paths as indices."""
         ordered = sorted(self.paths.items(), key=lambda kv: -kv[1][WALL])
+        total = sum(row[WALL] for _, row in ordered)
         frames: list[list[Any]] = []
         index: dict[tuple, int] = {}
         paths = []
@@ -67,16 +90,18 @@ class Profile:
             paths.append([ids, row[N], round(row[WALL] / 1e9, 4), round(row[RUN] / 1e9, 4), round(row[RUNQ] / 1e9, 4),
                           row[GC], row[DATA]])
         rest = [sum(row[i] for _, row in ordered[top:]) for i in range(6)]
-        return {"samples": self.samples, "waiting": self.waiting, "s": round(self.wall_ns / 1e9, 4), "frames": frames,
+        loader = None if self.loader is None else {"s": round(self.loader[0] / 1e9, 4), "calls": self.loader[1],
+                                                   "sampled_s": round(self._inside_sampled_ns() / 1e9, 4)}
+        return {"samples": self.samples, "waiting": self.waiting, "s": round(total / 1e9, 4), "frames": frames,
                 "paths": paths, "rest": [rest[N], round(rest[WALL] / 1e9, 4), round(rest[RUN] / 1e9, 4),
-                                         round(rest[RUNQ] / 1e9, 4), rest[GC], rest[DATA]]}
+                                         round(rest[RUNQ] / 1e9, 4), rest[GC], rest[DATA]], "loader": loader}
 
 
 class Sampler:
     """Samples one thread's stack into the current Profile."""
 
-    def __init__(self, ident: int | None, sched: Any, regions: Any, gcwatch: Any) -> None:
-        self.ident, self.sched, self.regions, self.gcwatch = ident, sched, regions, gcwatch
+    def __init__(self, ident: int | None, sched: Any, regions: Any, gcwatch: Any, loader: Any = None) -> None:
+        self.ident, self.sched, self.regions, self.gcwatch, self.loader = ident, sched, regions, gcwatch, loader
         self.profile = Profile()
         self._files: dict[str, bool] = {}
         self._last: tuple[int, Any] | None = None
@@ -88,12 +113,15 @@ class Sampler:
     def take(self) -> Profile:
         self._file_collections()
         taken, self.profile = self.profile, Profile()
+        if self.loader is not None:
+            taken.loader = self.loader.take()
         return taken
 
     def sample(self) -> None:
         if self.gcwatch is not None and self.gcwatch.active:
             return  # inside a collection (its callbacks let this thread in): it gets its own line, whole
         self._file_collections()
+        inside = self.loader is not None and self.loader.depth > 0  # read microseconds before the frames
         frame = sys._current_frames().get(self.ident or 0)
         now, times = time.perf_counter_ns(), self.sched.times() if self.sched is not None else None
         last, self._last = self._last, (now, times)
@@ -112,7 +140,7 @@ class Sampler:
         if times is not None and last[1] is not None:
             run = max(0, times.run_ns - last[1].run_ns - collected)
             runq = max(0, times.runq_ns - last[1].runq_ns)
-        self.profile.add(path, wall, min(run, wall), min(runq, wall), False, data)
+        self.profile.add(path, wall, min(run, wall), min(runq, wall), False, data, INSIDE if inside else OUTSIDE)
 
     def collected(self, frame: Any, ns: int) -> None:
         """A long collection of the main thread, for the line that triggered it. Called inside the collection,
@@ -124,7 +152,7 @@ class Sampler:
         while self.collections:
             raw, ns = self.collections.pop(0)
             path, data = self._path(raw)
-            self.profile.add(path, ns, ns, 0, True, data)
+            self.profile.add(path, ns, ns, 0, True, data, EXACT)
 
     def _path(self, raw: list[tuple[str, int, str]]) -> tuple[tuple, bool]:
         """The user's frames outermost first (at most MAX_DEPTH), and whether a DataLoader frame is on the stack."""
