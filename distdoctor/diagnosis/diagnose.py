@@ -95,7 +95,11 @@ def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
     (broadcast, reduce, gather, scatter) can complete on the root before the others received, so it
     is settled only when a peer completed a later collective every rank takes part in: that one could
     not complete without this rank's part in it, which it issued after the root's (the suite's DDP job:
-    rank 1, in backward, read as waiting in broadcast #6 while rank 0 had completed all_reduce #7).
+    rank 1, in backward, read as waiting in broadcast #6 while rank 0 had completed all_reduce #7), or
+    when this rank issued a later one and every other rank completed it: whichever was the root, its
+    data has reached every rank (Lightning's per-step broadcast on rank 0, the root, still unmarked
+    3 s after rank 1 received it, while rank 0 waited in the all_reduce after it: rank 1, asleep in
+    its step, was named late to the broadcast it had completed).
     """
     done: dict[str, int] = {}
     by_all: dict[str, int] = {}
@@ -113,7 +117,8 @@ def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
             top = done.get(group.group)
             if (group.pending is not None and group.pending.seq is not None and top is not None
                     and group.pending.seq <= top
-                    and (_outside_torch(snap) or _passed(group) or group.pending.seq < by_all.get(group.group, -1))):
+                    and (_outside_torch(snap) or _passed(group) or group.pending.seq < by_all.get(group.group, -1)
+                         or _completed_by_the_others(snaps, snap.rank, group))):
                 completed = min(top, group.last_enqueued) if group.last_enqueued is not None else top
                 later = next((op for op in group.recent if op.seq is not None and op.seq > completed), None)
                 group = replace(group, last_completed=max(group.last_completed or -1, completed), pending=later)
@@ -121,6 +126,17 @@ def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
         changed = any(new is not old for new, old in zip(groups, snap.groups))
         out.append(replace(snap, groups=tuple(groups)) if changed else snap)
     return out
+
+
+def _completed_by_the_others(snaps: Sequence[RankSnapshot], rank: int, group: GroupProgress) -> bool:
+    """This rank issued a collective after its pending one, and every other rank heard from completed the
+    pending one in the same group (a rank that does not report the group, or was not heard, leaves it open)."""
+    seq = group.pending.seq if group.pending is not None else None
+    if seq is None or group.last_enqueued is None or group.last_enqueued <= seq:
+        return False
+    others = [s.group(group.group) for s in snaps if s.rank != rank]
+    return bool(others) and all(g is not None and g.last_completed is not None and g.last_completed >= seq
+                                for g in others)
 
 
 def _passed(group: GroupProgress) -> bool:

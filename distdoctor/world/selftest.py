@@ -50,6 +50,7 @@ from distdoctor.world.kinds import RANK_DIED, STORE_HOST_FAILED
 from distdoctor.world.rank_run import run_rank
 from distdoctor.world.rank_state import NON_ROOT_GRACE_S, working_reserve
 from distdoctor.machine.launchers import SELF_TEST_VAR
+from distdoctor.machine.torchrun_env import worker_thread_default
 from distdoctor.core.report import EXIT_FINDINGS, EXIT_INCOMPLETE
 from distdoctor.world.watchdog import (
     EXPIRE_GRACE_S,
@@ -66,6 +67,7 @@ MP_SPAWN_ENV = SELF_TEST_VAR
 MP_SPAWN_LAUNCHER = "mp_spawn"
 # Past the ranks' own hard deadline (watchdog + grace), the supervisor ends them itself.
 SUPERVISOR_SLACK_S = 1.0
+NOT_REPORTED = -1
 # How long the supervisor waits for rank 0's partial report after passing a signal on.
 INTERRUPT_WAIT_S = 3.0
 
@@ -112,11 +114,9 @@ def rank_environment(local_rank: int, nproc: int, port: int, run_id: str) -> dic
         AGENT_STORE_ENV: str(True),
         RUN_ID_ENV: run_id,
     }
-    # The self-test stands in for torchrun, which sets OMP_NUM_THREADS=1 for each rank when it
-    # starts more than one and the variable is unset; a layout of distdoctor's own choosing
-    # must not be reported as the job's CPU oversubscription.
-    if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = "1"
+    # The self-test stands in for torchrun: a layout of distdoctor's own choosing must not be
+    # reported as the job's CPU oversubscription.
+    env.update(worker_thread_default(os.environ, nproc))
     return env
 
 
@@ -133,9 +133,11 @@ def _rank_main(
     argv: list[str],
     live_status: bool = False,
     rank_body: Callable[..., Any] | None = None,
+    reported: Any = None,
 ) -> None:
     """One rank of the self-test world (runs in the forked child): ``rank_body`` (the bench's, say)
-    or else the check's run_rank, called with the same arguments."""
+    or else the check's run_rank, called with the same arguments. ``reported``: a shared int the
+    world's report sets to its exit code once it is out (_noting)."""
     _die_with_parent(parent)
     # The signal pipe and handler inherited from the supervisor are its own: watch our own.
     install_watcher()
@@ -145,7 +147,9 @@ def _rank_main(
         rank_body = rank_body or run_rank
         # Rank 0 draws the status line (the supervisor cleared its own before starting the ranks).
         live = LiveStatus(live_status and local_rank == 0).start()
-        outcome = rank_body(config, env=dict(os.environ), argv=argv, all_ranks=all_ranks, emit=live.wrap(render),
+        says_for_world = local_rank == 0 or not all_ranks  # with --all-ranks every rank prints its own
+        emit = _noting(render, reported, config.fail_level) if reported is not None and says_for_world else render
+        outcome = rank_body(config, env=dict(os.environ), argv=argv, all_ranks=all_ranks, emit=live.wrap(emit),
                             started=started)
         live.stop()
         code = outcome.exit_code
@@ -159,6 +163,18 @@ def _rank_main(
         flush_std_streams()
         # Skip interpreter teardown: destructors of a process group whose peer hung can block.
         os._exit(code)
+
+
+def _noting(render: Callable[[Any], None], reported: Any, fail_level: Any) -> Callable[[Any], None]:
+    """render, then the report's exit code in ``reported``: the supervisor, which ends a rank still alive
+    at its hard deadline, then knows the world's report is out and prints no second one (a rank starved
+    of CPU on a loaded machine was ended between printing its partial report and its exit)."""
+    def emit(report: Any) -> None:
+        render(report)
+        flush_std_streams()
+        reported.value = report.exit_code(fail_level)
+
+    return emit
 
 
 def supervise(processes: list[Any], hard_deadline: float, error_files: list[str]) -> set[int]:
@@ -221,10 +237,11 @@ def run_selftest(
         live.stop()  # no drawing thread across the fork; rank 0 draws from here on
     sys.stdout.flush()
     sys.stderr.flush()
+    reported = mp.get_context(method).Value("i", NOT_REPORTED, lock=False)
     context = mp.start_processes(
         _rank_main,
         args=(size, port, run_id, os.getpid(), config, render, all_ranks, started, list(argv or sys.argv),
-              live_status, rank_body),
+              live_status, rank_body, reported),
         nprocs=size,
         join=False,
         start_method=method,
@@ -250,6 +267,8 @@ def run_selftest(
     # Rank 0 reported by itself (after a signal too: 130, 143, its partial report is out).
     if rank0 in (0, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_SIGINT, EXIT_SIGTERM) and 0 not in killed:
         return int(rank0)
+    if reported.value != NOT_REPORTED:  # the world's report is out, its rank ended after it: one report only
+        return int(reported.value)
     # Rank 0 did not end by itself, so it printed nothing: the supervisor says what it knows.
     report = abnormal_report(codes, killed, config, started, size)
     render(report)
