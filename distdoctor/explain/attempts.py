@@ -26,6 +26,8 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from typing import BinaryIO
 
+from distdoctor.explain.presence import BlockWords, may_hold
+
 AGENT_FAILED = "failed (exitcode: "
 WILL_RESTART = "will restart worker group"
 RESTART_COUNT = "restart_count="
@@ -53,11 +55,12 @@ class Marks:
     summaries: list[int] = field(default_factory=list)   # torchrun's failure summaries (ChildFailedError)
     _pending_end: int | None = None      # a failed line whose follower is in the next block
 
-    def block(self, block: str, first_line: int) -> None:
+    def block(self, block: str, first_line: int, words: BlockWords | None = None) -> None:
+        """``words``: what the scan found the block holds (a text it cannot hold is not searched)."""
         if self._pending_end is not None:
             self._follow(block, 0, first_line, self._pending_end)
         for token in (AGENT_FAILED, WILL_RESTART, RESTART_COUNT, SUMMARY):
-            pos = block.find(token)
+            pos = block.find(token) if may_hold(words, token) else -1
             while pos != -1 and len(self.starts) < 4 * MAX_ATTEMPTS:
                 start = block.rfind("\n", 0, pos) + 1
                 end = block.find("\n", pos)

@@ -35,12 +35,13 @@ from __future__ import annotations
 
 import tomllib
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
 from distdoctor.core.causes import CAUSES
+from distdoctor.explain.priors_cache import cached
 
 THREADS_PATH = Path(__file__).with_name("threads.toml")
 PSEUDO_THREADS = 8.0
@@ -190,11 +191,31 @@ def count(threads: list[Thread]) -> Priors:
 
 @lru_cache(maxsize=1)
 def load_priors(path: Path = THREADS_PATH) -> Priors:
-    """The dev threads' counts; empty priors (the catalog's order alone) when the file is absent."""
-    if not path.exists():
+    """The dev threads' counts; empty priors (the catalog's order alone) when the file is absent. Kept
+    between runs in the user's cache directory (priors_cache: parsing the file is most of a small log's cost)."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
         return Priors()
-    with open(path, "rb") as fh:
-        return count(parse_threads(tomllib.load(fh)))
+
+    def compute() -> dict[str, Any]:
+        return asdict(count(parse_threads(tomllib.loads(raw.decode("utf-8")))))
+
+    return Priors(**cached(raw, compute, _valid_counts))
+
+
+def _valid_counts(counts: Any) -> bool:
+    """A cached document that can stand for the counts (anything else is computed again)."""
+    def table(value: Any, kind: type) -> bool:
+        return isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(row, dict)
+            and all(isinstance(c, str) and type(n) in (int, kind) for c, n in row.items()) for k, row in value.items())
+
+    return (isinstance(counts, dict) and set(counts) == {f.name for f in fields(Priors)}
+            and table(counts.get("family_counts"), int) and table(counts.get("cue_counts"), int)
+            and table(counts.get("cue_expected"), float) and isinstance(counts.get("cause_counts"), dict)
+            and all(isinstance(k, str) and type(v) is int for k, v in counts["cause_counts"].items())
+            and type(counts.get("total")) is int and type(counts.get("threads")) is int)
 
 
 # The priors explain ranks with: the shipped dev threads' counts, or (only for the cross-validated figure,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from distdoctor.diagnosis.snapshot import Frame
+from distdoctor.explain.presence import BlockWords, may_hold
 from distdoctor.explain.sanitize import clean_quote
 
 MAX_TRACEBACK_LINES = 400   # lines looked at after "Traceback (...)" before giving up on its end
@@ -70,10 +71,10 @@ _FINISHED = re.compile(r"\b(?:done|finished|completed?|training (?:is )?(?:over|
 # Lines that show a job at work: a tqdm bar, a step/iteration/epoch/loss count, a rate.
 _PROGRESS = re.compile(r"\d%\||\d(?:it|s)/(?:s|it)\b|\b(?:step|iter(?:ation)?|epoch|batch|loss)\b\W{0,3}\d|"
                        r"\bloss\b|[Ss]canning|[Cc]aching|[Ll]oading|[Ss]aving|[Ee]valuat", re.I)
-# Lines that are a failure, the launcher or torch talking, not the rank's work.
+# Lines that are a failure, the launcher or torch talking, not the rank's work (nccl-tests' header has "step: 2").
 _NOT_ACTIVITY = re.compile(r"[Ee]rror|Exception|Traceback|^\s+File \"|[Tt]ime[d ]? ?out|[Ww]atchdog|"
                            r"SIG[A-Z]{2,4}|terminate|frame #|torch[./]distributed[./]elastic|[Ff]ailed|[Kk]illed|"
-                           r"NCCL (?:WARN|INFO)|ProcessGroup|c10d|exitcode|ChildFailed")
+                           r"NCCL (?:WARN|INFO)|ProcessGroup|c10d|exitcode|ChildFailed|nGpus \d+ minBytes")
 # Exception types that belong to the launcher, not to a rank's own code: torchrun's summary,
 # torch.multiprocessing.spawn's wrapper of a process's error (ProcessRaisedException: the process's
 # own traceback follows "-- Process N terminated with the following error:") and of its exit
@@ -216,17 +217,19 @@ class RankCollector:
                 self._raised(pending, f"{CUT_TYPE}: {CUT_MESSAGE}", pending.line + pending.scanned)
         self._pending = []
 
-    def block(self, block: str, first_line: int, name: str, index: int, rank_hint: int | None) -> None:
+    def block(self, block: str, first_line: int, name: str, index: int, rank_hint: int | None,
+              words: BlockWords | None = None) -> None:
+        """``words``: what the scan found the block holds (a text it cannot hold is not searched)."""
         if self._pending:
             self._pending = [p for p in self._pending if not self._continue(p, block, 0, first_line)]
         self._sample_prefixes(block, first_line, index, rank_hint, name)
-        if TRACEBACK in block:
+        if may_hold(words, TRACEBACK) and TRACEBACK in block:
             self._tracebacks(block, first_line, name, index, rank_hint)
-        if SUMMARY_TOKEN in block or OLD_SUMMARY_TOKEN in block:
+        if any(may_hold(words, t) and t in block for t in (SUMMARY_TOKEN, OLD_SUMMARY_TOKEN)):
             self._summaries(block)
-        if "atchdog" in block or "Timeout at NCCL work" in block:
+        if any(may_hold(words, t) and t in block for t in ("atchdog", "Timeout at NCCL work")):
             self._watchdog(block, first_line, index, rank_hint)
-        if "orld_size" in block or "orld size" in block or "ORLD_SIZE" in block:
+        if any(may_hold(words, t) and t in block for t in ("orld_size", "orld size", "ORLD_SIZE")):
             self._world_sizes(block, rank_hint)
 
     # -- which ranks print --------------------------------------------------------------------

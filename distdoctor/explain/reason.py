@@ -15,13 +15,16 @@
 #    first of its ranked candidates (candidates.py): the other lines of the logs reorder them,
 #    and the finding lists them all as alternatives, each with the observation that decides.
 # 5. Several ranks timing out in NCCL collectives with different op types at one sequence number is
-#    a collective mismatch, whatever each line alone suggests.
+#    a collective mismatch, whatever each line alone suggests; the fingerprints torch < 2.0's DETAIL
+#    check printed one per rank, compared, name which aspect differs (fingerprints.py).
 # 6. Ranks lost a peer ("Connection reset by peer") and one rank's own log stops without any error
 #    line: that rank died without a word, which a Python exception never does; a signal did it,
 #    most often SIGKILL from the out-of-memory killer. It is named, with moderate confidence.
 # 7. Nothing matched: cause `unknown`, quoting the lines that looked most relevant; or, when some
 #    per-rank logs are empty, that those ranks printed nothing (hung or killed before their first line).
 # 8. distdoctor's own JSON reports among the inputs: their findings are shown again, as they were.
+# 9. One global rank announced by two processes in one start-up (Lightning's "GLOBAL_RANK: g" line twice,
+#    no failure between): a configuration error that comes first, whatever failed after it (claims.py).
 
 from __future__ import annotations
 
@@ -34,10 +37,13 @@ from distdoctor.explain.candidates import (BETWEEN_HOSTS, GENERIC_CEILING, Ranke
                                           rank_family)
 from distdoctor.diagnosis.origin import DIST_ERRORS
 from distdoctor.explain.catalog import Catalog, render_template
+from distdoctor.explain.claims import claims_finding
+from distdoctor.explain.fingerprints import SIGNATURE as FINGERPRINTS, compared_fingerprints
 from distdoctor.explain.own_reports import findings_of_report, fold_alike
 from distdoctor.explain.ranks import split_prefix
 from distdoctor.explain.sanitize import clean_quote
 from distdoctor.explain.scan import MAX_EVIDENCE, Accumulator, Group
+from distdoctor.explain.stopped import stopped_after_nccl_init, stopped_in_collective
 from distdoctor.core.findings import Finding
 from distdoctor.core.report import format_ranks
 
@@ -173,6 +179,18 @@ def findings_from(acc: Accumulator, catalog: Catalog, progress: dict[int, int] |
 
     progress: per input, the last line that shows the job making progress; a transient warning
     (a retry) that every input went on past is no failure (rule 0)."""
+    found = _findings_of(acc, catalog, progress)
+    if not acc.rank_claims:
+        return found
+    failures = [(src, line) for _, src, line, _, text in acc.relevant if "Traceback (most recent call last)" in text]
+    failures += [(src, line) for _, src, line, *_ in failure_lines(acc)]
+    claimed = claims_finding(acc, catalog, failures)
+    if claimed is None:
+        return found
+    return [claimed] + [f for f in found if f.id != "log.W030"]  # rule 9: it comes before what failed after it
+
+
+def _findings_of(acc: Accumulator, catalog: Catalog, progress: dict[int, int] | None) -> list[Finding]:
     reported = fold_alike([f for file, report in acc.own_reports for f in findings_of_report(report, file)])
     groups = [g for g in acc.groups.values() if not _outgrown(g, progress or {}) and not _ended(g, acc)]
     if not groups:
@@ -194,7 +212,8 @@ def findings_from(acc: Accumulator, catalog: Catalog, progress: dict[int, int] |
         if root.group.signature.name in PEER_LOST and _silent(acc) - root.group.ranks:
             findings.append(_silent_death_finding(root, acc, catalog))
             continue
-        findings.append(_finding(root, acc, catalog))
+        compared = compared_fingerprints(root.group, catalog) if root.group.signature.name == FINGERPRINTS else None
+        findings.append(compared or _finding(root, acc, catalog))
     return findings
 
 
@@ -463,9 +482,14 @@ _SETTING = re.compile(r"(?i)time_?out['\"]?\s{0,3}[:=]")
 _FAILING = re.compile(r"(?i)error|fail|exception|killed|abort|fatal|timed out|segmentation")
 
 
+# NCCL < 2.8 warned on every host without InfiniBand, then used sockets: a line of a healthy start-up.
+_BENIGN = re.compile(r"NCCL WARN Failed to open libibverbs")
+
+
 def failure_lines(acc: Accumulator) -> list[tuple[int, int, int, str, str]]:
-    """The relevant lines that look like a failure (an error word), not a timeout's setting."""
-    return [r for r in acc.relevant if r[0] >= 2 and (not _SETTING.search(r[4]) or _FAILING.search(r[4]))]
+    """The relevant lines that look like a failure (an error word), not a timeout's setting nor a benign warning."""
+    return [r for r in acc.relevant if r[0] >= 2 and (not _SETTING.search(r[4]) or _FAILING.search(r[4]))
+            and not _BENIGN.search(r[4])]
 
 
 def _went_on(acc: Accumulator, progress: dict[int, int]) -> bool:
@@ -480,10 +504,13 @@ def _went_on(acc: Accumulator, progress: dict[int, int]) -> bool:
 def _distributed_fallback(found: Finding, acc: Accumulator, catalog: Catalog, went_on: bool) -> Finding:
     """A failure with torch.distributed in the log that no signature names: still ranked candidates,
     never 'unknown'. A log with nothing of torch.distributed in it, or one that shows no failure
-    (no error line, or the job at work after it), keeps its reading."""
+    (no error line, or the job at work after it), keeps its reading, unless it stops inside a
+    collective's frames or right after NCCL's start-up: a hang (stopped.py)."""
     # A failure: an error-looking line, or a traceback (cut before its exception line, it has none).
     if not failure_lines(acc) and not any("Traceback (most recent call last)" in text for *_, text in acc.relevant):
-        return found
+        if found.id != "log.W030" or went_on:
+            return found
+        return stopped_in_collective(found, acc, catalog) or stopped_after_nccl_init(found, acc, catalog) or found
     if "ctx_torch_distributed" not in acc.cues and not any(_DISTRIBUTED.search(text) for *_, text in acc.relevant):
         return found
     if found.id == "log.W030" and went_on:

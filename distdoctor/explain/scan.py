@@ -14,11 +14,13 @@ from typing import Any, Iterable
 
 from distdoctor.explain.attempts import Marks
 from distdoctor.explain.catalog import Catalog, Context, Cue, Signature
+from distdoctor.explain.presence import PRESENCE_ONLY, BlockWords
 from distdoctor.explain.ranks import RankCollector, split_prefix
 from distdoctor.explain.reader import LogSource, iter_blocks
 from distdoctor.explain.sanitize import clean_quote, strip_controls
 
 MAX_EVIDENCE = 5  # quoted lines kept per group (the first ones: the start of a failure matters)
+MAX_RANK_CLAIMS = 8192  # launcher announcements of a rank kept (two per rank of a 4,096-rank job)
 MAX_GROUPS = 512  # distinct (signature, key) groups; beyond it, occurrences are only counted
 MAX_LINE_CHARS = 400  # evidence lines are quoted up to this length
 RELEVANT_LINES = 8  # lines kept for the "nothing matched" answer
@@ -180,6 +182,8 @@ class Accumulator:
     ended: dict[str, dict[int, int]] = field(default_factory=dict)
     # Why the logs show a job on one host ("" when they do not): no network between hosts to blame.
     one_host: str = ""
+    # A launcher's announcement of each process's global rank: (input, line, rank, world size), bounded.
+    rank_claims: list[tuple[int, int, int, int]] = field(default_factory=list)
 
     def add_cue(self, cue: Cue, evidence: dict[str, Any]) -> None:
         entry = self.cues.get(cue.name)
@@ -267,6 +271,7 @@ class Scanner:
                 self._gated.setdefault(word, []).append(entry)
         self._cues_dropped = 0
         self._relevance = list(RELEVANCE_TOKENS.items()) + [(w, 0) for w in GATE_ONLY if w in self._gated]
+        self._tracked = tuple(w for w, _ in self._relevance) + PRESENCE_ONLY
         self._until = [(sig.name, token) for sig in catalog.signatures for token in sig.until]
 
     def scan(self, source: LogSource, source_index: int) -> int:
@@ -277,12 +282,12 @@ class Scanner:
             self.ranks.start_source()
         marks = self.marks.setdefault(source_index, Marks()) if self.marks is not None else None
         for block, first_line in iter_blocks(source):
+            words = self._scan_block(block, first_line, source, source_index, context)
             if marks is not None:
-                marks.block(block, first_line)
-            self._scan_block(block, first_line, source, source_index, context)
+                marks.block(block, first_line, words)
             self._mark_ends(block, first_line, source_index)
             if self.ranks is not None:
-                self.ranks.block(block, first_line, source.name, source_index, source.rank_hint)
+                self.ranks.block(block, first_line, source.name, source_index, source.rank_hint, words)
             self._drop_seen_cues()
         if self.ranks is not None:
             self.ranks.end_source()
@@ -317,7 +322,9 @@ class Scanner:
         self._context = _without_seen_cues(self._context, self.acc.cues)
         self._gated = {w: _without_seen_cues(t, self.acc.cues) for w, t in self._gated.items()}
 
-    def _scan_block(self, block: str, first_line: int, source: LogSource, source_index: int, context: dict) -> None:
+    def _scan_block(self, block: str, first_line: int, source: LogSource, source_index: int,
+                    context: dict) -> BlockWords | None:
+        """The block's observations into the accumulator; the words it holds (None: not known, search the plain way)."""
         hits: dict[int, list] = {}
         _find_tokens(block, self._tokens, hits)
         if self._context:
@@ -325,16 +332,19 @@ class Scanner:
         lower = block.lower()
         relevance: dict[int, int] = {}
         word_lines: dict[str, list[int]] = {}
+        words = None
         if len(lower) == len(block):
-            _find_relevance(block, lower, self._relevance, relevance, word_lines)
+            found = _find_relevance(block, lower, self._relevance, relevance, word_lines)
             _find_gated(block, self._gated, word_lines, hits)
+            found.update(w for w in PRESENCE_ONLY if w in lower)
+            words = BlockWords(found, self._tracked)
         else:
             # lower() changed the length of some non-ASCII text, so positions would not align:
             # search this block the plain way.
             _find_relevance(block, block, self._relevance, relevance, word_lines)
             _find_tokens(block, [t for toks in self._gated.values() for t in toks], hits)
         if not hits and not relevance:
-            return
+            return words
         line_no, pos = first_line, 0
         self._noticed += len(relevance)
         find = block.find
@@ -354,6 +364,7 @@ class Scanner:
                     self.ranks.bare_exception(text, line_no, source.name, source_index, source.rank_hint)
                 # Cut now (bounded memory), clean only the few kept (cleaning every warning line costs).
                 self.acc.add_relevant(score, source_index, line_no, source.name, _cut_line(text))
+        return words
 
     def _match_line(self, line: str, line_no: int, items: Iterable, source: LogSource, source_index: int,
                     context: dict, follow=None) -> None:
@@ -378,6 +389,11 @@ class Scanner:
             if match is None:
                 continue
             if isinstance(item, Context):
+                if item.name == "rank_claim":
+                    if len(self.acc.rank_claims) < MAX_RANK_CLAIMS:
+                        self.acc.rank_claims.append((source_index, line_no, int(match["claim_rank"]),
+                                                     int(match["claim_world"])))
+                    continue
                 self._set_context(item, match, context)
                 continue
             if isinstance(item, Cue):
@@ -456,14 +472,19 @@ def _find_tokens(block: str, tokens: list, hits: dict[int, list]) -> None:
 
 
 def _find_relevance(block: str, lower: str, words: list[tuple[str, int]], relevance: dict[int, int],
-                    word_lines: dict[str, list[int]]) -> None:
+                    word_lines: dict[str, list[int]]) -> set[str]:
+    """The lines holding each word: weighed into ``relevance``, or kept in ``word_lines``; the words found."""
     find, lfind = block.find, lower.find
+    found: set[str] = set()
     for word, weight in words:
         if word in TAIL_ONLY:
-            _find_last(block, lower, word, weight, relevance)
+            if _find_last(block, lower, word, weight, relevance):
+                found.add(word)
             continue
         lines = word_lines.setdefault(word, [])
         i = lfind(word)
+        if i != -1:
+            found.add(word)
         while i != -1:
             start = block.rfind("\n", 0, i) + 1
             if weight:
@@ -475,19 +496,21 @@ def _find_relevance(block: str, lower: str, words: list[tuple[str, int]], releva
             lines.append(start)
             end = find("\n", i)
             i = lfind(word, end) if end != -1 else -1
+    return found
 
 
-def _find_last(block: str, lower: str, word: str, weight: int, relevance: dict[int, int]) -> None:
-    """The last RELEVANT_LINES lines holding a word, found from the block's end."""
+def _find_last(block: str, lower: str, word: str, weight: int, relevance: dict[int, int]) -> bool:
+    """The last RELEVANT_LINES lines holding a word, found from the block's end; whether there was one."""
     end, found = len(lower), 0
     while found < RELEVANT_LINES:
         i = lower.rfind(word, 0, end)
         if i == -1:
-            return
+            break
         start = block.rfind("\n", 0, i) + 1
         relevance[start] = relevance.get(start, 0) + weight
         found += 1
         end = start
+    return found > 0
 
 
 # Past this many lines holding a gate word in one block (NCCL INFO chatter), searching its tokens in the

@@ -76,6 +76,9 @@ WORDING = [
     ("train.py: error: unrecognized arguments: \u2013local_rank=3", "launcher_misuse"),
     # A posted excerpt cut right after the variable's name.
     ("    raise KeyError(key) from None\nKeyError: 'RANK", "env_missing"),
+    # NCCL's strongstream.cc when a collective is captured in a CUDA graph with an NCCL built on CUDA < 11.3.
+    ("misc/strongstream.cc:53 NCCL WARN NCCL cannot be captured in a graph if either it wasn't built with CUDA runtime "
+     ">= 11.3 or if the installed CUDA driver < R465.", "version_incompat"),
 ]
 
 
@@ -284,3 +287,87 @@ def test_a_real_nccl_log_from_a_gpu_machine_reads_right():
         pytest.skip("tests/gpu/recorded is not in this checkout")
     top = explain_files([str(p) for p in sorted(recorded.glob("log-rank*.txt"))]).findings[0]
     assert top.cause == "duplicate_gpu" and set(top.ranks) == {0, 1} and top.confidence >= 0.8
+
+
+# torch 1.9-1.13's DETAIL check (ProcessGroupWrapper.cpp): each rank raised with its own fingerprint only.
+def _inconsistent(rank: int, fingerprint: str) -> str:
+    return (f"[rank{rank}]: RuntimeError: Detected mismatch between collectives on ranks. Rank {rank} is running "
+            f"inconsistent collective: CollectiveFingerPrint({fingerprint}\n")
+
+
+SHAPED = "OpType=ALLGATHER, TensorShape=[{n}, 256], TensorDtypes=Float, TensorDeviceTypes=[CUDA]"
+
+
+@pytest.mark.parametrize("fingerprints, cause", [
+    ((SHAPED.format(n=41), SHAPED.format(n=40)), "shape_mismatch"),
+    (("OpType=ALLREDUCE, TensorShape=[8], TensorDtypes=Float, TensorDeviceTypes=[CUDA]",
+      "OpType=ALLREDUCE, TensorShape=[8], TensorDtypes=Half, TensorDeviceTypes=[CUDA]"), "dtype_mismatch"),
+    (("OpType=BARRIER", "OpType=ALLREDUCE, TensorShape=[8], TensorDtypes=Float, TensorDeviceTypes=[CUDA]"),
+     "collective_mismatch"),
+], ids=["shape", "dtype", "op"])
+def test_two_ranks_own_fingerprints_compared_name_what_differs(fingerprints, cause):
+    top = explain_text(_inconsistent(0, fingerprints[0]) + _inconsistent(1, fingerprints[1])).findings[0]
+    assert top.cause == cause and top.confidence >= 0.8 and sorted(top.ranks) == [0, 1], (top.title, top.confidence)
+
+
+def test_a_fingerprint_wrapped_by_a_terminal_is_read_across_the_wrap():
+    wrapped = "".join(_inconsistent(r, SHAPED.format(n=41 - r)).replace("TensorShape=", "TensorShape\n=") for r in (0, 1))
+    assert explain_text(wrapped).findings[0].cause == "shape_mismatch"
+
+
+def test_one_ranks_own_fingerprint_cannot_tell_which_aspect_differs():
+    top = explain_text(_inconsistent(1, SHAPED.format(n=40))).findings[0]
+    causes = [c["cause"] for c in top.data["candidates"]]
+    assert top.confidence < 0.8 and {"collective_mismatch", "shape_mismatch", "dtype_mismatch"} <= set(causes), causes
+
+
+def test_the_same_fingerprint_on_both_ranks_names_no_difference():
+    # Each rank's line alike (a third rank's differed, its log not given): no aspect is claimed.
+    top = explain_text(_inconsistent(0, SHAPED.format(n=40)) + _inconsistent(1, SHAPED.format(n=40))).findings[0]
+    assert top.confidence < 0.8 and top.data["signature"] == "detail_fingerprint_of_rank", top.title
+
+
+# Lightning's announcement (lightning/fabric/strategies/ddp.py: "Initializing distributed: GLOBAL_RANK:
+# {global_rank}, MEMBER: {global_rank + 1}/{world_size}"), as two nodes that both started as node 0 print it.
+def _announce(ranks, world, old=False):
+    word = "initializing ddp" if old else "Initializing distributed"
+    return "".join(f"{word}: GLOBAL_RANK: {r}, MEMBER: {r + 1}/{world}\n" for r in ranks)
+
+
+STUCK_AFTER = ("Traceback (most recent call last):\n  File \"/w/fit.py\", line 9, in <module>\n    trainer.fit(model)\n"
+               "torch.distributed.DistBackendError: [Rank 0] Watchdog caught collective operation timeout: "
+               "WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800043 "
+               "milliseconds before timing out.\n")
+
+
+@pytest.mark.parametrize("old", [False, True], ids=["1.6+", "before-1.6"])
+def test_ranks_announced_twice_by_two_nodes_started_as_node_0_are_the_cause(old):
+    text = "GPU available: True, used: True\n" + _announce([0, 0, 1, 1, 2, 2, 3, 3], 8, old) + STUCK_AFTER
+    first = explain_text(text).findings[0]
+    assert (first.cause, first.ranks, first.confidence) == ("rank_config_error", (0, 1, 2, 3), 0.8), first
+    assert "ranks 4-7 of 8 never" in first.title
+    # The one-line-alone reading is gone: what failed after it is listed after it.
+    assert explain_text(text).findings[1].cause != "rank_config_error"
+
+
+def test_every_rank_announced_once_is_no_claim():
+    text = _announce([1, 0, 3, 2], 4) + STUCK_AFTER
+    assert all(f.cause != "rank_config_error" for f in explain_text(text).findings)
+
+
+def test_every_rank_announced_twice_and_none_missing_is_no_claim():
+    # Two handlers printing each line, or two runs appended to one file: every rank twice, the world complete.
+    text = _announce([0, 0, 1, 1, 2, 2, 3, 3], 4) + STUCK_AFTER
+    assert all(f.cause != "rank_config_error" for f in explain_text(text).findings)
+
+
+def test_a_restart_announcing_every_rank_again_after_a_failure_is_no_claim():
+    # (two ranks of a world of 4 in this log: without the failure between, ranks 2-3 missing would make it 0.8)
+    text = _announce([0, 1], 4) + STUCK_AFTER + "Restarting the job\n" + _announce([0, 1], 4) + STUCK_AFTER
+    assert all(f.cause != "rank_config_error" for f in explain_text(text).findings)
+
+
+def test_a_rank_announced_twice_with_the_whole_world_present_is_named_less_surely():
+    text = _announce([0, 1, 1], 2) + STUCK_AFTER
+    first = explain_text(text).findings[0]
+    assert (first.cause, first.ranks, first.confidence) == ("rank_config_error", (1,), 0.6), first

@@ -91,3 +91,49 @@ def test_the_shipped_threads_load_and_the_finding_says_what_ranked_it():
     reasons = [r for c in top.data["candidates"] for r in c.get("reordered_by", [])]
     assert any("labelled threads" in r for r in reasons), top.data["candidates"]
     assert "labelled public threads" in top.detail
+
+
+def _fresh(path):
+    return load_priors.__wrapped__(path)  # past the process's own lru_cache: what a new run does
+
+
+def test_the_counts_kept_between_runs_are_the_counts_the_threads_file_gives(tmp_path, monkeypatch):
+    import json
+    import tomllib
+
+    from distdoctor.explain.priors import THREADS_PATH
+
+    monkeypatch.setenv("DISTDOCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    parsed = count(parse_threads(tomllib.loads(THREADS_PATH.read_text(encoding="utf-8"))))
+    first, again = _fresh(THREADS_PATH), _fresh(THREADS_PATH)
+    [kept] = (tmp_path / "cache").glob("priors-*.json")
+    assert first == parsed and again == parsed and json.loads(kept.read_text())["counts"]["total"] == parsed.total
+    edited = tmp_path / "threads.toml"  # an edited file is another key: never read stale
+    edited.write_text(THREADS_PATH.read_text(encoding="utf-8") + '\n[[thread]]\nurl = "https://example.org/1"\n'
+                      'part = "dev"\nsignature = "store_wait_timeout"\ncause = "rank_missing"\ncues = []\n')
+    assert _fresh(edited).total == parsed.total + 1 and len(list((tmp_path / "cache").glob("priors-*.json"))) == 2
+
+
+@pytest.mark.parametrize("kept", ["{not json", '{"schema": "distdoctor.priors-cache/1", "counts": {"total": "9"}}',
+                                  '{"schema": "distdoctor.priors-cache/1", "counts": {"family_counts": {"a": {"b": "1"}}}}'])
+def test_a_damaged_cache_is_counted_again_and_an_unwritable_one_is_not_used(tmp_path, monkeypatch, kept):
+    import hashlib
+
+    from distdoctor.explain.priors import THREADS_PATH
+
+    expected = count(parse_threads(__import__("tomllib").loads(THREADS_PATH.read_text(encoding="utf-8"))))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    digest = hashlib.sha256(THREADS_PATH.read_bytes()).hexdigest()[:32]
+    (cache / f"priors-{digest}.json").write_text(kept)
+    monkeypatch.setenv("DISTDOCTOR_CACHE_DIR", str(cache))
+    assert _fresh(THREADS_PATH) == expected
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("DISTDOCTOR_CACHE_DIR", str(blocked / "cache"))  # a directory that cannot be made
+    assert _fresh(THREADS_PATH) == expected and not list(tmp_path.glob("**/.priors-*.tmp"))
+    for name in ("DISTDOCTOR_CACHE_DIR", "XDG_CACHE_HOME", "HOME"):  # nowhere absolute to keep it: not kept
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("os.path.expanduser", lambda path: path)
+    monkeypatch.chdir(tmp_path)
+    assert _fresh(THREADS_PATH) == expected and not (tmp_path / "~").exists()

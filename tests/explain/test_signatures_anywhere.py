@@ -231,3 +231,87 @@ def test_a_log_of_two_jobs_reads_the_failing_one():
     healthy = "".join(f"[rank{r}]: job A epoch 1 step {i} loss 0.{i}\n" for i in range(3) for r in (0, 1))
     top = explain_text(healthy + failing).findings[0]
     assert top.id != "log.W030" and top.confidence < 0.8 and top.data.get("candidates"), (top.id, top.confidence)
+
+
+# A stack taken while a job hung, as py-spy dump (innermost frame first) and faulthandler print it; no error line.
+PY_SPY_DUMP = """Process 4242: python train.py --epochs 10
+Python v3.10.12 (/usr/bin/python3.10)
+
+Thread 4242 (idle): "MainThread"
+    all_reduce (torch/distributed/distributed_c10d.py:2501)
+    wrapper (torch/distributed/c10d_logger.py:83)
+    train_step (train.py:88)
+    <module> (train.py:131)
+Thread 4301 (idle): "Thread-1 (_pin_memory_loop)"
+    select (selectors.py:416)
+"""
+FAULTHANDLER_DUMP = """Thread 0x00007f3a2c7fe700 (most recent call first):
+  File "/usr/lib/python3.10/threading.py", line 324 in wait
+Current thread 0x00007f3a9b8a4740 (most recent call first):
+  File "/opt/conda/lib/python3.10/site-packages/torch/distributed/distributed_c10d.py", line 4166 in barrier
+  File "/opt/conda/lib/python3.10/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper
+  File "/work/train.py", line 140 in save_checkpoint
+  File "/work/train.py", line 201 in <module>
+"""
+
+
+@pytest.mark.parametrize("dump", [PY_SPY_DUMP, FAULTHANDLER_DUMP], ids=["py-spy", "faulthandler"])
+def test_a_stack_that_stops_in_a_collective_with_no_error_is_a_hang_with_the_watchdogs_causes(dump):
+    top, ranked = _ranked(dump)
+    assert top.data["signature"] == "stopped_in_collective", top.title
+    assert top.data["operation"] in {"all_reduce", "barrier"} and top.data["operation"] in top.title
+    assert {"straggler_rank", "collective_mismatch", "rank_missing"} & set(ranked[:3]), ranked
+    assert top.confidence <= 0.5 and len(ranked) >= 3
+
+
+def test_the_same_frames_with_the_job_going_on_after_them_are_no_hang():
+    went_on = PY_SPY_DUMP + "".join(f"epoch 3 step {n}/500 loss 1.2{n}\n" for n in range(5))
+    assert all(f.data.get("signature") != "stopped_in_collective" for f in explain_text(went_on).findings)
+
+
+def test_a_traceback_through_a_collective_that_raised_keeps_its_errors_reading():
+    raised = ('Traceback (most recent call last):\n  File "train.py", line 88, in <module>\n    dist.barrier()\n'
+              '  File "/opt/conda/lib/python3.10/site-packages/torch/distributed/distributed_c10d.py", line 3696, in barrier\n'
+              "    work = default_pg.barrier(opts=opts)\n"
+              "torch.distributed.DistStoreError: Socket Timeout\n")
+    top = explain_text(raised).findings[0]
+    assert top.data.get("signature") != "stopped_in_collective", top.title
+
+
+# NCCL_DEBUG=INFO's start-up (NCCL 2.7-2.21 wording) and nccl-tests' header, then nothing.
+NCCL_START = """node1:2101:2101 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.11<0>
+node1:2101:2101 [0] NCCL INFO NET/Plugin : No plugin found (libnccl-net.so), using internal implementation
+node1:2101:2101 [0] misc/ibvwrap.cc:63 NCCL WARN Failed to open libibverbs.so[.1]
+node1:2101:2101 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.11<0>
+node1:2101:2190 [0] NCCL INFO Channel 00/02 :    0   1
+node1:2101:2190 [0] NCCL INFO Connected all rings
+node1:2101:2190 [0] NCCL INFO comm 0x55d0c4a0 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE
+"""
+NCCL_TESTS_HEADER = """# nThread 1 nGpus 2 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
+#
+# Using devices
+#  Rank  0 Group  0 Pid   4411 on     node1 device  0 [0x1a] NVIDIA A100-SXM4-80GB
+#  Rank  1 Group  0 Pid   4411 on     node1 device  1 [0x1b] NVIDIA A100-SXM4-80GB
+#
+#                                                              out-of-place                       in-place
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+"""
+
+
+@pytest.mark.parametrize("text", [NCCL_START, NCCL_TESTS_HEADER], ids=["nccl-info", "nccl-tests"])
+def test_nccl_started_and_nothing_after_is_a_hang_with_the_transport_first(text):
+    top, ranked = _ranked(text)
+    assert top.data["signature"] == "stopped_after_nccl_init", top.title
+    assert "p2p_blocked" in ranked[:3] and top.confidence <= 0.4, (ranked, top.confidence)
+
+
+def test_nccl_tests_that_print_their_results_are_no_hang():
+    done = NCCL_TESTS_HEADER + ("           8             2     float     sum      -1    18.11    0.00    0.00      0    17.95"
+                                "    0.00    0.00      0\n# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 41.2\n")
+    assert all(f.data.get("signature") != "stopped_after_nccl_init" for f in explain_text(done).findings)
+
+
+def test_nccl_started_and_the_job_training_after_it_is_no_hang():
+    training = NCCL_START + "".join(f"epoch 0 step {n}/100 loss 2.{n}\n" for n in range(5))
+    found = explain_text(training).findings
+    assert all(f.data.get("signature") != "stopped_after_nccl_init" and f.cause != "shm_too_small" for f in found)
