@@ -11,6 +11,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# `python -m distdoctor` with torch imported before distdoctor's clock starts. The process says on stderr how
+# long the import took (a lab rank's deadline is judged from when distdoctor started: tests/hosts), and touches
+# the file $READY_FILE names, when set, once it is past the import (a test that must start another rank only
+# then: tests/multiproc).
+IMPORTED = "lab: torch imported in "
+DISTDOCTOR_AFTER_TORCH = [sys.executable, "-c", "import os, sys, time; began = time.monotonic(); import runpy, torch.distributed; "
+                          f"print(f'{IMPORTED}{{time.monotonic() - began:.3f}} s', file=sys.stderr, flush=True); "
+                          "ready = os.environ.get('READY_FILE'); ready and open(ready, 'a').close(); "
+                          "runpy.run_module('distdoctor', run_name='__main__', alter_sys=True)"]
+
 
 @pytest.fixture
 def fresh_registry():
@@ -134,3 +144,26 @@ def pytest_collection_modifyitems(config, items):
         for prefix, group in _ONE_WORKER_GROUPS:
             if item.nodeid.startswith(prefix):
                 item.add_marker(pytest.mark.xdist_group(group))
+
+
+# Where the suite's CPU goes: with DISTDOCTOR_TEST_CPU_LOG=<file>, each test appends one line,
+# "<nodeid>\t<CPU-s>\t<wall-s>", where CPU-s counts this worker and every process it reaped during
+# the test (the ranks and launchers a test starts and waits for, their children included).
+# docs/testing.md says how it was used to decide what the suite runs.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    log = os.environ.get("DISTDOCTOR_TEST_CPU_LOG")
+    if not log:
+        yield
+        return
+    import resource
+    import time
+
+    def cpu() -> float:
+        own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+    cpu0, wall0 = cpu(), time.monotonic()
+    yield
+    with open(log, "a") as out:
+        out.write(f"{item.nodeid}\t{cpu() - cpu0:.2f}\t{time.monotonic() - wall0:.2f}\n")

@@ -22,15 +22,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import deadline_bound, free_port, json_objects, measured_startup_s
+from tests.conftest import deadline_bound, free_port, json_objects, recent_startup_s
 
 pytestmark = pytest.mark.multiproc
 
 
 def timeout_s(base: float = 6.0) -> int:
     """The run's deadline: ``base`` seconds of work after torch's start-up on this machine now
-    (a rank that spent its whole deadline importing torch would rightly report a cut-off)."""
-    return round(base + 2 * measured_startup_s())
+    (a rank that spent its whole deadline importing torch would rightly report a cut-off). "Now" is the
+    start-up timed within the last two minutes: the session's first figure was outlasted by a load burst
+    later in a run (a rank alone before a listener that never accepts was cut off with no finding yet)."""
+    return round(base + 2 * recent_startup_s())
 
 
 def rank_env(rank: int, port: int, **extra: str) -> dict[str, str]:
@@ -279,7 +281,17 @@ def test_a_rank_1_with_too_little_time_for_the_world_reports_for_itself():
         rank1.wait()
     assert rank1.code == 3, rank1.describe()
     assert "Traceback" not in rank1.stderr, rank1.describe()
-    (report,) = json_objects(rank1.stdout)
+    reports = json_objects(rank1.stdout)
+    if not reports:
+        # A 1 s deadline ends the run before or after the rank has read its world, as the load has it. After,
+        # in its local stage, the one-report rule holds: it says so in one line on stderr, names the stage and
+        # leaves the report to rank 0 (a CI run on a loaded machine took this path).
+        said = [line for line in rank1.stderr.splitlines() if line.startswith("distdoctor: rank 1 of 2")]
+        assert len(said) == 1 and "core.E004" in said[0], rank1.describe()
+        line = said[0]
+        assert "did not finish before the run's deadline" in line and "--all-ranks" in line, rank1.describe()
+        return
+    (report,) = reports
     assert report["status"] == "incomplete" and report["world"]["ranks_reported"] == [1], report
     assert ids(report) & {"core.E004", "core.E005"}, report["findings"]
 

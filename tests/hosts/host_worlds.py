@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from netns import Lab, Started
+from tests.conftest import DISTDOCTOR_AFTER_TORCH, IMPORTED, recent_startup_s
 
 PLAIN_TORCH = str(Path(__file__).with_name("plain_torch.py"))
 # Any port is free in a namespace the lab has just made: nothing else runs there.
@@ -27,18 +28,6 @@ _SCRUB_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_
                 "GROUP_RANK", "ROLE_RANK", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "NODE_RANK")
 
 
-# `python -m distdoctor`, with torch imported before distdoctor's clock starts. The lab judges what the ranks
-# find about the network within the deadline; torch's import, which a real node does in seconds, took 19.6 s
-# of a 27 s deadline on a lab rank in a quiet CI run while both workers' jobs imported torch at once, and the
-# run was cut off before any check began. What a rank says when its own start-up outlasts the deadline is
-# tested without the lab (tests/crossrank/test_watchdog_and_merge.py).
-# The rank says on stderr how long the import took: the deadline is judged from when distdoctor started.
-IMPORTED = "lab: torch imported in "
-DISTDOCTOR_AFTER_TORCH = [sys.executable, "-c", "import sys, time; began = time.monotonic(); import runpy, torch.distributed; "
-                          f"print(f'{IMPORTED}{{time.monotonic() - began:.3f}} s', file=sys.stderr, flush=True); "
-                          "runpy.run_module('distdoctor', run_name='__main__', alter_sys=True)"]
-
-
 def scenario_deadline(base: float = 10.0) -> float:
     """distdoctor's --timeout in a lab scenario: ``base`` plus three start-ups measured now.
 
@@ -46,8 +35,6 @@ def scenario_deadline(base: float = 10.0) -> float:
     loaded machine that alone took 9 s of a fixed 10 s deadline (the rendezvous stage was then
     skipped and its findings never made), so the deadline scales with the measured start-up.
     """
-    from tests.conftest import recent_startup_s
-
     return float(round(base + 3 * recent_startup_s()))
 
 
@@ -182,6 +169,12 @@ def current_test() -> str:
 def distdoctor_world(lab: Lab, specs: Sequence[RankSpec], *, timeout: float, args: Sequence[str] = (),
                      **kwargs: Any) -> WorldRun:
     """Every started rank runs ``distdoctor check --format json --timeout T``; waits for them."""
+    # torch is imported before distdoctor's clock starts. The lab judges what the ranks find about the network
+    # within the deadline; torch's import, which a real node does in seconds, took 19.6 s of a 27 s deadline on a
+    # lab rank in a quiet CI run while both workers' jobs imported torch at once, and the run was cut off before
+    # any check began. The rank says on stderr how long the import took: the deadline is judged from when
+    # distdoctor started. What a rank says when its own start-up outlasts the deadline is tested without the lab
+    # (tests/crossrank/test_watchdog_and_merge.py).
     argv = [*DISTDOCTOR_AFTER_TORCH, "check", "--format", "json", "--timeout", f"{timeout:g}", *args]
     # Generous outer bound: the assertions check the deadline, this only stops a runaway.
     run = start_world(lab, specs, argv, bound=timeout + 60, label="dd", **kwargs)

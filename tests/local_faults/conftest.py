@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tests.conftest import deadline_bound, measured_startup_s
+from tests.conftest import deadline_bound, recent_startup_s
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -65,7 +65,7 @@ def check_local(env: dict[str, str], *extra: str, preexec=None, prefix: list[str
     """`distdoctor check --stage local --format json` in a fresh process."""
     # Each check's own bound (10 s by default) grows with the measured start-up: on a loaded machine a
     # check that imports torch's backends can take longer than that, and would be reported as unknown.
-    check_timeout = f"{10.0 + 2 * measured_startup_s():.0f}"
+    check_timeout = f"{10.0 + 2 * recent_startup_s():.0f}"  # timed in the last two minutes: load comes in bursts
     cmd = [*(prefix or []), sys.executable, "-m", "distdoctor", "check", "--stage", "local", "--format", "json",
            "--check-timeout", check_timeout, *extra]
     return run(cmd, env, preexec)

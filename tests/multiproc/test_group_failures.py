@@ -6,9 +6,12 @@ host does not have, so gloo stops with "Unable to find address for: ddnoif0" on 
 
 from __future__ import annotations
 
+import time
+
+import psutil
 import pytest
 
-from tests.conftest import deadline_bound
+from tests.conftest import deadline_bound, recent_startup_s
 from conftest import base_env, by_name, diagnostics, distdoctor, findings
 from tests.conftest import free_port
 
@@ -70,14 +73,32 @@ def test_a_rank_whose_group_fails_tells_the_others_at_once(procs):
     procs.assert_no_orphans()
 
 
+def listening(pid: int, port: int) -> bool:
+    try:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
+                   for c in psutil.Process(pid).net_connections(kind="tcp"))
+    except psutil.Error:
+        return False
+
+
 def test_when_rank_0_is_stuck_its_store_outlives_its_final_word(procs):
     # Rank 0 hosts the store and hangs in the rendezvous; its watchdog reports, publishes exit 3
     # and only then ends (taking the store with it). Rank 1, waiting for the decision, takes the
     # final word instead, and ends quietly: no traceback from a vanished store, no report of its own.
-    timeout = 10
-    rank0, rank1 = start_pair(procs, free_port(), "--timeout", str(timeout),
-                              env={"DISTDOCTOR_TESTING": "1", "DISTDOCTOR_TEST_HANG": "0:rendezvous"})
-    procs.wait(40)
+    # Each deadline runs on its process's own clock: rank 1 starts once rank 0's store listens, so rank 0's
+    # deadline comes first, as it does when rank 0 is the one that hangs. (Started together, rank 1's clock
+    # began over a second before rank 0's on a loaded machine: its deadline came first and, with no final
+    # word yet, it rightly reported for itself.) The deadline leaves rank 1 its start-up before it.
+    timeout = round(10 + 2 * recent_startup_s())
+    port = free_port()
+    env = base_env(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   DISTDOCTOR_TESTING="1", DISTDOCTOR_TEST_HANG="0:rendezvous")
+    rank0 = procs.start(distdoctor("check", "--format", "json", "--timeout", str(timeout)), env)
+    until = time.monotonic() + timeout
+    while not listening(rank0.popen.pid, port) and time.monotonic() < until and rank0.popen.poll() is None:
+        time.sleep(0.1)
+    rank1 = procs.start(distdoctor("check", "--format", "json", "--timeout", str(timeout)), {**env, "RANK": "1"})
+    procs.wait(timeout + 40)
     for proc in (rank0, rank1):
         assert proc.rc == 3, diagnostics(proc)
         assert proc.elapsed < deadline_bound(timeout), f"ended after {proc.elapsed:.1f}s\n{diagnostics(proc)}"

@@ -12,9 +12,8 @@ import time
 
 import pytest
 
-from tests.conftest import deadline_bound, measured_startup_s
+from tests.conftest import DISTDOCTOR_AFTER_TORCH, deadline_bound, free_port, measured_startup_s
 from conftest import HANG_CHECKS, base_env, by_name, diagnostics, distdoctor, findings
-from tests.conftest import free_port
 
 pytestmark = pytest.mark.multiproc
 
@@ -121,11 +120,22 @@ def test_missing_rank_is_named_within_the_deadline(procs):
     procs.assert_no_orphans()
 
 
-def test_two_processes_claiming_one_rank_are_named_with_both_pids(procs):
+def test_two_processes_claiming_one_rank_are_named_with_both_pids(procs, tmp_path):
     port = free_port()
-    # Both rank-1 processes start first and wait for rank 0's store, so both are there when it
-    # opens; rank 0 starts once they are running.
-    dup_a, dup_b = by_hand(procs, 2, [1, 1], port, "--timeout", "40")
+    # Both rank-1 processes must be waiting at rank 0's store when it opens: rank 0 starts once both have
+    # imported torch (then its own import alone outlasts their way to the rendezvous). A fixed second of
+    # head start was not enough on a loaded machine: one rank-1 process came after rank 0 had formed the
+    # world with the other and finished (exit 0, no duplicate to see).
+    dups = []
+    for n in range(2):
+        env = base_env(RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       READY_FILE=str(tmp_path / f"ready-{n}"))
+        dups.append(procs.start([*DISTDOCTOR_AFTER_TORCH, "check", "--format", "json", "--timeout", "40"], env))
+    until = time.monotonic() + 120
+    while not all((tmp_path / f"ready-{n}").exists() for n in range(2)) and time.monotonic() < until:
+        assert all(d.popen.poll() is None for d in dups), [diagnostics(d) for d in dups]
+        time.sleep(0.2)
+    dup_a, dup_b = dups
     time.sleep(1.0)
     (rank0,) = by_hand(procs, 2, [0], port, "--timeout", "40")
     procs.wait(60)
