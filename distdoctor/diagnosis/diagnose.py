@@ -34,6 +34,7 @@ from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis import kinds
 from distdoctor.diagnosis.cut import EVERY_RANK_TAKES_PART, completed_by_all
 from distdoctor.diagnosis.frames import is_user_file
+from distdoctor.diagnosis.waits import in_backward
 from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, NOT_HEARD, RAISED, RUNNING, UNKNOWN,
                                            UNREACHABLE, GroupProgress, PendingOp, RankSnapshot)
 from distdoctor.diagnosis.stuck import DEADLOCK, MOVING, POINT_TO_POINT, STUCK, UNKNOWN_WAITS, motion, p2p_waits
@@ -81,6 +82,19 @@ def _outside_torch(snap: RankSnapshot) -> bool:
     return is_user_file(snap.stack[-1].file) or not any(_TORCH_PATH.search(f.file) for f in snap.stack)
 
 
+_DISTRIBUTED_PATH = re.compile(r"(^|[/\\])torch[/\\]distributed[/\\]")
+
+
+def _in_no_distributed_call(snap: RankSnapshot) -> bool:
+    """Its main thread's stack is known and shows no wait a collective can be in: no torch.distributed
+    function (a module being imported there is no call), no backward (DDP's and FSDP's collectives run
+    inside it), no collective read from the stack. torch's own code otherwise (a forward, an import)."""
+    if not snap.stack or snap.in_collective:
+        return False
+    return not in_backward(snap.stack) and not any(
+        _DISTRIBUTED_PATH.search(f.file) and f.function != "<module>" for f in snap.stack)
+
+
 def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
     """A collective that one rank of a group completed is complete on every rank that issued it.
 
@@ -99,7 +113,11 @@ def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
     when this rank issued a later one and every other rank completed it: whichever was the root, its
     data has reached every rank (Lightning's per-step broadcast on rank 0, the root, still unmarked
     3 s after rank 1 received it, while rank 0 waited in the all_reduce after it: rank 1, asleep in
-    its step, was named late to the broadcast it had completed).
+    its step, was named late to the broadcast it had completed). Nor does a rank wait in a collective every
+    rank takes part in that another rank completed when its main thread is in no call that could wait in
+    one (importing torch._dynamo as DDP is built, say): its part is in, or that rank could not have
+    completed (the suite's dead-prefetch job: rank 1 still showed all_to_all #2 pending 3 s after rank 0
+    completed it, both importing, and rank 0 was named late for it).
     """
     done: dict[str, int] = {}
     by_all: dict[str, int] = {}
@@ -118,7 +136,7 @@ def _settled(snaps: list[RankSnapshot]) -> list[RankSnapshot]:
             if (group.pending is not None and group.pending.seq is not None and top is not None
                     and group.pending.seq <= top
                     and (_outside_torch(snap) or _passed(group) or group.pending.seq < by_all.get(group.group, -1)
-                         or _completed_by_the_others(snaps, snap.rank, group))):
+                         or _completed_by_the_others(snaps, snap.rank, group) or _taken_part(group, snap))):
                 completed = min(top, group.last_enqueued) if group.last_enqueued is not None else top
                 later = next((op for op in group.recent if op.seq is not None and op.seq > completed), None)
                 group = replace(group, last_completed=max(group.last_completed or -1, completed), pending=later)
@@ -137,6 +155,13 @@ def _completed_by_the_others(snaps: Sequence[RankSnapshot], rank: int, group: Gr
     others = [s.group(group.group) for s in snaps if s.rank != rank]
     return bool(others) and all(g is not None and g.last_completed is not None and g.last_completed >= seq
                                 for g in others)
+
+
+def _taken_part(group: GroupProgress, snap: RankSnapshot) -> bool:
+    """The pending collective is one every rank takes part in (another rank's completion of it needed this
+    rank's part) and this rank's main thread is in no call that could wait in it."""
+    pending = group.pending
+    return pending is not None and pending.op in EVERY_RANK_TAKES_PART and _in_no_distributed_call(snap)
 
 
 def _passed(group: GroupProgress) -> bool:

@@ -213,3 +213,47 @@ def test_a_broadcast_the_other_rank_never_issued_or_not_heard_from_keeps_the_rec
     assert first.id == "job.E002" and "broadcast #31" in first.title, first.title
     alone = diagnose(_lightning_pair(31, 31, heard=False), world_size=2)
     assert all("all_reduce #32" not in f.title for f in alone), [f.title for f in alone]
+
+
+# The suite's dead-prefetch job (tests/guard/scripts/long_job.py deadthread, a CI-equivalent run of 2026-11-29):
+# both ranks completed an uneven all_to_all_single (#2) and build DDP, whose first construction imports
+# torch._dynamo (seconds under load). Gloo still showed #2 pending on rank 1 past the 3 s hang timeout, and rank 0
+# (which completed it) was named late for it: with --on-hang exit the guard would have ended a job that was only
+# importing. Rank 0's completion of an all_to_all needed rank 1's part in it.
+IMPORTING = (Frame("long_job.py", 56, "<module>"),
+             Frame("/usr/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", 850, "__init__"),
+             Frame("<frozen importlib._bootstrap>", 1147, "_find_and_load"),
+             Frame("/usr/lib/python3.11/site-packages/torch/distributed/_functional_collectives.py", 1, "<module>"),
+             Frame("/usr/lib/python3.11/site-packages/torch/_dynamo/convert_frame.py", 210, "<module>"))
+IN_ALL_TO_ALL = (Frame("long_job.py", 54, "<module>"),
+                 Frame("/usr/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", 81, "wrapper"),
+                 Frame("/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 4410,
+                       "all_to_all_single"))
+
+
+def _importing_pair(rank1_stack, op: str = "all_to_all") -> list[RankSnapshot]:
+    done = PendingOp(op, 2, ((6,),), ("Float",), "completed")
+    ahead = RankSnapshot(rank=0, status=RUNNING, where=IMPORTING[0], stack=IMPORTING,
+                         groups=(GroupProgress("0", last_enqueued=2, last_completed=2, recent=(done,)),))
+    behind = RankSnapshot(rank=1, status=RUNNING, where=rank1_stack[0], stack=rank1_stack,
+                          groups=(GroupProgress("0", last_enqueued=2, last_completed=1,
+                                                pending=replace(done, state="started", age_s=3.4),
+                                                recent=(replace(done, state="started"),)),))
+    return [ahead, behind]
+
+
+def test_a_collective_every_rank_takes_part_in_is_not_waited_in_by_a_rank_that_is_importing():
+    assert diagnose(_importing_pair(IMPORTING)) == []
+
+
+def test_a_rank_still_in_the_call_or_behind_a_roots_collective_keeps_the_recorders_word():
+    # Its main thread in the all_to_all itself (the data in flight, or a link that died under it): still in it.
+    [first, *_] = diagnose(_importing_pair(IN_ALL_TO_ALL))
+    assert "all_to_all #2" in first.title, first.title
+    # A broadcast the root completed does not prove the receiver received it, wherever the receiver is.
+    [first, *_] = diagnose(_importing_pair(IMPORTING, op="broadcast"))
+    assert "broadcast #2" in first.title, first.title
+    # A stack not known (no main thread read): nothing to go by.
+    ahead, behind = _importing_pair(IMPORTING)
+    [first, *_] = diagnose([ahead, replace(behind, stack=(), where=None)])
+    assert "all_to_all #2" in first.title, first.title
