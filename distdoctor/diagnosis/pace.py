@@ -74,6 +74,7 @@ class RankPace:
     paths: dict[tuple, PathRow] = field(default_factory=dict)
     samples: int = 0
     waiting: int = 0
+    wait_paths: dict[tuple, int] = field(default_factory=dict)  # where the samples that waited for peers were
     profile_s: float = 0.0
     loader_s: float | None = None   # inside DataLoader next(), timed exactly (None: not timed)
     loader_n: int = 0
@@ -140,6 +141,22 @@ def _paths(raw: Any) -> tuple[dict[tuple, PathRow], int, int, float]:
     return out, _count(raw.get("samples")), _count(raw.get("waiting")), _num(raw.get("s")) or 0.0
 
 
+def _wait_paths(raw: Any) -> dict[tuple, int]:
+    """The keys (file, line, function per frame) of the paths the samples that waited for peers had -> samples."""
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("waits"), list):
+        return {}
+    frames = [_frame(f) for f in (raw.get("frames") if isinstance(raw.get("frames"), list) else [])[:512]]
+    out: dict[tuple, int] = {}
+    for item in raw["waits"][:MAX_PATHS]:
+        if not isinstance(item, list) or len(item) < 2 or not isinstance(item[0], list):
+            continue
+        picked = [frames[i] for i in item[0][:MAX_FRAMES] if isinstance(i, int) and 0 <= i < len(frames)]
+        if picked and all(f is not None for f in picked):
+            key = tuple(f[:3] for f in picked)
+            out[key] = out.get(key, 0) + _count(item[1])
+    return out
+
+
 def _loader(raw: Any) -> tuple[float | None, int]:
     loader = raw.get("loader") if isinstance(raw, Mapping) else None
     if not isinstance(loader, Mapping):
@@ -160,7 +177,7 @@ def from_doc(doc: Any) -> RankPace | None:
         wall_s=_num(doc.get("wall_s")) or 0.0, run_s=_num(cpu.get("run_s"), None), runq_s=_num(cpu.get("runq_s"), None),
         blocked_s=_num(cpu.get("blocked_s"), None), gc_s=_num(gc.get("s"), None) if gc else None,
         gc_n=_count(gc.get("n")) if gc else 0, gc_full=_count(gc.get("full")) if gc else 0, groups=_groups(doc.get("waits")),
-        paths=paths, samples=samples, waiting=waiting, profile_s=profile_s, loader_s=loader_s, loader_n=loader_n,
+        paths=paths, samples=samples, waiting=waiting, wait_paths=_wait_paths(doc.get("profile")), profile_s=profile_s, loader_s=loader_s, loader_n=loader_n,
         gpu=bool(doc.get("gpu")),
         notes=tuple(str(n)[:300] for n in (doc.get("notes") if isinstance(doc.get("notes"), list) else [])[:8]),
         windows=max(1, _count(doc.get("windows"))), final=bool(doc.get("final")),
@@ -188,12 +205,17 @@ def merge(a: RankPace, b: RankPace) -> RankPace:
         paths[key] = merge_path(paths[key], row) if key in paths else row
     if len(paths) > MAX_PATHS:
         paths = dict(sorted(paths.items(), key=lambda kv: -kv[1].s)[:MAX_PATHS])
+    waits = dict(a.wait_paths)
+    for key, n in b.wait_paths.items():
+        waits[key] = waits.get(key, 0) + n
+    if len(waits) > MAX_PATHS:
+        waits = dict(sorted(waits.items(), key=lambda kv: -kv[1])[:MAX_PATHS])
     return RankPace(
         rank=a.rank, host=b.host or a.host, t0=a.t0 if a.t0 is not None else b.t0, t1=b.t1 if b.t1 is not None else a.t1,
         wall_s=a.wall_s + b.wall_s, run_s=_add(a.run_s, b.run_s), runq_s=_add(a.runq_s, b.runq_s),
         blocked_s=_add(a.blocked_s, b.blocked_s), gc_s=_add(a.gc_s, b.gc_s), gc_n=a.gc_n + b.gc_n,
         gc_full=a.gc_full + b.gc_full, groups=groups, paths=paths, samples=a.samples + b.samples,
-        waiting=a.waiting + b.waiting, profile_s=a.profile_s + b.profile_s, loader_s=_add(a.loader_s, b.loader_s),
+        waiting=a.waiting + b.waiting, wait_paths=waits, profile_s=a.profile_s + b.profile_s, loader_s=_add(a.loader_s, b.loader_s),
         loader_n=a.loader_n + b.loader_n, gpu=a.gpu or b.gpu,
         notes=tuple(dict.fromkeys(a.notes + b.notes))[:8], windows=a.windows + b.windows, final=b.final,
         last_window=max(a.last_window, b.last_window))
@@ -247,6 +269,13 @@ def to_doc(pace: RankPace) -> dict[str, Any]:
                 frames.append(list(frame))
             ids.append(index[frame[:3]])
         paths.append([ids, row.n, round(row.s, 4), round(row.cpu, 4), round(row.runq, 4), row.gc, row.data])
+    waits = []
+    for key, n in sorted(pace.wait_paths.items(), key=lambda kv: -kv[1]):
+        for frame in key:
+            if frame not in index:
+                index[frame] = len(frames)
+                frames.append([*frame, ""])
+        waits.append([[index[frame] for frame in key], n])
     cpu = None if pace.run_s is None else {"run_s": round(pace.run_s, 4), "runq_s": round(pace.runq_s or 0.0, 4),
                                            "blocked_s": round(pace.blocked_s or 0.0, 4)}
     return {"schema": SCHEMA, "rank": pace.rank, "host": pace.host, "window": pace.last_window, "windows": pace.windows,
@@ -256,7 +285,7 @@ def to_doc(pace: RankPace) -> dict[str, Any]:
                        "measured_regions": g.measured_regions, "steps": g.steps, "measured_steps": g.measured_steps,
                        "hist": g.hist} for g in pace.groups.values()],
             "profile": {"samples": pace.samples, "waiting": pace.waiting, "s": round(pace.profile_s, 4),
-                        "frames": frames, "paths": paths,
+                        "frames": frames, "paths": paths, "waits": waits,
                         "loader": None if pace.loader_s is None else {"s": round(pace.loader_s, 4),
                                                                       "calls": pace.loader_n}},
             "gpu": pace.gpu, "notes": list(pace.notes)}

@@ -6,7 +6,10 @@
 # to catch). A slow rank: its profile against its peers', per step; frames that every rank spends
 # nearly all its time under (the script's `<module>`, a `main()`) are common ground and are opened,
 # the first level below them where the slow rank's time is not the peers' is said, one row per call
-# that holds a share of the extra time, with the innermost line under it for context.
+# that holds a share of the extra time, with the innermost line under it for context. Where the ranks'
+# waits for their peers were sampled, common ground is also a frame they wait under (it encloses the
+# step): a call that holds no wait, `next(loader)` at 94 % of every rank's time outside its waits on a
+# fast machine, is a call of the step and is named, not opened to the line inside it.
 
 from __future__ import annotations
 
@@ -74,15 +77,22 @@ def _children(node: tuple, keys: Iterable[tuple]) -> list[tuple]:
     return sorted({k[:len(node) + 1] for k in keys if len(k) > len(node) and k[:len(node)] == node})
 
 
-def _frontier(slow: dict, slow_total: float, peers: dict, peers_total: float) -> list[tuple[tuple, bool]]:
-    """The level below the common ground: (prefix, self-only) nodes."""
+def _enclosing(paces: Iterable[RankPace]) -> set[tuple]:
+    """Every prefix of the paths the ranks' waits for their peers were sampled in (empty: none sampled)."""
+    return {key[:depth] for pace in paces for key in pace.wait_paths for depth in range(1, len(key) + 1)}
+
+
+def _frontier(slow: dict, slow_total: float, peers: dict, peers_total: float,
+              enclosing: set[tuple] = frozenset()) -> list[tuple[tuple, bool]]:
+    """The level below the common ground: (prefix, self-only) nodes; ``enclosing``: the frames the waits
+    are under (when any were sampled, only those can be common ground)."""
     keys = set(slow) | set(peers)
     frontier = [((k,), False) for k in sorted({k[0] for k in keys})]
     for _ in range(8):
         opened, out = False, []
         for node, self_only in frontier:
             common = not self_only and slow.get(node, [0.0])[0] >= COMMON * slow_total \
-                and peers.get(node, [0.0])[0] >= COMMON * peers_total
+                and peers.get(node, [0.0])[0] >= COMMON * peers_total and (not enclosing or node in enclosing)
             kids = _children(node, keys) if common else []
             if kids:
                 opened = True
@@ -123,7 +133,8 @@ def differential(slow: RankPace, slow_steps: float, peers: list[tuple[RankPace, 
                 acc[i] += v / len(peers)
     keys = set(mine) | set(theirs)
     scored = []
-    for node, self_only in _frontier(mine, mine_total, theirs, theirs_total):
+    enclosing = _enclosing([slow, *(pace for pace, _ in peers)])
+    for node, self_only in _frontier(mine, mine_total, theirs, theirs_total, enclosing):
         s_val, p_val = _value(mine, node, self_only, keys), _value(theirs, node, self_only, keys)
         if s_val[3] >= MIN_SAMPLES and s_val[0] - p_val[0] > 0:
             scored.append((s_val[0] - p_val[0], node, self_only, s_val, p_val))

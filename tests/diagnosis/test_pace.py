@@ -145,6 +145,53 @@ def test_a_line_only_the_slow_rank_runs_is_the_call_where_the_stacks_part():
     assert finding.data["family"] == "a line only this rank runs"
 
 
+READ_INNER = ["data.py", 10, "__getitem__", "time.sleep(READ_S)"]
+
+
+def waited_under(doc: dict, path: list[list], samples: int = 40) -> dict:
+    """The document with its waits for peers sampled under ``path`` (frames, outermost first)."""
+    profile = doc["profile"]
+    ids = []
+    for frame in path:
+        if frame not in profile["frames"]:
+            profile["frames"].append(list(frame))
+        ids.append(profile["frames"].index(frame))
+    profile["waits"] = [[ids, samples]]
+    return doc
+
+
+def reading_job(waits: bool) -> dict:
+    """Every rank spends 94 % of its time outside its waits in `next(batches)` (a 33 ms read, the step's compute
+    fast), rank 2 4 ms a step longer inside it; the waits, sampled, are under the backward (when ``waits``)."""
+    docs = {}
+    for rank in range(4):
+        extra = {(tuple(MAIN), tuple(LOOP), tuple(READ_INNER)): 0.033}
+        if rank == 2:
+            extra[(tuple(MAIN), tuple(LOOP), tuple(DATA_INNER))] = 0.004
+        doc = window(rank, noisy(FLOOR if rank == 2 else FLOOR + 4.0, seed=rank), 40.0, extra=extra,
+                     blocked_extra=0.037 * 400 if rank == 2 else 0.033 * 400)
+        docs[rank] = waited_under(doc, [MAIN, BACKWARD]) if waits else doc
+    return docs
+
+
+def test_a_call_that_holds_most_of_every_ranks_time_but_no_wait_is_named_not_opened():
+    # A fast machine: the reads are 94 % of each rank's time outside its waits. The step's frames are those the waits
+    # are under (main(), its backward): `next(batches)` holds none, so it is the call named, the slower line inside.
+    row = only(judge(paces(reading_job(waits=True)), world=4), "slow.W001").data["rows"][0]
+    assert row["frame"][:2] == LOOP[:2] and row["inner"][:2] == DATA_INNER[:2], row
+
+
+def test_a_frame_the_waits_are_under_is_opened_however_its_time_splits():
+    # The twin: main() holds the waits (and nearly all the time): opened, its call below is named.
+    docs = straggler_job(extra={(tuple(MAIN), tuple(LOOP), tuple(DATA_INNER)): 0.003}, blocked_extra=0.003 * 400)
+    docs = {rank: waited_under(doc, [MAIN, BACKWARD]) for rank, doc in docs.items()}
+    row = only(judge(paces(docs), world=4), "slow.W001").data["rows"][0]
+    assert row["frame"][:2] == LOOP[:2] and row["inner"][:2] == DATA_INNER[:2], row
+    # The waits travel with the documents, merged.
+    back = from_doc(to_doc(merge(from_doc(docs[0]), from_doc(docs[0]))))
+    assert back.wait_paths == {tuple(tuple(f[:3]) for f in (MAIN, BACKWARD)): 80}
+
+
 def test_pythons_gc_is_named_from_the_collections_timing():
     extra = {(tuple(MAIN), tuple(FORWARD)): 0.003}
     finding = only(judge(paces(straggler_job(extra=extra, gc_s=0.003, gc_full=1))), "slow.W001")

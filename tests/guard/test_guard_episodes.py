@@ -11,7 +11,7 @@ import pytest
 
 from distdoctor.core.findings import Finding, Severity
 from distdoctor.diagnosis.snapshot import RUNNING, Frame, GroupProgress, PendingOp, RankSnapshot
-from distdoctor.embedded.guard import episodes, policy
+from distdoctor.embedded.guard import cadence, episodes, policy
 from distdoctor.embedded.guard.channel import SideChannel
 from distdoctor.embedded.guard.findings import FAULT
 from distdoctor.embedded.guard.record import CallRecord, Recorder
@@ -223,6 +223,71 @@ def test_exit_ends_every_rank_at_the_first_verdict_and_report_never_ends(on_hang
             time.sleep(0.3)
             assert not hosts[0].ended and not hosts[1].ended
     finally:
+        for watch in watches.values():
+            watch.stop()
+
+
+def three_ranks(reader_blocks: threading.Event):
+    """Rank 0 stalls in a guarded all_reduce, rank 1 is a straggler, rank 2 waits in the all_reduce too; on_hang
+    'exit'. Rank 2's first line of the end blocks (a slow reader: its poll comes later) until
+    ``reader_blocks`` is set. Events, in order, in the list returned."""
+    store, clock = MemoryStore(), FakeClock()
+    recorders = {r: Recorder(clock=clock) for r in (0, 1, 2)}
+    events: list[tuple[int, str]] = []
+    hosts = {0: FakeHost(0, lambda: state(0, pending_seq=5)), 1: FakeHost(1, lambda: state(1, where=("train.py", 12, "load"))),
+             2: FakeHost(2, lambda: state(2, pending_seq=5))}
+    for rank, host in hosts.items():
+        host.group_ranks = lambda name: [0, 1, 2]
+        said, ended = host.say, host.end
+
+        def say(line, rank=rank, said=said):
+            if rank == 2 and line.startswith("the job ends"):
+                reader_blocks.wait(5.0)
+            events.append((rank, "said"))
+            said(line)
+
+        def end(*args, rank=rank, ended=ended, **kwargs):
+            events.append((rank, "ended"))
+            ended(*args, **kwargs)
+        host.say, host.end = say, end
+    watches = {r: EpisodeWatch(hosts[r], recorders[r], SideChannel(store, "p"), hang_timeout=5, answer_s=1.0,
+                               poll_s=0.01, on_hang="exit") for r in (0, 1, 2)}
+    for watch in watches.values():
+        watch.start()
+    recorders[0].begin(call())
+    return clock, hosts, watches, events
+
+
+def test_a_rank_that_reads_the_end_waits_until_every_rank_that_answered_read_it():
+    """The first rank to end makes the launcher stop the rest (torchrun's SIGTERM within 0.1 s): a rank that
+    read the verdict ends only once the others that answered read it too, so each says why the job ends."""
+    slow_reader = threading.Event()
+    clock, hosts, watches, events = three_ranks(slow_reader)
+    try:
+        clock.now += 6
+        assert wait_until(lambda: (1, "said") in events)
+        time.sleep(0.5)  # rank 1 read the verdict; rank 2 has not said it yet
+        assert (1, "ended") not in events and (0, "ended") not in events, events
+        slow_reader.set()
+        assert wait_until(lambda: all((r, "ended") in events for r in (0, 1, 2))), events
+        assert events.index((2, "said")) < min(events.index((r, "ended")) for r in (0, 1, 2)), events
+    finally:
+        slow_reader.set()
+        for watch in watches.values():
+            watch.stop()
+
+
+def test_a_reader_that_never_reads_the_end_holds_no_rank_past_the_bound():
+    never = threading.Event()
+    clock, hosts, watches, events = three_ranks(never)
+    try:
+        clock.now += 6
+        assert wait_until(lambda: (1, "said") in events)
+        began = time.monotonic()
+        assert wait_until(lambda: (1, "ended") in events, timeout_s=cadence.ack_wait_s(3) + 5), events
+        assert time.monotonic() - began < cadence.ack_wait_s(3) + 2
+    finally:
+        never.set()
         for watch in watches.values():
             watch.stop()
 

@@ -97,7 +97,11 @@ def test_a_slower_read_on_rank_1_is_named_with_its_cost_line_and_data_loading(tm
 
 def test_rank_1_collecting_a_large_heap_is_named_with_pythons_gc(tmp_path):
     out, figures = run(tmp_path, "gc", cores=f"{cores()[0]},{cores()[0]}")
-    finding = check_named(out, tmp_path, figures[1]["injected_ms"], "tidy", "collect", "gc")
+    # What the heap costs the job is more than the time in gc.collect(): the same guarded job without the heap
+    # (`pace_job.py data 16 0`, twice each, 2026-11-30, a quiet 2-core machine) took 19.55-19.75 ms a step against
+    # 23.3-23.6 ms with it, 3.6-4.0 ms for 2.9-3.0 ms in collect (1.2-1.4x; the slower step after a collection of a
+    # large heap). So the cost is judged against 1.25x the collections' time, within 40 %.
+    finding = check_named(out, tmp_path, 1.25 * figures[1]["injected_ms"], "tidy", "collect", "gc", tolerance=0.4)
     assert finding["data"]["rows"][0]["gc"] > 0.5 and finding["data"]["rows"][0]["only_here"]
 
 

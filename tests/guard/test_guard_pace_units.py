@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import sys
 import threading
+from types import SimpleNamespace
 import time
 
 import pytest
@@ -131,6 +132,33 @@ def test_the_sampler_keeps_the_users_frames_outermost_first_and_skips_waits():
     assert path[-1][2] == "user_loop" and all(f[0].endswith(".py") for f in path)
     document = profile.document()
     assert document["frames"][document["paths"][0][0][-1]][2] == "user_loop"
+
+
+def test_a_sample_that_waits_for_peers_is_counted_with_where_it_waits_not_profiled():
+    ready, stop = threading.Event(), threading.Event()
+    ident = []
+
+    def waiting_in_backward():  # the main thread, blocked inside a collective's region
+        ident.append(threading.get_ident())
+        ready.set()
+        stop.wait(10)
+
+    thread = threading.Thread(target=waiting_in_backward, daemon=True)
+    thread.start()
+    ready.wait(5)
+    asleep = SimpleNamespace(times=lambda: None, state=lambda: "S")
+    sampler = Sampler(ident[0], asleep, SimpleNamespace(depth=1), None)
+    for _ in range(4):
+        sampler.sample()
+    stop.set()
+    thread.join(5)
+    profile = sampler.take()
+    assert profile.waiting == 3 and profile.samples == 0 and not profile.paths
+    [(path, n)] = profile.waits.items()
+    assert n == 3 and path[-1][2] == "waiting_in_backward"
+    document = profile.document()
+    [[ids, samples]] = document["waits"]
+    assert samples == 3 and document["frames"][ids[-1]][2] == "waiting_in_backward"
 
 
 def test_the_wrappers_are_installed_where_torch_has_them_and_undone():

@@ -168,11 +168,13 @@ class Board:
 
     # -- the verdict -----------------------------------------------------------------------------
     def publish(self, look: int, findings: list[Finding], renderer: int, action: str, reason: str,
-                episode: int | None, serial: int = 0, pending: bool = False) -> None:
-        """The verdict of ``look``; ``pending``: said only once the ranks that answered confirm it."""
+                episode: int | None, serial: int = 0, pending: bool = False, answers: int = 0) -> None:
+        """The verdict of ``look``; ``pending``: said only once the ranks that answered confirm it;
+        ``answers``: how many other ranks answered the look (the readers an end waits for)."""
         self.side.put(self.side.key("look", look, "verdict"),
                       {"findings": [slim(f) for f in findings], "renderer": renderer, "action": action,
-                       "reason": reason, "episode": episode, "serial": serial, "pending": pending})
+                       "reason": reason, "episode": episode, "serial": serial, "pending": pending,
+                       "answers": answers})
         if not pending:
             self._phase(look, action, episode)
         self.bump()

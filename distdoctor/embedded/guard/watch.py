@@ -280,11 +280,16 @@ class EpisodeWatch:
             self.ended = True
             self.host.concluded = True  # an error raised from here on is this end's, not a new cause
             # Said before the acknowledgement: the deciding rank ends once every rank read its verdict,
-            # and the launcher then stops the others.
+            # and the launcher then stops the others. So does this rank: the first rank to end makes the
+            # launcher stop the rest, and one that had not read the verdict yet would end without a word
+            # (torchrun's SIGTERM to a waiting rank of the suite's 4-rank DDP job, 0.1 s after another
+            # follower ended).
             for line in [f"the job ends, {verdict.get('reason')} (rank {verdict.get('renderer')}'s verdict): "
                          + why[0], *why[1:]]:
                 self.host.say(line)
             board.ack(look, "end")
+            answers = verdict.get("answers")
+            self._await_readers(look, answers if isinstance(answers, int) else 0)
             self.host.end(None, [], False, findings)
         elif action == policy.WATCH and isinstance(episode, int) and episode != (self.own.id if self.own else None):
             self.following = (episode, self.clock())
@@ -440,7 +445,7 @@ class EpisodeWatch:
             return
         if seen.failed:  # said as the diagnosis' fault; the ranks waiting for a verdict get none
             self.backoff.empty(stall, self.clock())
-            self._publish(seen.look, [], policy.Decision(policy.NONE, "the diagnosis failed"), None)
+            self._publish(seen.look, [], policy.Decision(policy.NONE, "the diagnosis failed"), None, seen.answers)
             return
         decision = self._decision(seen.findings, seen.world_known, stall)
         why = seen.stale or (self._confirmed(seen, decision) if decision.action != policy.NONE else "")
@@ -451,7 +456,7 @@ class EpisodeWatch:
         # Nothing to report now: the next look at this stall waits, longer each time (a look every poll
         # would load the store), and the same stall looked at again is said once.
         if decision.action == policy.NONE and self.backoff.empty(stall, self.clock()) > 1:
-            self._publish(seen.look, seen.findings, decision, None)
+            self._publish(seen.look, seen.findings, decision, None, seen.answers)
             return
         episode = Episode(id=self._new_id(), owner=self.rank, stall=stall, started_at=time.time() - waited,
                           started_s=stall.since - self.host.started, findings=seen.findings, action=decision.action,
@@ -460,14 +465,14 @@ class EpisodeWatch:
             episode.seconds = waited
             self.host.say(f"a stall of {waited:.1f} s in {self._group_text(stall.group)} cleared while the ranks "
                           f"were asked (hang timeout {self.hang_timeout:g} s); nothing to report, nothing ends")
-            self._publish(seen.look, seen.findings, decision, episode)
+            self._publish(seen.look, seen.findings, decision, episode, seen.answers)
             self._keep(episode)
             return
         heading = (f"a collective has not completed for {waited:.1f} s (hang timeout {self.hang_timeout:g} s)"
                    f" [stall {episode.id}]:")
         report = self.host.show(seen.findings, heading, self.host.group_ranks(stall.group), decision)
         self._keep(episode)
-        self._publish(seen.look, seen.findings, decision, episode)
+        self._publish(seen.look, seen.findings, decision, episode, seen.answers)
         if decision.action == policy.END:
             self._end(report, seen.look, seen.answers, episode)
         self.own, self.seen = episode, seen
@@ -502,10 +507,10 @@ class EpisodeWatch:
         if episode is None:
             self.backoff.empty(stall, self.clock())
             decision = policy.Decision(policy.NONE, f"no verdict: {why}")
-            self._publish(seen.look, [], decision, None)
+            self._publish(seen.look, [], decision, None, seen.answers)
         else:
             self._publish(seen.look, episode.findings, self._decision(episode.findings, True, episode.stall,
-                                                                      episode.deadline_at), episode)
+                                                                      episode.deadline_at), episode, seen.answers)
         self.host.note(f"a look at the stall in {self._group_text(stall.group)} gave no verdict: {why}; "
                        "it is looked at again")
 
@@ -552,12 +557,12 @@ class EpisodeWatch:
             return
         decision = self._decision(seen.findings, seen.world_known, episode.stall, episode.deadline_at)
         if decision.action == policy.NONE:  # the stall cleared meanwhile: closed at the next poll
-            self._publish(seen.look, seen.findings, decision, episode)
+            self._publish(seen.look, seen.findings, decision, episode, seen.answers)
             return
         changed = replace(episode, findings=seen.findings).identity != episode.identity
         if changed and decision.action != policy.END and policy.arriving(episode.findings, seen.findings):
             # The late rank arrived and the collective is completing: the stall closes at a poll soon.
-            self._publish(seen.look, episode.findings, decision, episode)
+            self._publish(seen.look, episode.findings, decision, episode, seen.answers)
             return
         why = self._confirmed(seen, decision) if changed or decision.action == policy.END else ""
         if why:
@@ -573,7 +578,7 @@ class EpisodeWatch:
             heading = f"stall {episode.id} {verb} after {waited:.1f} s (hang timeout {self.hang_timeout:g} s):"
             report = self.host.show(seen.findings, heading, self.host.group_ranks(stall.group), decision)
             self._keep(episode)
-        self._publish(seen.look, seen.findings, decision, episode)
+        self._publish(seen.look, seen.findings, decision, episode, seen.answers)
         if decision.action == policy.END:
             self._end(report, seen.look, seen.answers, episode)
 
@@ -618,14 +623,20 @@ class EpisodeWatch:
         self.host.concluded = True
         episode.seconds = episode.stall.seconds(self.clock())
         self._keep(episode)
-        if look is not None and self.board is not None and answers:
-            until = time.monotonic() + cadence.ack_wait_s(self.world)
-            try:
-                while time.monotonic() < until and self.board.acks(look, "end") < answers:
-                    time.sleep(0.05)
-            except Exception:  # the store is gone: nobody is left to read the verdict
-                pass
+        if look is not None:
+            self._await_readers(look, answers)
         self.host.end(report, [], True)
+
+    def _await_readers(self, look: int, answers: int) -> None:
+        """Wait (bounded) until the ``answers`` ranks that answered ``look`` read its end."""
+        if self.board is None or answers <= 0:
+            return
+        until = time.monotonic() + cadence.ack_wait_s(self.world)
+        try:
+            while time.monotonic() < until and self.board.acks(look, "end") < answers:
+                time.sleep(0.05)
+        except Exception:  # the store is gone: nobody is left to read the verdict
+            pass
 
     def finish(self) -> None:
         """At shutdown (the thread stopped): the episode this rank owns is closed if its stall cleared."""
@@ -639,12 +650,12 @@ class EpisodeWatch:
 
     # -- bookkeeping ------------------------------------------------------------------------------
     def _publish(self, look: int | None, findings: list[Finding], decision: policy.Decision,
-                 episode: Episode | None) -> None:
+                 episode: Episode | None, answers: int = 0) -> None:
         if look is None or self.board is None:
             return
         try:
             self.board.publish(look, findings, self.rank, decision.action, decision.reason,
-                               episode.id if episode is not None else None)
+                               episode.id if episode is not None else None, answers=answers)
         except Exception as exc:
             self.host.fault("store channel", exc)
 

@@ -9,7 +9,10 @@
 # notes whether it fell inside a garbage collection and whether a DataLoader frame is on the stack.
 # Samples taken while the main thread is inside a DataLoader's next() are a stratum of their own: the
 # document gives their paths the time the loader clock measured exactly (pace.loader), in proportion to
-# their sampled time. About 40 us a sample (frames, two pread()s); on a loaded machine the GIL's
+# their sampled time. The paths of the samples that waited for peers are counted too: the frames the
+# waits are under enclose the step (a `main()`, a `train_step()`), which the differential profile opens,
+# and a call that holds no wait (`next(loader)`) is a call of the step, named as such however much of the
+# time it takes. About 40 us a sample (frames, two pread()s); on a loaded machine the GIL's
 # hand-over to and from this thread costs the training thread more than that: 20 samples a second cost
 # the DDP tutorial's step about 2 %, 5 a second 1 % (benchmarks/bench_pace.py), hence 10.
 
@@ -39,6 +42,7 @@ class Profile:
     def __init__(self) -> None:
         self.strata: dict[tuple[tuple, int], list[int]] = {}
         self.samples = self.waiting = 0
+        self.waits: dict[tuple, int] = {}   # the paths of the samples that waited for peers -> samples
         self.loader: tuple[int, int] | None = None
 
     @property
@@ -78,8 +82,8 @@ class Profile:
         total = sum(row[WALL] for _, row in ordered)
         frames: list[list[Any]] = []
         index: dict[tuple, int] = {}
-        paths = []
-        for path, row in ordered[:top]:
+
+        def ids_of(path: tuple) -> list[int]:
             ids = []
             for frame in path:
                 if frame not in index:
@@ -87,13 +91,16 @@ class Profile:
                     code = linecache.getline(frame[0], frame[1]).strip()[:CODE_CHARS] if frame[1] else ""
                     frames.append([display_path(frame[0]), frame[1], frame[2], code])
                 ids.append(index[frame])
-            paths.append([ids, row[N], round(row[WALL] / 1e9, 4), round(row[RUN] / 1e9, 4), round(row[RUNQ] / 1e9, 4),
-                          row[GC], row[DATA]])
+            return ids
+
+        paths = [[ids_of(path), row[N], round(row[WALL] / 1e9, 4), round(row[RUN] / 1e9, 4), round(row[RUNQ] / 1e9, 4),
+                  row[GC], row[DATA]] for path, row in ordered[:top]]
+        waits = [[ids_of(path), n] for path, n in sorted(self.waits.items(), key=lambda kv: -kv[1])[:top]]
         rest = [sum(row[i] for _, row in ordered[top:]) for i in range(6)]
         loader = None if self.loader is None else {"s": round(self.loader[0] / 1e9, 4), "calls": self.loader[1],
                                                    "sampled_s": round(self._inside_sampled_ns() / 1e9, 4)}
         return {"samples": self.samples, "waiting": self.waiting, "s": round(total / 1e9, 4), "frames": frames,
-                "paths": paths, "rest": [rest[N], round(rest[WALL] / 1e9, 4), round(rest[RUN] / 1e9, 4),
+                "paths": paths, "waits": waits, "rest": [rest[N], round(rest[WALL] / 1e9, 4), round(rest[RUN] / 1e9, 4),
                                          round(rest[RUNQ] / 1e9, 4), rest[GC], rest[DATA]], "loader": loader}
 
 
@@ -132,7 +139,9 @@ class Sampler:
             return
         if self.regions is not None and self.regions.depth > 0 and self.sched is not None \
                 and self.sched.state() in ("S", "D"):
-            self.profile.waiting += 1  # waiting for peers: the regions measure it exactly
+            self.profile.waiting += 1  # waiting for peers: the regions measure it exactly; where, counted
+            path, _ = self._path(_raw(frame))
+            self.profile.waits[path] = self.profile.waits.get(path, 0) + 1
             return
         path, data = self._path(_raw(frame))
         wall = max(0, now - last[0] - collected)
