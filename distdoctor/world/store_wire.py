@@ -46,9 +46,15 @@ RETRY_FIRST_S, RETRY_MOST_S = 1.0, 30.0
 class StoreWireError(ConnectionError):
     """A request did not complete: no connection, no answer in time, or an answer that is not the store's."""
 
-    def __init__(self, message: str, timed_out: bool = False) -> None:
+    def __init__(self, message: str, timed_out: bool = False, gone: bool = False) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+        self.gone = gone  # the store closed the connection or refused it: its host process ended
+
+
+def store_gone(exc: BaseException | None) -> bool:
+    """The store a request went to is gone (closed the connection, refused a new one), not slow."""
+    return isinstance(exc, StoreWireError) and exc.gone
 
 
 def _u64(value: int) -> bytes:
@@ -80,6 +86,7 @@ class StoreClient:
         self._lock = threading.Lock()
         self._failures = 0              # failed connections in a row
         self._retry_at = 0.0            # time.monotonic(): no connection is tried before this
+        self._last_gone = False         # the last failed connection was refused: the store is gone
 
     # -- the connection ---------------------------------------------------------------------------
     def connect(self) -> "StoreClient":
@@ -110,7 +117,7 @@ class StoreClient:
             except ConnectionRefusedError as exc:
                 if left <= REFUSED_PAUSE_S:
                     raise StoreWireError(f"cannot connect to the store at {self.host}:{self.port}: "
-                                         f"{exc.strerror or exc} (for {budget_s:g} s)") from exc
+                                         f"{exc.strerror or exc} (for {budget_s:g} s)", gone=True) from exc
                 time.sleep(REFUSED_PAUSE_S)
             except OSError as exc:
                 raise StoreWireError(f"cannot connect to the store at {self.host}:{self.port}: "
@@ -125,10 +132,12 @@ class StoreClient:
             return self._sock
         if time.monotonic() < self._retry_at:
             raise StoreWireError(f"no connection to the store at {self.host}:{self.port} (the last attempt failed "
-                                 f"{self._failures} time{'s' if self._failures > 1 else ''} in a row)")
+                                 f"{self._failures} time{'s' if self._failures > 1 else ''} in a row)",
+                                 gone=self._last_gone)
         try:
             self._sock = self._open()
-        except StoreWireError:
+        except StoreWireError as exc:
+            self._last_gone = exc.gone
             self._failures += 1
             self._retry_at = time.monotonic() + min(RETRY_MOST_S, RETRY_FIRST_S * 2 ** (self._failures - 1))
             raise
@@ -178,7 +187,7 @@ class StoreClient:
         try:
             sock.sendall(data)
         except OSError as exc:
-            raise StoreWireError(f"the store at {self.host}:{self.port} closed the connection ({exc})") from exc
+            raise StoreWireError(f"the store at {self.host}:{self.port} closed the connection ({exc})", gone=True) from exc
 
     def _recv(self, sock: socket.socket, size: int) -> bytes:
         chunks, left = [], size
@@ -189,9 +198,9 @@ class StoreClient:
                 raise StoreWireError(f"the store at {self.host}:{self.port} did not answer within "
                                      f"{sock.gettimeout():g} s", timed_out=True) from exc
             except OSError as exc:
-                raise StoreWireError(f"the store at {self.host}:{self.port} closed the connection ({exc})") from exc
+                raise StoreWireError(f"the store at {self.host}:{self.port} closed the connection ({exc})", gone=True) from exc
             if not chunk:
-                raise StoreWireError(f"the store at {self.host}:{self.port} closed the connection")
+                raise StoreWireError(f"the store at {self.host}:{self.port} closed the connection", gone=True)
             chunks.append(chunk)
             left -= len(chunk)
         return b"".join(chunks)

@@ -81,6 +81,7 @@ def test_a_service_that_never_answers_costs_one_handshake_timeout_not_a_hang():
     with pytest.raises(StoreWireError) as raised:
         StoreClient("127.0.0.1", listener.getsockname()[1], timeout_s=1.0, connect_timeout_s=1.5).connect()
     assert raised.value.timed_out and "did not answer a store's handshake within 1.5 s" in str(raised.value)
+    assert not raised.value.gone  # slow, not gone
     assert time.monotonic() - started < 1.5 + 10  # one handshake's timeout, not one per generation (slack: load)
 
 
@@ -162,10 +163,12 @@ def test_a_refused_connect_is_tried_again_within_its_budget_and_a_lost_store_fai
         store.kill()
         store.wait(timeout=30)
     lost.close()
-    with pytest.raises(StoreWireError):
+    with pytest.raises(StoreWireError) as refused:
         lost.add("n", 1)  # reconnect refused for its whole budget (2 s)
+    assert refused.value.gone and not refused.value.timed_out  # the store's process ended
     began = time.monotonic()
     with pytest.raises(StoreWireError) as raised:
         lost.add("n", 1)  # within the pause after a failed reconnect: at once, no budget spent
     assert "the last attempt failed 1 time" in str(raised.value)  # said, not tried: no connect budget spent
+    assert raised.value.gone
     assert time.monotonic() - began < lost.timeout_s

@@ -304,3 +304,34 @@ def test_a_failed_calls_final_is_withdrawn_when_the_rank_goes_on_and_replaced_at
     hook.on_exception(RuntimeError("x"), None)
     assert not hook.withdrawn()
     threading.Event().wait(0.05)
+
+
+def _leaving(status: str, error: BaseException) -> list[str]:
+    """What a rank says when its final state (``status``) could not be left because of ``error``."""
+    from distdoctor.embedded.guard.process import Guard
+
+    noted: list[str] = []
+    watch = SimpleNamespace(channel_error=None)
+
+    def publish(kind, value):
+        watch.channel_error = error
+        return f"{type(error).__name__}: {error}"
+
+    watch.publish = publish
+    guard = SimpleNamespace(final_left=False, watch=watch, note=noted.append)
+    Guard.leave_final(guard, {"snapshot": RankSnapshot(1, status=status).to_dict()})
+    assert guard.final_left
+    return noted
+
+
+def test_a_rank_that_finished_after_the_stores_host_ended_says_nothing_of_its_final_state():
+    # Every rank done, rank 0 (the store's host) out first: a rank reaching the store through a slow link found it
+    # closed when it left its final state ("closed the connection", said on a healthy job). No peer can wait on it.
+    from distdoctor.world.store_wire import StoreWireError
+
+    closed = StoreWireError("the store at 127.0.0.1:45679 closed the connection ([Errno 32] Broken pipe)", gone=True)
+    assert _leaving("finished", closed) == []
+    # A store that does not answer in time may still be read by a peer; and a rank that raised says it either way.
+    slow = StoreWireError("the store at 127.0.0.1:45679 did not answer within 2 s", timed_out=True)
+    assert "was not left in the job's store" in _leaving("finished", slow)[0]
+    assert "its final state (raised) was not left" in _leaving("raised", closed)[0]

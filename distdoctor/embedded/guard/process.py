@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from distdoctor.diagnosis.snapshot import FINISHED, RUNNING, RankSnapshot
+from distdoctor.world.store_wire import store_gone
 from distdoctor.embedded.guard import evidence, pace, transport
 from distdoctor.embedded.guard import findings as gf
 from distdoctor.embedded.guard import report as api
@@ -211,7 +212,10 @@ class Guard:
         self.final_left = True
         if self.watch is not None:
             problem = self.watch.publish("final", {**state, "final": True})
-            if problem:
+            status = state.get("snapshot", {}).get("status")
+            # A rank that finished while the store's host had already ended (every rank done, rank 0 first):
+            # no peer can wait on a store that is gone, so there is nothing to say.
+            if problem and not (status == FINISHED and store_gone(self.watch.channel_error)):
                 self.note(f"its final state ({state.get('snapshot', {}).get('status', '?')}) was not left in the "
                           f"job's store ({problem}): a peer still waiting will not read it")
 
