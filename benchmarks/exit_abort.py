@@ -8,7 +8,7 @@ Each launch is exit_job.py (a 4-rank DDP loop on gloo, ended by destroy_process_
 barrier) under ``python -m torch.distributed.run --standalone --nproc-per-node 4``; a guarded launch is
 the same line under ``python -m distdoctor guard --``; a preflight launch is docs/examples/train_preflight.py
 (distdoctor.init_process_group and preflight in the process, 2 ranks). The kinds alternate, and
-``--parallel`` of them run at once (8 ranks on a 2-core machine is the load), so that the machine's
+``-barrier`` kinds end with a barrier before it; ``--parallel`` of them run at once (8 ranks on a 2-core machine is the load), so that the machine's
 state hits both alike. An abort is a launch whose output has "terminate called without an active
 exception" or whose ranks ended by SIGABRT (exitcode -6); any other failure is counted apart. Every
 launch is one line of ``--out`` (JSON lines); the table at the end has both counts. Not a test: the
@@ -37,7 +37,9 @@ ABORT = "terminate called without an active exception"
 JOB = HERE / "exit_job.py"
 PREFLIGHT = Path(REPO) / "docs" / "examples" / "train_preflight.py"
 NPROC = 4
-KINDS = ("guarded", "plain", "preflight")
+# "-barrier": the same job with a barrier before destroy_process_group (what docs/api.md recommends).
+KINDS = ("guarded", "plain", "preflight", "guarded-barrier", "plain-barrier", "guarded-release", "plain-release",
+         "guarded-pause", "plain-pause")
 
 
 def ranks(kind: str) -> int:
@@ -46,7 +48,9 @@ def ranks(kind: str) -> int:
 
 def line(kind: str, report_dir: str) -> list[str]:
     script = PREFLIGHT if kind == "preflight" else JOB
-    torchrun = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks(kind)), str(script)]
+    torchrun = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks(kind)), str(script),
+                *([kind.split("-", 1)[1]] if "-" in kind else [])]
+    kind = kind.split("-", 1)[0]
     return [PYTHON, "-m", "distdoctor", "guard", "--report-dir", report_dir, "--", *torchrun] if kind == "guarded" \
         else torchrun
 

@@ -1,5 +1,7 @@
 """A healthy 4-rank DDP loop on gloo that ends as most scripts do (destroy_process_group, no barrier): exit_abort.py's job."""
 
+import sys
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -15,4 +17,16 @@ for step in range(20):
     nn.functional.mse_loss(model(torch.randn(8, 16)), torch.randn(8, 4)).backward()
     optimizer.step()
 print(f"rank {rank} done", flush=True)
+if sys.argv[1:] == ["barrier"]:  # every rank done before any tears down (exit_abort.py's -barrier kinds)
+    dist.barrier()
+if sys.argv[1:] == ["release"]:  # the model (which holds the process group) let go of first (-release kinds)
+    del model, optimizer
 dist.destroy_process_group()
+if sys.argv[1:] == ["release"]:
+    import gc
+
+    gc.collect()
+if sys.argv[1:] == ["pause"]:  # the GIL left free a moment before the interpreter finalizes (-pause kinds)
+    import time
+
+    time.sleep(0.2)

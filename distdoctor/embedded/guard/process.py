@@ -36,6 +36,7 @@ from distdoctor.machine.launchers import detect
 # At the rank's end, how long it waits for the watchdog's poll in progress to end (a store request of
 # its own is bounded by the channel's timeout): past that, what the poll was doing is dropped, and said.
 STOP_WAIT_S = 1.0
+EXIT_PAUSE_S = 0.2   # at interpreter exit, the GIL left free for torch's gloo threads (_at_exit)
 
 
 class Guard:
@@ -164,6 +165,13 @@ class Guard:
 
     def _at_exit(self) -> None:
         self.shutdown("finished")
+        # Then a moment with the GIL free before the interpreter finalizes: torch's gloo worker thread frees a
+        # collective's work after the call returned, and the work's thread-local state holds a Python object,
+        # so the thread then waits for the GIL; once the interpreter is finalizing, Python ends that thread
+        # inside C++ code and the process aborts ("terminate called without an active exception", exit -6, after
+        # a script that ended well: ProcessGroupGloo::runLoop -> ~AsyncWork -> ~ThreadLocalState -> take_gil ->
+        # pthread_exit -> std::terminate, read with gdb). docs/guard.md says what it was measured to do.
+        time.sleep(EXIT_PAUSE_S)
 
     def shutdown(self, phase: str) -> None:
         """At destroy_process_group / exit: report Works never waited on, leave a final state."""
