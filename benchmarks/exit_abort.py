@@ -7,9 +7,9 @@
 Each launch is exit_job.py (a 4-rank DDP loop on gloo, ended by destroy_process_group without a
 barrier) under ``python -m torch.distributed.run --standalone --nproc-per-node 4``; a guarded launch is
 the same line under ``python -m distdoctor guard --``; a preflight launch is docs/examples/train_preflight.py
-(distdoctor.init_process_group and preflight in the process, 2 ranks). The kinds alternate, and
-``-barrier`` kinds end with a barrier before it; ``--parallel`` of them run at once (8 ranks on a 2-core machine is the load), so that the machine's
-state hits both alike. An abort is a launch whose output has "terminate called without an active
+(distdoctor.init_process_group and preflight in the process, 2 ranks); the ``-barrier``, ``-release`` and
+``-pause`` kinds end the job otherwise (exit_job.py says how). The kinds alternate, and ``--parallel`` of
+them run at once (8 ranks on a 2-core machine is the load), so that the machine's state hits both alike. An abort is a launch whose output has "terminate called without an active
 exception" or whose ranks ended by SIGABRT (exitcode -6); any other failure is counted apart. Every
 launch is one line of ``--out`` (JSON lines); the table at the end has both counts. Not a test: the
 project's tests never relaunch a run, and this is how the abort is counted.

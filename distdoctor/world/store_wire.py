@@ -187,7 +187,8 @@ class StoreClient:
         try:
             sock.sendall(data)
         except OSError as exc:
-            raise StoreWireError(f"the store at {self.host}:{self.port} closed the connection ({exc})", gone=True) from exc
+            raise StoreWireError(f"the store at {self.host}:{self.port} closed the connection ({exc})",
+                                 gone=True) from exc
 
     def _recv(self, sock: socket.socket, size: int) -> bytes:
         chunks, left = [], size
@@ -198,7 +199,8 @@ class StoreClient:
                 raise StoreWireError(f"the store at {self.host}:{self.port} did not answer within "
                                      f"{sock.gettimeout():g} s", timed_out=True) from exc
             except OSError as exc:
-                raise StoreWireError(f"the store at {self.host}:{self.port} closed the connection ({exc})", gone=True) from exc
+                raise StoreWireError(f"the store at {self.host}:{self.port} closed the connection ({exc})",
+                                     gone=True) from exc
             if not chunk:
                 raise StoreWireError(f"the store at {self.host}:{self.port} closed the connection", gone=True)
             chunks.append(chunk)

@@ -234,7 +234,8 @@ def three_ranks(reader_blocks: threading.Event):
     store, clock = MemoryStore(), FakeClock()
     recorders = {r: Recorder(clock=clock) for r in (0, 1, 2)}
     events: list[tuple[int, str]] = []
-    hosts = {0: FakeHost(0, lambda: state(0, pending_seq=5)), 1: FakeHost(1, lambda: state(1, where=("train.py", 12, "load"))),
+    hosts = {0: FakeHost(0, lambda: state(0, pending_seq=5)),
+             1: FakeHost(1, lambda: state(1, where=("train.py", 12, "load"))),
              2: FakeHost(2, lambda: state(2, pending_seq=5))}
     for rank, host in hosts.items():
         host.group_ranks = lambda name: [0, 1, 2]
