@@ -62,10 +62,10 @@ def cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def check_named(out: str, tmp_path: Path, expected_ms: float, call: str, inner: str, family: str,
+def check_named(out: str, tmp_path: Path, expected_ms: float, call: str, inner: str | None, family: str,
                 tolerance: float = 0.25) -> dict:
     """The first live line and the run's verdict name rank 1, its cost within ``tolerance`` (25 %), the call where
-    its time goes (and the line inside it), and the family."""
+    its time goes (and the line inside it, unless ``inner`` is None), and the family."""
     lines = SLOW_LINE.findall(out)
     assert lines, out[-4000:]
     first = lines[0]  # the first live verdict: its rank, its line, its family
@@ -80,7 +80,8 @@ def check_named(out: str, tmp_path: Path, expected_ms: float, call: str, inner: 
     assert data["family"] == family, finding["detail"]
     row = data["rows"][0] if data["rows"] else {}
     assert row.get("frame", [None, None])[1] == number(call), finding["detail"]
-    assert (row.get("inner") or [None, None])[1] == number(inner), finding["detail"]
+    if inner is not None:
+        assert (row.get("inner") or [None, None])[1] == number(inner), finding["detail"]
     assert document["heard_from"] == [0, 1] and set(document["ranks"]) == {"0", "1"}
     assert (tmp_path / "report.html").exists() and (tmp_path / "trace.json").exists()
     return finding
@@ -140,8 +141,12 @@ def test_rank_1_sharing_its_core_with_a_busy_process_is_named_with_cpu_contentio
     # The cost within 50 %: the CPU work's extra is what the other test worker's jobs disturb most (a quiet CI
     # run measured 3.99 ms for the job's own 5.71). This test judges who is named, where and why; the slower
     # read's and the heap's costs keep the 25 % bar.
-    finding = check_named(out, tmp_path, expected, "data", "work", "cpu contention", tolerance=0.5)
+    finding = check_named(out, tmp_path, expected, "data", None, "cpu contention", tolerance=0.5)
     assert finding["id"] == "slow.W002" and finding["cause"] == "cpu_oversubscription"
+    # The line inside is one of the batch's work, not always the loop's: on the contended core the sampler thread
+    # runs when the main thread is preempted, and the busy process, woken as the batch begins, preempts it first at
+    # `a = torch.randn(96, 96)` (a CI-equivalent run of 2026-11-30 named that line, the loop's the run before).
+    assert finding["data"]["rows"][0]["inner"][2] == "make_batch", finding["detail"]
 
 
 def test_the_healthy_twin_names_no_one(tmp_path):
