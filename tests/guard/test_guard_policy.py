@@ -335,3 +335,25 @@ def test_a_rank_that_finished_after_the_stores_host_ended_says_nothing_of_its_fi
     slow = StoreWireError("the store at 127.0.0.1:45679 did not answer within 2 s", timed_out=True)
     assert "was not left in the job's store" in _leaving("finished", slow)[0]
     assert "its final state (raised) was not left" in _leaving("raised", closed)[0]
+
+
+def _answered_look(asked_s_ago: float) -> dict:
+    """What rank 1's crash hook knows of rank 0 when rank 0's own watchdog owned the stall's episode and rank 1
+    answered its look ``asked_s_ago`` seconds before torch's timeout raised on rank 1."""
+    from distdoctor.embedded.guard.looks import Board
+
+    side = SideChannel(MemoryStore(), "p")
+    side.put(side.key("look", 3, "request"), {"rank": 0, "group": "0", "t": time.time() - asked_s_ago})
+    evaluating = RankSnapshot(0, status=RUNNING, where=Frame("policy_job.py", 27, "evaluate"),
+                              stack=(Frame("policy_job.py", 82, "<module>"), Frame("policy_job.py", 27, "evaluate")))
+    side.publish("look/3/state", 0, {"snapshot": evaluating.to_dict(), "running": [], "dropped": []})
+    board = Board(side, 1)
+    board.answered = 3
+    guard = SimpleNamespace(rank=1, world=2, watch=SimpleNamespace(own=None, latest=None, board=board, side=side))
+    return CrashHook(guard)._last_seen()
+
+
+def test_a_late_rank_seen_by_a_look_another_rank_asked_is_named_at_its_line_when_torch_ends_the_wait():
+    seen = _answered_look(asked_s_ago=6.0)
+    assert seen[0]["where"]["line"] == 27 and "as it answered the guard's look 3" in seen[0]["notes"]
+    assert _answered_look(asked_s_ago=60.0) == {}  # an old look says nothing of now

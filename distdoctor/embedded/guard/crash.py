@@ -207,11 +207,37 @@ class CrashHook:
         episode = getattr(watch, "own", None) or getattr(watch, "latest", None)
         ended = getattr(episode, "seconds", None)
         if episode is None or (ended is not None and time.time() - (episode.started_at + ended) > RECENT_S):
-            return {}
+            return self._answered_seen()
         findings = getattr(episode, "findings", None) or ()
         snaps = (findings[0].data or {}).get("snapshots") or () if findings else ()
         return {s["rank"]: {**s, "notes": [*(s.get("notes") or ()), f"as the guard's look at stall {episode.id} saw it"]}
                 for s in snaps if isinstance(s, dict) and isinstance(s.get("rank"), int)}
+
+    def _answered_seen(self) -> dict[int, dict]:
+        """The peers as they answered the latest look this rank answered, when another rank asked it recently:
+        the stall may be another rank's episode (the late rank's own watchdog, seeing gloo's late mark of its
+        last collective, asked first), and the late rank is then named at the line it answered from, not
+        "where in your code is not known" (a CI-equivalent run of 2026-11-30)."""
+        guard = self.guard
+        board = getattr(guard.watch, "board", None)
+        side = getattr(guard.watch, "side", None)
+        look = getattr(board, "answered", 0)
+        if board is None or side is None or not look:
+            return {}
+        try:
+            request = board.request(look)
+            if request is None or time.time() - float(request.get("t") or 0.0) > RECENT_S:
+                return {}
+            others = [r for r in range(guard.world) if r != guard.rank]
+            answers = side.read_many(f"look/{look}/state", others, listed=others)
+        except Exception:  # the store is gone: the peers' own finals, or nothing, are what is left
+            return {}
+        out: dict[int, dict] = {}
+        for rank, value in answers.items():
+            snap = value.get("snapshot") if isinstance(value, dict) else None
+            if isinstance(snap, dict) and snap.get("rank") == rank:
+                out[rank] = {**snap, "notes": [*(snap.get("notes") or ()), f"as it answered the guard's look {look}"]}
+        return out
 
     # -- a failed call's final, while the user's code may still catch the error ---------------------
     def _issued(self) -> tuple[int, int]:
