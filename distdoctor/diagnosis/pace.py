@@ -124,10 +124,16 @@ def _groups(raw: Any) -> dict[tuple[str, str], GroupPace]:
     return out
 
 
-def _paths(raw: Any) -> tuple[dict[tuple, PathRow], int, int, float]:
+def _frame_table(raw: Any) -> list[Frame4 | None]:
+    """A profile's table of frames, which its paths and its waits index."""
+    if not isinstance(raw, Mapping):
+        return []
+    return [_frame(f) for f in (raw.get("frames") if isinstance(raw.get("frames"), list) else [])[:512]]
+
+
+def _paths(raw: Any, frames: list[Frame4 | None]) -> tuple[dict[tuple, PathRow], int, int, float]:
     if not isinstance(raw, Mapping):
         return {}, 0, 0, 0.0
-    frames = [_frame(f) for f in (raw.get("frames") if isinstance(raw.get("frames"), list) else [])[:512]]
     out: dict[tuple, PathRow] = {}
     for item in (raw.get("paths") if isinstance(raw.get("paths"), list) else [])[:MAX_PATHS]:
         if not isinstance(item, list) or len(item) < 7 or not isinstance(item[0], list):
@@ -141,11 +147,10 @@ def _paths(raw: Any) -> tuple[dict[tuple, PathRow], int, int, float]:
     return out, _count(raw.get("samples")), _count(raw.get("waiting")), _num(raw.get("s")) or 0.0
 
 
-def _wait_paths(raw: Any) -> dict[tuple, int]:
+def _wait_paths(raw: Any, frames: list[Frame4 | None]) -> dict[tuple, int]:
     """The keys (file, line, function per frame) of the paths the samples that waited for peers had -> samples."""
     if not isinstance(raw, Mapping) or not isinstance(raw.get("waits"), list):
         return {}
-    frames = [_frame(f) for f in (raw.get("frames") if isinstance(raw.get("frames"), list) else [])[:512]]
     out: dict[tuple, int] = {}
     for item in raw["waits"][:MAX_PATHS]:
         if not isinstance(item, list) or len(item) < 2 or not isinstance(item[0], list):
@@ -170,14 +175,16 @@ def from_doc(doc: Any) -> RankPace | None:
         return None
     cpu = doc.get("cpu") if isinstance(doc.get("cpu"), Mapping) else {}
     gc = doc.get("gc") if isinstance(doc.get("gc"), Mapping) else None
-    paths, samples, waiting, profile_s = _paths(doc.get("profile"))
-    loader_s, loader_n = _loader(doc.get("profile"))
+    profile = doc.get("profile")
+    frames = _frame_table(profile)
+    paths, samples, waiting, profile_s = _paths(profile, frames)
+    loader_s, loader_n = _loader(profile)
     return RankPace(
         rank=doc["rank"], host=str(doc.get("host") or "")[:200], t0=_num(doc.get("t0"), None), t1=_num(doc.get("t1"), None),
         wall_s=_num(doc.get("wall_s")) or 0.0, run_s=_num(cpu.get("run_s"), None), runq_s=_num(cpu.get("runq_s"), None),
         blocked_s=_num(cpu.get("blocked_s"), None), gc_s=_num(gc.get("s"), None) if gc else None,
         gc_n=_count(gc.get("n")) if gc else 0, gc_full=_count(gc.get("full")) if gc else 0, groups=_groups(doc.get("waits")),
-        paths=paths, samples=samples, waiting=waiting, wait_paths=_wait_paths(doc.get("profile")), profile_s=profile_s,
+        paths=paths, samples=samples, waiting=waiting, wait_paths=_wait_paths(profile, frames), profile_s=profile_s,
         loader_s=loader_s, loader_n=loader_n,
         gpu=bool(doc.get("gpu")),
         notes=tuple(str(n)[:300] for n in (doc.get("notes") if isinstance(doc.get("notes"), list) else [])[:8]),
@@ -262,22 +269,17 @@ def to_doc(pace: RankPace) -> dict[str, Any]:
     """The inverse of from_doc: a span of one rank as the document a window is (windows: how many)."""
     frames: list[list[Any]] = []
     index: dict[tuple, int] = {}
-    paths = []
-    for row in sorted(pace.paths.values(), key=lambda r: -r.s):
-        ids = []
-        for frame in row.frames:
-            if frame[:3] not in index:
-                index[frame[:3]] = len(frames)
-                frames.append(list(frame))
-            ids.append(index[frame[:3]])
-        paths.append([ids, row.n, round(row.s, 4), round(row.cpu, 4), round(row.runq, 4), row.gc, row.data])
-    waits = []
-    for key, n in sorted(pace.wait_paths.items(), key=lambda kv: -kv[1]):
-        for frame in key:
-            if frame not in index:
-                index[frame] = len(frames)
-                frames.append([*frame, ""])
-        waits.append([[index[frame] for frame in key], n])
+
+    def index_of(frame: tuple) -> int:
+        """The frame's place in the table (a wait path's frames have no source line: "")."""
+        if frame[:3] not in index:
+            index[frame[:3]] = len(frames)
+            frames.append([*frame[:3], frame[3] if len(frame) > 3 else ""])
+        return index[frame[:3]]
+
+    paths = [[[index_of(f) for f in row.frames], row.n, round(row.s, 4), round(row.cpu, 4), round(row.runq, 4), row.gc,
+              row.data] for row in sorted(pace.paths.values(), key=lambda r: -r.s)]
+    waits = [[[index_of(f) for f in key], n] for key, n in sorted(pace.wait_paths.items(), key=lambda kv: -kv[1])]
     cpu = None if pace.run_s is None else {"run_s": round(pace.run_s, 4), "runq_s": round(pace.runq_s or 0.0, 4),
                                            "blocked_s": round(pace.blocked_s or 0.0, 4)}
     return {"schema": SCHEMA, "rank": pace.rank, "host": pace.host, "window": pace.last_window, "windows": pace.windows,
