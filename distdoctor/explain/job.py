@@ -21,7 +21,7 @@ from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis import kinds as job_kinds
 from distdoctor.diagnosis.diagnose import diagnose
 from distdoctor.diagnosis.frames import is_user_file
-from distdoctor.diagnosis.snapshot import EXITED, RaisedError, RankSnapshot
+from distdoctor.diagnosis.snapshot import EXITED, FINISHED, RaisedError, RankSnapshot
 from distdoctor.explain.activity import CLOCK_MARGIN_S
 from distdoctor.explain.candidates import Ranked, apply_cues, describe, from_threads
 from distdoctor.explain.priors import active_priors
@@ -128,7 +128,7 @@ def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc
     lines = (error_lines or {}).get(first.rank, set()) if first is not None else set()
     if first is None and anonymous is not None:
         lines = {anonymous[1]}
-    specific = _specific_log_cause(primary, lines, log_findings)
+    specific = _specific_log_cause(primary, lines, log_findings, _crashed_after_loop(snaps))
     folded = [f for f in log_findings if f is not specific and _folds(f, primary)]
     kept = [f for f in log_findings if f is not specific and f not in folded]
     if specific is not None:
@@ -211,19 +211,28 @@ def _first_snapshot(finding: Finding, snaps: Sequence[RankSnapshot]) -> RankSnap
     return next((s for s in snaps if finding.ranks and s.rank == finding.ranks[0]), None)
 
 
-def _specific_log_cause(primary: Finding, lines: set[tuple[str, int]], log: list[Finding]) -> Finding | None:
+def _crashed_after_loop(snaps: Sequence[RankSnapshot]) -> set[int]:
+    """Ranks that left the job and then died of a crash signal as they exited (snapshots.py)."""
+    return {s.rank for s in snaps if s.status == FINISHED and s.exit_code is not None and s.exit_code < 0}
+
+
+def _specific_log_cause(primary: Finding, lines: set[tuple[str, int]], log: list[Finding],
+                        exit_crashes: set[int] = frozenset()) -> Finding | None:
     """The catalog's reading of the same failure, when it says more than the verdict.
 
     - a cause the catalog read on the failing rank's own exception line (a DETAIL mismatch, a
       monitored_barrier naming the late rank, KeyError 'LOCAL_RANK'): more specific than "it raised",
       unless the catalog itself cannot name a cause there (cause unknown);
     - for a verdict that could not read the rank's error (an exit code, a signal), a cause or crash
-      the catalog read for the same rank, or a confident cause that names no rank (a usage error).
+      the catalog read for the same rank, or a confident cause that names no rank (a usage error);
+    - never a crash of ranks that died of it after their loop was over (exit_crashes): how they ended.
     """
     for finding in log:
         role = finding.data.get("role")
         if role not in ("cause", "crash"):
             continue
+        if role == "crash" and set(finding.ranks) & set(primary.ranks) <= exit_crashes:
+            continue  # a crash after the rank's loop was over: how it ended, not why its peers failed
         on_line = any((e.get("file"), e.get("line")) in lines for e in finding.data.get("evidence") or ())
         same_rank = bool(set(finding.ranks) & set(primary.ranks))
         if primary.id == job_kinds.EXCEPTION.id:

@@ -66,6 +66,9 @@ _WATCHDOG_OP = re.compile(r"(?:\[Rank (?P<rank>\d{1,7})\] )?Watchdog caught coll
 # glog's month-day: torch writes "E0321" or "E321" (no zero before a one-digit month).
 _LOG_TIME = re.compile(r"[EWIF](?P<md>\d{3,4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d{1,9})?)|"
                        r"(?P<iso>\d{4}-\d\d-\d\d[ T_]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?)")
+# std::terminate's own line when a thread is left running as the process ends (torch's process-group
+# threads at interpreter exit): how the rank ended, not what it was doing, so never its last line.
+_ENDING_ABORT = re.compile(r"terminate called without an active exception")
 # A last line that says the loop ended (what a rank that left early prints).
 _FINISHED = re.compile(r"\b(?:done|finished|completed?|training (?:is )?(?:over|ended)|exiting)\b", re.I)
 # Lines that show a job at work: a tqdm bar, a step/iteration/epoch/loss count, a rate.
@@ -242,7 +245,7 @@ class RankCollector:
             if text is not None:
                 text.files.add(name)
                 text.lines += 1
-                tail = block.rstrip("\n").rsplit("\n", 1)[-1]
+                tail = _last_words(block)
                 if tail.strip():
                     text.last_line = clean_quote(tail[-MAX_MESSAGE:])
         if len(block) <= 2 * PREFIX_SAMPLE:
@@ -272,7 +275,8 @@ class RankCollector:
                 continue
             if rank is not None:
                 text.lines += 1
-                text.last_line = rest[-MAX_MESSAGE:]
+                if not _ENDING_ABORT.search(rest):
+                    text.last_line = rest[-MAX_MESSAGE:]
             if not _NOT_ACTIVITY.search(rest):
                 text.last_seen = (index, line_no + offset)
                 text.last_seen_text = rest[-MAX_MESSAGE:]
@@ -570,6 +574,14 @@ def parse_traceback_text(text: str, file: str, rank: int, index: int = 0) -> Rai
 def finished_line(text: str) -> bool:
     """The last line says the loop ended ("done", "finished", "training complete")."""
     return bool(text) and bool(_FINISHED.search(text)) and "error" not in text.lower()
+
+
+def _last_words(block: str) -> str:
+    """The block's last line that is not the process's ending abort (among its last three)."""
+    for line in block.rstrip("\n").rsplit("\n", 3)[::-1][:3]:
+        if line.strip() and not _ENDING_ABORT.search(line):
+            return line
+    return ""
 
 
 def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:

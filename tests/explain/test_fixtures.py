@@ -40,6 +40,9 @@ REAL = {
     # causes, not `unknown`, and the job's own code is among the first three.
     "torchrun_sigsegv": (None, "worker_exception", "(SIGSEGV)", (1,), TOP3),
     "torchrun_sigabrt": (None, "worker_exception", "(SIGABRT)", (1,), TOP3),
+    # Rank 0 said it was done and died of SIGABRT as its interpreter ended (gloo's thread at exit);
+    # rank 1's backward lost it: the rank that left early is the cause, its abort only how it ended.
+    "ddp_uneven_exit_abort": ("job.E003", "uneven_inputs", "exitcode: -6", (0,)),
 }
 
 SYNTHETIC = {
@@ -106,6 +109,17 @@ def test_every_fixture_file_is_covered():
     # The consoles of restarted jobs are judged attempt by attempt in test_attempts.py.
     assert real == set(REAL) | {"elastic_restart", "elastic_restart_info", "elastic_recovered", "elastic_restart_stale"}
     assert synthetic == set(SYNTHETIC)
+
+
+def test_an_abort_after_the_rank_said_it_was_done_is_how_it_ended_not_the_cause():
+    """The abort at exit is named as the rank's end; the same signal mid-run (torchrun_sigabrt: os.abort()
+    in the loop, no last word) stays a crash in native code, the job's own code among its causes."""
+    top = explain_files([str(FIXTURES / "ddp_uneven_exit_abort.log")]).findings[0]
+    assert "rank 0: its last line says it finished (rank 0 done) before it died of SIGABRT while exiting" in top.detail
+    assert "Connection closed by peer" in top.detail
+    assert [c["cause"] for c in top.data["candidates"]][:2] == ["uneven_inputs", "collective_mismatch"]
+    twin = explain_files([str(FIXTURES / "torchrun_sigabrt.log")]).findings[0]
+    assert "while exiting" not in twin.detail and twin.cause != "uneven_inputs"
 
 
 def test_settings_named_in_the_log_are_used_in_the_remediation():

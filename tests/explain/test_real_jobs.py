@@ -153,13 +153,18 @@ def test_the_guards_report_directory_is_read_as_the_same_job(jobs):
 
 def test_a_ddp_rank_with_one_batch_more_is_uneven_inputs_not_its_error(jobs):
     """Rank 0 ran out of batches and exited 0 (torchrun's summary does not list it); rank 1's backward
-    then all-reduced with a peer that was gone: "Connection closed by peer" is the consequence."""
+    then all-reduced with a peer that was gone: "Connection closed by peer" is the consequence.
+
+    How rank 0's end reads is a race torch runs: it exits 0; or torchrun's SIGTERM (after rank 1
+    failed) meets it tearing down; or it dies of SIGABRT as its interpreter ends (gloo's thread:
+    "terminate called without an active exception", about 1 run in 8 here). Each says it had left."""
     console = (jobs["ddp_uneven"] / "console.log").read_text()
     assert "by peer" in console and "backward" in console, console[-2000:]
     finding, report = top([jobs["ddp_uneven"] / "console.log"])
     assert (finding.cause, finding.ranks) == ("uneven_inputs", (0,)), [(f.id, f.title) for f in report.findings]
     assert "collective_mismatch" in causes(finding)[:3]
-    assert "exited with code 0" in finding.detail and "by peer" in finding.detail
+    assert "by peer" in finding.detail
+    assert "exited with code 0" in finding.detail or "its last line says it finished (rank 0 done)" in finding.detail
     # --log-dir has no exit codes: rank 0 fell silent after saying it was done; the words support
     # uneven inputs, they do not make it certain.
     finding, report = top([jobs["ddp_uneven"] / "logs"])
