@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -451,33 +452,18 @@ def elastic_restart_stale(tmp: Path) -> str:
     raise RuntimeError("12 restarts all recovered: no stale address met")
 
 
-DDP_UNEVEN_SCRIPT = """
-dist.init_process_group("gloo")
-torch.manual_seed(0)
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(6 + RANK):
-    optimizer.zero_grad()
-    loss = model(torch.randn(4, 8)).pow(2).mean()
-    loss.backward()
-    optimizer.step()
-    print(f"rank {RANK} step {step} loss {loss.item():.3f}", flush=True)
-print(f"rank {RANK} done", flush=True)
-dist.destroy_process_group()
-"""
-
-
 @scenario
 def ddp_uneven_exit_abort(tmp: Path) -> str:
     """torchrun --tee 3, 2 ranks, DDP, rank 1 with one batch more: rank 0 says it is done and, as its
     interpreter ends, dies of SIGABRT ("terminate called without an active exception": gloo's thread
     at exit); rank 1's backward loses its peer. The abort at exit is a race (about 1 run in 8 on a
     2-core machine): the job is run until rank 0 dies of it."""
-    script = write_script(tmp, "train.py", DDP_UNEVEN_SCRIPT)
+    script = tmp / "train.py"
+    shutil.copy(HERE / "jobs" / "train_job.py", script)  # the job test_real_jobs.py runs, at a stable path
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--tee", "3",
            str(script)]
     for _ in range(60):
-        out = run(cmd, base_env(OMP_NUM_THREADS=1), limit=120)
+        out = run(cmd, base_env(OMP_NUM_THREADS=1, SCENARIO="ddp_uneven"), limit=120)
         if "rank 0 done" in out and re.search(r"rank\s+: 0 \(local_rank: 0\)\n\s+exitcode\s+: -6", out):
             return out
     raise RuntimeError("60 runs without rank 0 aborting at exit")
