@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import AbstractSet, Any, Sequence
 
 from distdoctor.core.findings import Finding, FindingKind
 from distdoctor.core.report import format_ranks
@@ -217,7 +217,7 @@ def _crashed_after_loop(snaps: Sequence[RankSnapshot]) -> set[int]:
 
 
 def _specific_log_cause(primary: Finding, lines: set[tuple[str, int]], log: list[Finding],
-                        exit_crashes: set[int] = frozenset()) -> Finding | None:
+                        exit_crashes: AbstractSet[int] = frozenset()) -> Finding | None:
     """The catalog's reading of the same failure, when it says more than the verdict.
 
     - a cause the catalog read on the failing rank's own exception line (a DETAIL mismatch, a
@@ -231,10 +231,11 @@ def _specific_log_cause(primary: Finding, lines: set[tuple[str, int]], log: list
         role = finding.data.get("role")
         if role not in ("cause", "crash"):
             continue
-        if role == "crash" and set(finding.ranks) & set(primary.ranks) <= exit_crashes:
+        shared = set(finding.ranks) & set(primary.ranks)
+        if role == "crash" and shared and shared <= exit_crashes:
             continue  # a crash after the rank's loop was over: how it ended, not why its peers failed
         on_line = any((e.get("file"), e.get("line")) in lines for e in finding.data.get("evidence") or ())
-        same_rank = bool(set(finding.ranks) & set(primary.ranks))
+        same_rank = bool(shared)
         if primary.id == job_kinds.EXCEPTION.id:
             confident = (finding.confidence or 0) >= SPECIFIC and (same_rank or not finding.ranks)
             if finding.cause not in ("unknown", primary.cause) and (on_line or confident):

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from distdoctor.explain import explain_files
+from distdoctor.diagnosis import kinds as job_kinds
+from distdoctor.explain import CATALOG, explain_files
+from distdoctor.explain.job import _specific_log_cause
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TOP3 = "top3"
@@ -146,3 +148,18 @@ def test_hostname_failure_explains_the_connect_timeouts_that_follow():
     assert {c["signature"] for c in top.data["consequences"]} <= {"store_client_connect_timeout",
                                                                    "store_construction_frames"}
     assert "store_client_connect_timeout" in {c["signature"] for c in top.data["consequences"]}
+
+
+def test_a_crash_at_exit_of_one_rank_leaves_other_crash_readings_as_they_were():
+    """Only a crash of the ranks that died while exiting is set aside: the catalog's confident reading of a
+    crash that names no rank (or another rank) still says more than a verdict that could not read it."""
+    verdict = job_kinds.MISSING("Rank 0 killed by SIGABRT (exit -6) before its peers", ranks=[0])
+    crash = CATALOG.kinds["log.E027"]
+    on_rank_0 = crash("Rank 0 died of SIGABRT", ranks=[0], data={"role": "crash"}, confidence=0.25)
+    anywhere = crash("A process died of SIGABRT", ranks=[], data={"role": "cause"}, confidence=0.85)
+    assert _specific_log_cause(verdict, set(), [on_rank_0]) is on_rank_0
+    assert _specific_log_cause(verdict, set(), [on_rank_0], exit_crashes={0}) is None
+    assert _specific_log_cause(verdict, set(), [on_rank_0, anywhere], exit_crashes={0}) is anywhere
+    exception = job_kinds.EXCEPTION("Rank 1 raised ValueError", ranks=[1])
+    unnamed = crash("A process died of SIGABRT", ranks=[], data={"role": "crash"}, confidence=0.85)
+    assert _specific_log_cause(exception, set(), [unnamed], exit_crashes={0}) is unnamed
