@@ -118,6 +118,7 @@ def test_an_abort_after_the_rank_said_it_was_done_is_how_it_ended_not_the_cause(
     in the loop, no last word) stays a crash in native code, the job's own code among its causes."""
     top = explain_files([str(FIXTURES / "ddp_uneven_exit_abort.log")]).findings[0]
     assert "rank 0: its last line says it finished (rank 0 done) before it died of SIGABRT while exiting" in top.detail
+    assert "rank 0 left the job, then died of SIGABRT as it exited (exit -6)" in top.detail
     assert "Connection closed by peer" in top.detail
     assert [c["cause"] for c in top.data["candidates"]][:2] == ["uneven_inputs", "collective_mismatch"]
     twin = explain_files([str(FIXTURES / "torchrun_sigabrt.log")]).findings[0]
