@@ -469,6 +469,33 @@ def ddp_uneven_exit_abort(tmp: Path) -> str:
     raise RuntimeError("60 runs without rank 0 aborting at exit")
 
 
+@scenario
+def spawn_consequence_first(tmp: Path) -> str:
+    """mp.spawn, rank 1 raises at step 2 and rank 0 loses its peer, while the parent is starved (SIGSTOP
+    for 4 s, as on an overloaded machine): both processes have ended when it looks, and mp.spawn prints
+    the error of process 0 (the consequence) and never rank 1's own. `wrapped_job.py spawn_raise`."""
+    script = tmp / "wrapped_job.py"
+    shutil.copy(HERE / "jobs" / "wrapped_job.py", script)
+    console = tmp / "console.log"
+    with open(console, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(script), "spawn_raise"], env=base_env(PORT=free_port()),
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + HARD_LIMIT_S
+        while "rank 1 step 0" not in console.read_text() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(4)
+        proc.send_signal(signal.SIGCONT)
+        proc.wait(timeout=HARD_LIMIT_S)
+    finally:
+        _kill_group(proc)
+    text = console.read_text()
+    if "-- Process 0 terminated with the following error" not in text:
+        raise RuntimeError("mp.spawn printed another process's error than rank 0's")
+    return text
+
+
 def main(names: list[str]) -> int:
     FIXTURES.mkdir(parents=True, exist_ok=True)
     chosen = names or list(SCENARIOS)

@@ -45,6 +45,9 @@ REAL = {
     # Rank 0 said it was done and died of SIGABRT as its interpreter ended (gloo's thread at exit);
     # rank 1's backward lost it: the rank that left early is the cause, its abort only how it ended.
     "ddp_uneven_exit_abort": ("job.E003", "uneven_inputs", "exitcode: -6", (0,)),
+    # mp.spawn printed rank 0's lost peer and never rank 1's own ValueError (its parent saw both ended at
+    # once): the log cannot tell why the peer died, so no confident answer; its own exception among the three.
+    "spawn_consequence_first": (None, "worker_exception", "Connection closed by peer", (0,), TOP3),
 }
 
 SYNTHETIC = {

@@ -111,7 +111,15 @@ def test_mp_spawn_a_store_wait_for_a_rank_that_never_came_is_read_through_proces
     ("accelerate", "accelerate_raise", "raise ValueError"),
 ])
 def test_a_ranks_own_exception_under_a_launcher_is_the_cause_at_its_line(jobs, name, function, text):
+    """mp.spawn prints the error of the first process it sees fail; when its parent was starved until both
+    had ended (a loaded machine, CI once), that is rank 0's lost peer and rank 1's own error is in no log
+    (fixtures/spawn_consequence_first.log holds such a run): then no confident answer, the peer's own
+    exception among the first three."""
     finding, _ = top(jobs[name] / "console.log")
+    if "-- Process 0 terminated with the following error" in (jobs[name] / "console.log").read_text():
+        assert name == "spawn_raise" and finding.ranks == (0,) and "lost a peer" in finding.title, finding.title
+        assert finding.confidence < 0.8 and "worker_exception" in causes(finding)[:3], causes(finding)
+        return
     assert (finding.cause, finding.ranks) == ("worker_exception", (1,)), (finding.cause, finding.ranks, finding.title)
     assert "ValueError: corrupt sample in shard 1" in finding.title
     assert f"wrapped_job.py:{raise_line(function, text)}" in finding.title
