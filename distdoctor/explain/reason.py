@@ -273,6 +273,14 @@ def _silent_death_finding(root: Root, acc: Accumulator, catalog: Catalog) -> Fin
     )
 
 
+# torch.multiprocessing.spawn raises the error of the first process it sees fail: when that is a lost
+# peer, the peer's own error (which its wrapper wrote to a file) is printed nowhere.
+SPAWN_SHOWS_ONE = ("mp.spawn prints the error of the first process it sees fail, and only that one: the peer's own "
+                   "error, if it raised one, is in no log.")
+SPAWN_TO_SEE_ALL = ("Under mp.spawn, print each process's own error where it happens (try/except around the spawned "
+                    "function with traceback.print_exc(), then raise), or start the job with torchrun --tee 3.")
+
+
 def _finding(root: Root, acc: Accumulator, catalog: Catalog) -> Finding:
     group, sig = root.group, root.group.signature
     fields = _fields_for(group)
@@ -297,15 +305,10 @@ def _finding(root: Root, acc: Accumulator, catalog: Catalog) -> Finding:
         for c in root.consequences:
             detail.append(_consequence_line(c, quoted))
     silent = _silent_ranks(root, acc)
-    if silent:
-        data["ranks_without_error"] = silent
-        detail.append(f"Ranks seen in the logs that reported no such error: {format_ranks(silent)} — "
-                      "look at their logs first: the rank that did not join is usually the cause.")
-    empty = sorted(acc.empty_ranks - group.ranks)
-    if empty:
-        data["empty_logs"] = empty
-        detail.append(f"The log of rank {format_ranks(empty)} is empty: that rank printed nothing (hung, or killed "
-                      "before its first line).")
+    detail += _other_ranks(silent, sorted(acc.empty_ranks - group.ranks), data)
+    spawned = sig.peer == "gone" and "ctx_mp_spawn" in acc.cues
+    if spawned:
+        detail.append(SPAWN_SHOWS_ONE)
     kind, confidence, remediation = sig.kind, root.confidence, render_template(sig.remediation, fields)
     if sig.candidates:
         quiet = sorted((_silent(acc) | set(silent)) - group.ranks)
@@ -327,6 +330,8 @@ def _finding(root: Root, acc: Accumulator, catalog: Catalog) -> Finding:
         data["tell_apart"] = render_template(sig.tell_apart, fields)
         detail += describe(ranked)
         detail.append("To tell them apart: " + data["tell_apart"])
+    if spawned:
+        remediation += f"\n{SPAWN_TO_SEE_ALL}"
     if group.count > len(group.evidence) and len(group.evidence) == MAX_EVIDENCE:
         data["evidence_truncated"] = True
     return kind(
@@ -339,6 +344,20 @@ def _finding(root: Root, acc: Accumulator, catalog: Catalog) -> Finding:
         check=CHECK_NAME,
         confidence=confidence,
     )
+
+
+def _other_ranks(silent: list[int], empty: list[int], data: dict[str, Any]) -> list[str]:
+    """What the logs show of the ranks that did not report this error (noted in data)."""
+    lines = []
+    if silent:
+        data["ranks_without_error"] = silent
+        lines.append(f"Ranks seen in the logs that reported no such error: {format_ranks(silent)} — "
+                     "look at their logs first: the rank that did not join is usually the cause.")
+    if empty:
+        data["empty_logs"] = empty
+        lines.append(f"The log of rank {format_ranks(empty)} is empty: that rank printed nothing (hung, or killed "
+                     "before its first line).")
+    return lines
 
 
 EVERY_RANK_WAITED = 0.15

@@ -167,3 +167,11 @@ def test_a_crash_at_exit_of_one_rank_leaves_other_crash_readings_as_they_were():
     exception = job_kinds.EXCEPTION("Rank 1 raised ValueError", ranks=[1])
     unnamed = crash("A process died of SIGABRT", ranks=[], data={"role": "crash"}, confidence=0.85)
     assert _specific_log_cause(exception, set(), [unnamed], exit_crashes={0}) is unnamed
+
+
+def test_a_lost_peer_that_mp_spawn_printed_says_the_peers_own_error_is_in_no_log():
+    top = explain_files([str(FIXTURES / "spawn_consequence_first.log")]).findings[0]
+    assert "mp.spawn prints the error of the first process it sees fail, and only that one" in top.detail
+    assert "traceback.print_exc()" in top.remediation and "torchrun --tee 3" in top.remediation
+    twin = explain_files([str(FIXTURES / "gloo_connection_closed.log")]).findings[0]  # plain processes
+    assert "mp.spawn" not in twin.detail + twin.remediation
