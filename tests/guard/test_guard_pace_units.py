@@ -134,6 +134,42 @@ def test_the_sampler_keeps_the_users_frames_outermost_first_and_skips_waits():
     assert document["frames"][document["paths"][0][0][-1]][2] == "user_loop"
 
 
+def test_the_sample_after_a_long_collection_places_its_interval_on_no_line():
+    """A collection holds the GIL: the sample after it runs when the main thread lets go, on the line after the
+    collection; its interval's time must not land there (the collecting rank's next line looked slow: CI once).
+    The collection keeps its own exact line; the next ordinary sample is placed as before."""
+    ready, stop = threading.Event(), threading.Event()
+    ident = []
+
+    def after_the_collection():
+        ident.append(threading.get_ident())
+        ready.set()
+        stop.wait(10)
+
+    def collect_here():
+        return sys._getframe()
+
+    thread = threading.Thread(target=after_the_collection, daemon=True)
+    thread.start()
+    ready.wait(5)
+    watch = GcWatch()
+    sampler = Sampler(ident[0], None, None, watch)
+    sampler.sample()  # starts the clock
+    time.sleep(0.01)
+    sampler.collected(collect_here(), 3_000_000)
+    watch.total_ns += 3_000_000
+    sampler.sample()
+    time.sleep(0.01)
+    sampler.sample()
+    stop.set()
+    thread.join(5)
+    profile = sampler.take()
+    rows = {path[-1][2]: row for path, row in profile.paths.items()}
+    assert set(rows) == {"collect_here", "after_the_collection"} and profile.samples == 2, rows
+    assert rows["collect_here"][1] == 3_000_000 and rows["after_the_collection"][0] == 1
+    assert 5_000_000 <= rows["after_the_collection"][1] < 1_000_000_000
+
+
 def test_a_sample_that_waits_for_peers_is_counted_with_where_it_waits_not_profiled():
     ready, stop = threading.Event(), threading.Event()
     ident = []

@@ -127,6 +127,7 @@ class Sampler:
     def sample(self) -> None:
         if self.gcwatch is not None and self.gcwatch.active:
             return  # inside a collection (its callbacks let this thread in): it gets its own line, whole
+        after_collection = bool(self.collections)
         self._file_collections()
         inside = self.loader is not None and self.loader.depth > 0  # read microseconds before the frames
         frame = sys._current_frames().get(self.ident or 0)
@@ -142,6 +143,12 @@ class Sampler:
             self.profile.waiting += 1  # waiting for peers: the regions measure it exactly; where, counted
             path, _ = self._path(_raw(frame))
             self.profile.waits[path] = self.profile.waits.get(path, 0) + 1
+            return
+        if after_collection:
+            # A long collection held the GIL: this sample ran when the main thread next let go of it, already on
+            # a line after the collection, at a moment the collection set. The interval's time is on no one line
+            # (before the collection, and after it up to the switch interval): placed on this one, it made the
+            # line after every collection look slow on the collecting rank only. The collection has its own line.
             return
         path, data = self._path(_raw(frame))
         wall = max(0, now - last[0] - collected)
