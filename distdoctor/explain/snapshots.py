@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Iterable
 
+from distdoctor.diagnosis.diagnose import signal_name
 from distdoctor.diagnosis.frames import user_frame
 from distdoctor.diagnosis.origin import DISTRIBUTED, OWN, SIGNAL_TYPES, origin_of
 from distdoctor.diagnosis.snapshot import (EXITED, FINISHED, KILLED, RAISED, RUNNING, UNREACHABLE, Frame,
@@ -35,7 +36,7 @@ _C10D = re.compile(r"[/\\]torch[/\\]distributed[/\\](?:distributed_c10d|c10d_log
 _OP_IN_MESSAGE = re.compile(r"OpType=(?P<op>\w{1,40})|for (?P<io>recv|send) operation")
 _YEAR = re.compile(r"^\d{4}-")
 # Exit codes of a crash in native code that a process ending after its loop may die of.
-EXIT_CRASH_SIGNALS = {-6: "SIGABRT", -11: "SIGSEGV"}
+EXIT_CRASH_CODES = frozenset({-6, -11})  # SIGABRT, SIGSEGV
 KEPT_GOING, QUIET_FIRST, FINISHED_WORDS = "kept_going", "quiet_first", "finished_words"
 
 
@@ -326,12 +327,12 @@ def _ended(text: RankText, has_error: bool, notes: list[str]) -> tuple[str, int 
             return FINISHED, None
         notes.append("ended by the launcher's SIGTERM after a peer failed: it was still running then")
         return RUNNING, None
-    if code in EXIT_CRASH_SIGNALS and not has_error and finished_line(clean_quote(text.last_line)):
+    if code in EXIT_CRASH_CODES and not has_error and finished_line(clean_quote(text.last_line)):
         # Its loop was over when native code aborted the process: torch's process-group threads as
         # the interpreter ends ("terminate called without an active exception"), or a library's teardown.
         # It had left the job; the crash is how it ended, not why its peers failed.
         notes.append(f"its last line says it finished ({clean_quote(text.last_line)[:120]}) before it died of "
-                     f"{EXIT_CRASH_SIGNALS[code]} while exiting")
+                     f"{signal_name(-code)} while exiting")
         return FINISHED, code
     if code < 0:
         return (RAISED if has_error else KILLED), code
