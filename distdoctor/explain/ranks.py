@@ -46,6 +46,8 @@ _WORLD_SIZE = re.compile(r"(?<![A-Za-z_])(?i:world[_ ]size)\s*[=:]?\s*(\d{1,7})(
 _SPAWNED = re.compile(r"-- Process (\d{1,7}) terminated with the following error:\s*$")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]{1,500})", line (?P<line>\d{1,9})(?:, in (?P<fn>.{1,200}))?')
 _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]{0,200})(?::(?P<msg>.*))?$")
+# An exception line without a message, told from a word another process printed by its type's name.
+_EXCEPTION_NAME = re.compile(r"(?:Error|Exception|Interrupt|Exit|Iteration)$")
 _SUMMARY_RANK = re.compile(r"rank\s*:\s*(?P<rank>\d{1,7}) \(local_rank: (?P<local>\d{1,7})\)")
 _SUMMARY_TIME = re.compile(r"time\s*:\s*(?P<time>\d{4}-\d\d-\d\d_\d\d:\d\d:\d\d)")
 _SUMMARY_HOST = re.compile(r"host\s*:\s*(?P<host>[^\s]{1,200})")
@@ -184,6 +186,9 @@ class _Pending:
     varying: bool = False
     by_prefix: int | None = None
     separator: int = 0
+    # Another traceback with the same prefix began before this one's exception line: two processes
+    # printing to one console at once (no rank prefix before the process group exists), line by line.
+    interleaved: bool = False
 
 
 class RankCollector:
@@ -195,6 +200,10 @@ class RankCollector:
         self.unattributed: list[RaisedText] = []
         self._world_seen: list[int] = []
         self._pending: list[_Pending] = []
+        # Interleaved tracebacks: the headers that began inside another traceback, and the exception
+        # lines already taken (input index, line), so that two tracebacks never share one.
+        self._interleaved_headers: set[tuple[int, int]] = set()
+        self._claimed: set[tuple[int, int]] = set()
         # Per input: the last line without a rank prefix that shows a job making progress (a progress
         # bar, a step/loss line): (line, timestamp, text). Whose it is, activity.py decides.
         self.anonymous: dict[int, tuple[int, str | None, str]] = {}
@@ -306,7 +315,8 @@ class RankCollector:
                 prefix, rank = "  ", int(entry["rank"]) if entry else None
             line_no = first_line + block.count("\n", 0, start)
             pending = _Pending(prefix, rank if rank is not None else rank_hint, [], name, line_no, (index, line_no),
-                               time=_time_before(block, start, prefix), chained=_after_chain_marker(block, start))
+                               time=_time_before(block, start, prefix), chained=_after_chain_marker(block, start),
+                               interleaved=(index, line_no) in self._interleaved_headers)
             named, end_of = prefix_span(prefix)
             if _FOREIGN_PREFIX.match(prefix) and prefix[end_of:].strip() == "":
                 pending.varying, pending.by_prefix, pending.separator = True, named, len(prefix) - end_of
@@ -340,6 +350,11 @@ class RankCollector:
                 rest = raw[len(pending.prefix):]
             if not rest.strip():
                 continue
+            if TRACEBACK in rest and not rest[:rest.find(TRACEBACK)].strip(" \t^~"):
+                # Another process's traceback began (on its own line, or glued to a caret line of ours).
+                self._interleaved_headers.add((pending.order[0], line_no - 1))
+                pending.interleaved = True
+                continue
             if rest[0] in " \t":
                 frame = _FRAME.match(rest)
                 if frame:
@@ -349,8 +364,11 @@ class RankCollector:
                     last = pending.frames[-1]
                     pending.frames[-1] = Frame(last.file, last.line, last.function, rest.strip()[:MAX_MESSAGE])
                 continue
-            if rest.startswith(TRACEBACK):
-                continue
+            if pending.interleaved:
+                rest = _untangled(rest)
+                if rest is None or (pending.order[0], line_no - 1) in self._claimed:
+                    continue  # the other traceback's line, or its exception line
+                self._claimed.add((pending.order[0], line_no - 1))
             if not pending.frames and _EXCEPTION.match(rest.strip()) is None:
                 # The rank's stdout, flushed after the traceback's first line reached stderr
                 # (one console, two streams): the frames are still to come.
@@ -574,6 +592,18 @@ def parse_traceback_text(text: str, file: str, rank: int, index: int = 0) -> Rai
 def finished_line(text: str) -> bool:
     """The last line says the loop ended ("done", "finished", "training complete")."""
     return bool(text) and bool(_FINISHED.search(text)) and "error" not in text.lower()
+
+
+def _untangled(line: str) -> str | None:
+    """The exception line in a traceback interleaved with another's: the line itself, or one glued after
+    the other's caret line (Python 3.11's "^^^^" under a frame, its characters mixed into ours); None for
+    a line that is not an exception's (the other process's code, carets, output)."""
+    if line[:1] in "^~":
+        line = line.lstrip("^~ \t").replace("^", "")
+    match = _EXCEPTION.match(line.strip())
+    if match is None or (match["msg"] is None and not _EXCEPTION_NAME.search(match["type"])):
+        return None
+    return line
 
 
 def _last_words(block: str) -> str:

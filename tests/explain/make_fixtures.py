@@ -31,6 +31,7 @@ from typing import Callable
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures"
 HARD_LIMIT_S = 60.0
+TRACEBACK_HEADER = "Traceback (most recent call last):"
 
 SCENARIOS: dict[str, Callable[[Path], str]] = {}
 # Scenarios that write a directory of per-rank logs themselves.
@@ -494,6 +495,23 @@ def spawn_consequence_first(tmp: Path) -> str:
     if "-- Process 0 terminated with the following error" not in text:
         raise RuntimeError("mp.spawn printed another process's error than rank 0's")
     return text
+
+
+@scenario
+def elastic_interleaved_tracebacks(tmp: Path) -> str:
+    """torchrun --max-restarts 1 without --tee (one console): attempt 0's rank 1 raises; in attempt 1 both
+    ranks' connectFullMesh is refused at the same moment and their tracebacks (no [rankN]: prefix: no
+    process group yet) interleave line by line, one exception line glued to the other's carets.
+    `wrapped_job.py elastic_restart`; a race (about 1 run in 12): the job is run until they interleave."""
+    script = tmp / "wrapped_job.py"
+    shutil.copy(HERE / "jobs" / "wrapped_job.py", script)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "--max-restarts", "1", str(script), "elastic_restart"]
+    for _ in range(60):
+        out = run(cmd, base_env(), limit=120)
+        if f"{TRACEBACK_HEADER}\n{TRACEBACK_HEADER}\n" in out and "connectFullMesh failed" in out:
+            return out
+    raise RuntimeError("60 runs without the two ranks' tracebacks interleaving")
 
 
 def main(names: list[str]) -> int:

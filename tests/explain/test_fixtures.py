@@ -111,8 +111,10 @@ def test_synthetic_fixture_names_its_cause_first(name):
 def test_every_fixture_file_is_covered():
     real = {p.stem for p in FIXTURES.glob("*.log")}
     synthetic = {p.stem for p in (FIXTURES / "synthetic").glob("*.log")}
-    # The consoles of restarted jobs are judged attempt by attempt in test_attempts.py.
-    assert real == set(REAL) | {"elastic_restart", "elastic_restart_info", "elastic_recovered", "elastic_restart_stale"}
+    # The consoles of restarted jobs are judged attempt by attempt in test_attempts.py (the interleaved one
+    # in test_wrapped_jobs.py).
+    assert real == set(REAL) | {"elastic_restart", "elastic_restart_info", "elastic_recovered", "elastic_restart_stale",
+                                    "elastic_interleaved_tracebacks"}
     assert synthetic == set(SYNTHETIC)
 
 

@@ -153,12 +153,16 @@ def test_a_restarted_job_is_explained_by_its_last_attempt_and_lists_the_earlier_
         assert first["attempt"] == 0
 
 
-def test_a_restarted_attempt_whose_ranks_tracebacks_interleave_on_one_console_is_read_by_their_error():
-    """The `elastic` job's console from a CI run (2026-11-29, paths shortened): both ranks of attempt 1 printed the
-    same refused connectFullMesh, unprefixed, and the second traceback's header was glued to the end of the first's
-    caret line ("^^^^Traceback (most recent call last):"). Read as another prefix, it hid both errors and the
-    answer was the exit code's ("its own error is not in these logs")."""
-    report = explain_files([str(JOB.with_name("restarted_interleaved_console.log"))])
+@pytest.mark.parametrize("log", [JOB.with_name("restarted_interleaved_console.log"),
+                                 JOB.parent.parent / "fixtures" / "elastic_interleaved_tracebacks.log"])
+def test_a_restarted_attempt_whose_ranks_tracebacks_interleave_on_one_console_is_read_by_their_error(log):
+    """The `elastic` job's console when both ranks of attempt 1 printed the same connectFullMesh failure at once,
+    unprefixed: in a CI run (2026-11-29, paths shortened) the second traceback's header was glued to the end of
+    the first's caret line ("^^^^Traceback (most recent call last):"); in another (CI 2026-11-30, then
+    make_fixtures.py elastic_interleaved_tracebacks) the two headers came back to back, the frames in turn and
+    one exception line glued after the other's carets ("^^^^^^^RuntimeError^: ^Gloo ..."). Each hid both errors
+    and the answer was the exit code's ("its own error is not in these logs")."""
+    report = explain_files([str(log)])
     finding = report.findings[0]
     assert finding.data.get("attempt") == 1 and finding.cause != "worker_exception", finding.title
     assert "connectFullMesh" in finding.detail and {"wrong_interface", "rank_missing"} <= set(causes(finding)[:3])
