@@ -5,6 +5,12 @@
 # kept open ~3 us (the kernel regenerates a seq_file at each read from offset 0). schedstat gives
 # the nanoseconds the thread ran and the nanoseconds it was runnable but waited for a CPU (CPU
 # contention); what is left of the wall time, it was blocked (a collective's wait, I/O, a sleep).
+# The time it ran is read from its CPU clock (clock_gettime, ~1 us) where there is one: schedstat's
+# run time is brought up to date only at a tick or a switch, so a thread that has run 2 ms since it
+# last woke reads up to a tick (4 ms at HZ=250) short, and a wait that follows reads that much short
+# (a rank's waits for a slower peer read half of what it lost on a 2-core machine). Its runnable
+# time is exact when the thread itself reads it (it is running), at most the present wait behind
+# when another thread does.
 # A kernel without schedstats (or a /proc that refuses) gives None: the caller says what it
 # cannot measure.
 
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import NamedTuple
 
 
@@ -29,6 +36,7 @@ class ThreadSched:
         self.tid = tid if tid is not None else getattr(threading.main_thread(), "native_id", None)
         self._sched = self._open("schedstat")
         self._stat = self._open("stat")
+        self._clock = _cpu_clock(self.tid)
 
     def _open(self, name: str) -> int | None:
         if self.tid is None:
@@ -49,7 +57,8 @@ class ThreadSched:
             return None
         try:
             parts = os.pread(fd, 96, 0).split()
-            return SchedTimes(int(parts[0]), int(parts[1]))
+            run = time.clock_gettime_ns(self._clock) if self._clock is not None else int(parts[0])
+            return SchedTimes(run, int(parts[1]))
         except (OSError, ValueError, IndexError):
             return None
 
@@ -72,3 +81,17 @@ class ThreadSched:
                 except OSError:
                     pass
         self._sched = self._stat = None
+
+
+def _cpu_clock(tid: int | None) -> int | None:
+    """The CPU clock of this process's thread ``tid``, or None (not a thread of this process now, no such clock)."""
+    ident = next((t.ident for t in threading.enumerate() if tid is not None and t.native_id == tid), None)
+    getter = getattr(time, "pthread_getcpuclockid", None)
+    if ident is None or getter is None:
+        return None
+    try:
+        clock = getter(ident)
+        time.clock_gettime_ns(clock)
+        return clock
+    except (OSError, OverflowError, ValueError):
+        return None

@@ -138,10 +138,10 @@ def test_rank_1_sharing_its_core_with_a_busy_process_is_named_with_cpu_contentio
                 pass
     expected = figures[1]["injected_ms"] - figures[0]["injected_ms"]  # the batch's CPU work, longer on rank 1
     assert expected > 1.0, figures
-    # The cost within 50 %: the CPU work's extra is what the other test worker's jobs disturb most (a quiet CI
-    # run measured 3.99 ms for the job's own 5.71). This test judges who is named, where and why; the slower
-    # read's and the heap's costs keep the 25 % bar.
-    finding = check_named(out, tmp_path, expected, "data", None, "cpu contention", tolerance=0.5)
+    # The cost within 25 %, as the others'. Rank 0 waits right after 2 ms on a CPU, and the scheduler's run time
+    # of a thread lags until a tick: read from schedstat alone its waits read short, and the cost 37-54 % of the
+    # job's own extra (CI once 0.667 ms for 1.777); from the thread's CPU clock, 91-105 % in 3 runs alone here.
+    finding = check_named(out, tmp_path, expected, "data", None, "cpu contention")
     assert finding["id"] == "slow.W002" and finding["cause"] == "cpu_oversubscription"
     # The line inside is one of the batch's work, not always the loop's: on the contended core the sampler thread
     # runs when the main thread is preempted, and the busy process, woken as the batch begins, preempts it first at

@@ -43,6 +43,23 @@ def test_a_region_counts_the_time_blocked_not_the_time_on_a_cpu():
 
 
 @needs_schedstat
+def test_a_wait_right_after_running_on_a_cpu_is_counted_whole():
+    """schedstat's run time lags until the next tick or switch: a region entered after 3 ms on a CPU read its
+    wait short by up to a tick (a rank's waits for a slower peer read half of what it lost). 40 waits of 2 ms,
+    each right after 3 ms of work, must read 80 ms (they read 20-40 ms from schedstat alone on this machine)."""
+    regions = Regions(ThreadSched())
+    for _ in range(40):
+        until = time.perf_counter() + 0.003
+        while time.perf_counter() < until:    # on a CPU, no switch: schedstat is not brought up to date
+            pass
+        token = regions.enter()
+        time.sleep(0.002)                     # blocked: a wait for peers
+        regions.leave(token, "0")
+    waits = regions.take(0)[(COLLECTIVE, "0")]
+    assert 0.075 <= waits.waited_ns / 1e9 < 0.2, waits.waited_ns / 1e9
+
+
+@needs_schedstat
 def test_a_backward_after_a_syncing_forward_is_a_step_of_that_group_and_calls_in_it_are_not():
     regions = Regions(ThreadSched())
     for _ in range(3):
