@@ -27,6 +27,7 @@ MAX_RANKS = 100_000
 PREFIX_SAMPLE = 4096         # characters at each end of a block whose line prefixes are sampled
 MAX_MESSAGE = 300
 MAX_WATCHDOG_LINES = 4096    # watchdog lines read per token and block (a rank prints a handful)
+MAX_INTERLEAVED = 65_536     # interleaved tracebacks' headers and exception lines remembered per input
 
 TRACEBACK = "Traceback (most recent call last)"
 # What a traceback the log ends inside raised is not known; it stands in for the exception line.
@@ -219,6 +220,8 @@ class RankCollector:
 
     def start_source(self) -> None:
         self._pending = []
+        self._interleaved_headers.clear()
+        self._claimed.clear()
 
     def end_source(self) -> None:
         """A traceback the input ends inside (a log cut mid-traceback): its rank raised, what is not known."""
@@ -352,7 +355,8 @@ class RankCollector:
                 continue
             if TRACEBACK in rest and not rest[:rest.find(TRACEBACK)].strip(" \t^~"):
                 # Another process's traceback began (on its own line, or glued to a caret line of ours).
-                self._interleaved_headers.add((pending.order[0], line_no - 1))
+                if len(self._interleaved_headers) < MAX_INTERLEAVED:
+                    self._interleaved_headers.add((pending.order[0], line_no - 1))
                 pending.interleaved = True
                 continue
             if rest[0] in " \t":
@@ -368,7 +372,8 @@ class RankCollector:
                 rest = _untangled(rest)
                 if rest is None or (pending.order[0], line_no - 1) in self._claimed:
                     continue  # the other traceback's line, or its exception line
-                self._claimed.add((pending.order[0], line_no - 1))
+                if len(self._claimed) < MAX_INTERLEAVED:
+                    self._claimed.add((pending.order[0], line_no - 1))
             if not pending.frames and _EXCEPTION.match(rest.strip()) is None:
                 # The rank's stdout, flushed after the traceback's first line reached stderr
                 # (one console, two streams): the frames are still to come.
