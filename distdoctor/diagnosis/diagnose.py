@@ -296,7 +296,7 @@ def _progress_text(snap: RankSnapshot, group: str = DEFAULT_GROUP) -> str:
 def _exit_text(snap: RankSnapshot) -> str:
     if snap.status == KILLED and snap.exit_code is not None:
         return f"killed by {signal_name(-snap.exit_code)} (exit {snap.exit_code})"
-    if snap.status == FINISHED and snap.exit_code is not None and snap.exit_code < 0:
+    if snap.died_exiting:
         return f"left the job, then died of {signal_name(-snap.exit_code)} as it exited (exit {snap.exit_code})"
     if snap.exit_code is not None:
         return f"exited with code {snap.exit_code}"

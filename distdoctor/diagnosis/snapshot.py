@@ -295,6 +295,11 @@ class RankSnapshot:
         return self.status in (RUNNING, FINISHED)
 
     @property
+    def died_exiting(self) -> bool:
+        """It left the job, then died of a signal as its process ended (a source that read both says so)."""
+        return self.status == FINISHED and self.exit_code is not None and self.exit_code < 0
+
+    @property
     def waiting(self) -> bool:
         """In a collective, by the recorder's count or by its stack."""
         return self.alive and (any(g.waiting for g in self.groups) or bool(self.in_collective))

@@ -21,7 +21,7 @@ from distdoctor.core.report import format_ranks
 from distdoctor.diagnosis import kinds as job_kinds
 from distdoctor.diagnosis.diagnose import diagnose
 from distdoctor.diagnosis.frames import is_user_file
-from distdoctor.diagnosis.snapshot import EXITED, FINISHED, RaisedError, RankSnapshot
+from distdoctor.diagnosis.snapshot import EXITED, RaisedError, RankSnapshot
 from distdoctor.explain.activity import CLOCK_MARGIN_S
 from distdoctor.explain.candidates import Ranked, apply_cues, describe, from_threads
 from distdoctor.explain.priors import active_priors
@@ -128,7 +128,7 @@ def job_findings(snaps: Sequence[RankSnapshot], log_findings: list[Finding], acc
     lines = (error_lines or {}).get(first.rank, set()) if first is not None else set()
     if first is None and anonymous is not None:
         lines = {anonymous[1]}
-    specific = _specific_log_cause(primary, lines, log_findings, _crashed_after_loop(snaps))
+    specific = _specific_log_cause(primary, lines, log_findings, {s.rank for s in snaps if s.died_exiting})
     folded = [f for f in log_findings if f is not specific and _folds(f, primary)]
     kept = [f for f in log_findings if f is not specific and f not in folded]
     if specific is not None:
@@ -209,11 +209,6 @@ def _anonymous_verdict(error: RaisedError) -> Finding:
 
 def _first_snapshot(finding: Finding, snaps: Sequence[RankSnapshot]) -> RankSnapshot | None:
     return next((s for s in snaps if finding.ranks and s.rank == finding.ranks[0]), None)
-
-
-def _crashed_after_loop(snaps: Sequence[RankSnapshot]) -> set[int]:
-    """Ranks that left the job and then died of a crash signal as they exited (snapshots.py)."""
-    return {s.rank for s in snaps if s.status == FINISHED and s.exit_code is not None and s.exit_code < 0}
 
 
 def _specific_log_cause(primary: Finding, lines: set[tuple[str, int]], log: list[Finding],

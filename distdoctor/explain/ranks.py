@@ -303,7 +303,7 @@ class RankCollector:
         while pos != -1:
             start = block.rfind("\n", 0, pos) + 1
             prefix = block[start:pos]
-            if prefix and not prefix.strip(" \t^~"):
+            if prefix and _carets_only(prefix):
                 # Two processes on one console: this header was glued to the end of the other's caret line
                 # (Python 3.11's "^^^^" under a frame); it is a traceback of its own, at the line's start.
                 prefix = ""
@@ -353,7 +353,7 @@ class RankCollector:
                 rest = raw[len(pending.prefix):]
             if not rest.strip():
                 continue
-            if TRACEBACK in rest and not rest[:rest.find(TRACEBACK)].strip(" \t^~"):
+            if TRACEBACK in rest and _carets_only(rest[:rest.find(TRACEBACK)]):
                 # Another process's traceback began (on its own line, or glued to a caret line of ours).
                 if len(self._interleaved_headers) < MAX_INTERLEAVED:
                     self._interleaved_headers.add((pending.order[0], line_no - 1))
@@ -597,6 +597,11 @@ def parse_traceback_text(text: str, file: str, rank: int, index: int = 0) -> Rai
 def finished_line(text: str) -> bool:
     """The last line says the loop ended ("done", "finished", "training complete")."""
     return bool(text) and bool(_FINISHED.search(text)) and "error" not in text.lower()
+
+
+def _carets_only(text: str) -> bool:
+    """Only Python 3.11's caret marks (or nothing) before a header: another process's caret line it was glued to."""
+    return not text.strip(" \t^~")
 
 
 def _untangled(line: str) -> str | None:
