@@ -1,4 +1,4 @@
-"""Figures of explain on its corpus of real posted logs: python tests/explain/corpus_figures.py [--part dev|sealed|all] [--cross]"""
+"""Figures of explain on its corpus of real posted logs: python tests/explain/corpus_figures.py [--part dev|sealed|all] [--round N] [--cross]"""
 
 # The corpus (tests/explain/corpus/index.toml) is split by source thread into a dev part, which
 # explain is developed against, and a sealed part, which is only measured: a thread is sealed when
@@ -88,16 +88,18 @@ def log_part(entry: dict) -> str:
     return entry.get("part") or part_of(entry["url"])
 
 
-def entries(part: str = "all") -> list[dict]:
+def entries(part: str = "all", round_: int | None = None) -> list[dict]:
+    """The index's logs of one part (and of one round of the search, when asked: a round measured as it came)."""
     index = tomllib.loads((CORPUS / "index.toml").read_text())
-    return [e for e in index["log"] if part == "all" or log_part(e) == part]
+    return [e for e in index["log"]
+            if (part == "all" or log_part(e) == part) and (round_ is None or e.get("round") == round_)]
 
 
-def evaluate(part: str = "dev") -> list[Outcome]:
+def evaluate(part: str = "dev", round_: int | None = None) -> list[Outcome]:
     from distdoctor.explain import explain_files
 
     outcomes = []
-    for entry in entries(part):
+    for entry in entries(part, round_):
         report = explain_files([str(CORPUS / entry["file"])])
         top = report.findings[0]
         outcomes.append(Outcome(entry["file"], entry["kind"], entry["cause"], top.cause, top.confidence or 0.0,
@@ -190,6 +192,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--part", choices=("dev", "sealed", "all"), default="dev")
     parser.add_argument("--show-logs", action="store_true", help="one line per log (default for the dev part only)")
+    parser.add_argument("--round", type=int, dest="round_", help="only the logs one round of the search added")
     parser.add_argument("--cross", action="store_true",
                         help="dev only: each log judged without its own thread's priors and the rules only it supports")
     args = parser.parse_args()
@@ -198,8 +201,9 @@ def main() -> None:
             parser.error("--cross is a dev figure: the sealed part is never cross-validated, only measured once")
         print(report_text(cross_validate(), "dev, leave-one-thread-out", True))
         return
-    outcomes = evaluate(args.part)
-    print(report_text(outcomes, args.part, args.show_logs or args.part == "dev"))
+    outcomes = evaluate(args.part, args.round_)
+    label = args.part if args.round_ is None else f"{args.part}, round {args.round_}"
+    print(report_text(outcomes, label, args.show_logs or args.part == "dev"))
 
 
 if __name__ == "__main__":
