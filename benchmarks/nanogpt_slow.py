@@ -12,8 +12,9 @@ wraps the model with device_ids: on a machine without a GPU the config makes `to
 the device back to cpu, and train.py's DDP name a DDP without device_ids (the config runs in its globals).
 
 Printed: the guard's live lines and its verdict at the end of each run, rank 0's median iteration time in
-each run (nanoGPT's own "iter N: ... time X ms" lines, the first 10 left out), and the cost the guard named
-against the difference of the two runs' iteration times: what the job would gain without the extra batch.
+each run (nanoGPT's own "iter N: ... time X ms" lines, the first 10 left out), and the cost and the what-if the
+guard named against the difference of the two runs' iteration times: what the job would gain without the extra
+batch.
 """
 
 from __future__ import annotations
@@ -112,8 +113,10 @@ def main() -> None:
         twin = run(args.nanogpt, root, "balanced", 1, args.iters, args.window, args.batch)
     named = [f for f in slow["findings"] if f["id"] in ("slow.W001", "slow.W002")]
     cost = named[0]["data"]["cost_ms_per_step"] if named else None
+    saved = named[0]["data"].get("saved_ms_per_step") if named else None
     gained = slow["iter_ms"] - twin["iter_ms"] if slow["iter_ms"] and twin["iter_ms"] else None
-    result = {"slow": slow, "balanced": twin, "named_cost_ms_per_step": cost, "iteration_gain_ms": gained}
+    result = {"slow": slow, "balanced": twin, "named_cost_ms_per_step": cost, "named_saved_ms_per_step": saved,
+              "iteration_gain_ms": gained}
     if args.json:
         print(json.dumps(result))
         return
@@ -122,8 +125,8 @@ def main() -> None:
         print("\n".join(case["said"]) or "(the guard said nothing)")
         if case["tail"]:
             print(case["tail"])
-    print(f"== the cost named: {cost} ms per step; the balanced twin's iterations are {gained and round(gained, 1)} ms "
-          "shorter (nanoGPT's own times, rank 0)")
+    print(f"== the cost named: {cost} ms per step, the what-if {saved} ms per step; the balanced twin's iterations are "
+          f"{gained and round(gained, 1)} ms shorter (nanoGPT's own times, rank 0)")
 
 
 if __name__ == "__main__":

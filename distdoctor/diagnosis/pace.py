@@ -251,6 +251,22 @@ def fraction_below(hist: list[int], ms: float) -> float | None:
     return below / total
 
 
+def share_above_integral_ms(hist: list[int], low_ms: float, high_ms: float) -> float | None:
+    """The integral of the share of waits above s, for s from low_ms to high_ms (ms x share); None without steps.
+
+    That share is linear inside a bin (as fraction_below reads it), so the trapezoid over the bin edges in
+    between is exact for it. From low to low + cap it is E[min(max(W - low, 0), cap)]; to the top, E[max(W - low, 0)].
+    """
+    if fraction_below(hist, low_ms) is None:
+        return None
+    high_ms = min(high_ms, edges_ms()[-1] * BIN_FACTOR)
+    if high_ms <= low_ms:
+        return 0.0
+    points = [low_ms] + [e for e in edges_ms() if low_ms < e < high_ms] + [high_ms]
+    above = [1.0 - (fraction_below(hist, s) or 0.0) for s in points]
+    return sum((b - a) * (fa + fb) / 2 for a, b, fa, fb in zip(points, points[1:], above, above[1:]))
+
+
 def quantile_ms(hist: list[int], q: float) -> float | None:
     """The q-quantile of the steps' waits in ms, linear inside its bin (bins are a factor 1.8 wide)."""
     total = sum(hist)

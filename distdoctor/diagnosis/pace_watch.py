@@ -130,7 +130,8 @@ class Watcher:
 
     def _worst(self, episode: Episode, figures: Mapping[str, Any]) -> None:
         if figures.get("cost_ms_per_step", 0) >= episode.worst.get("cost_ms_per_step", -1):
-            episode.worst = {k: figures.get(k) for k in ("cost_ms_per_step", "share", "speedup", "family", "line")}
+            keys = ("cost_ms_per_step", "share", "saved_ms_per_step", "speedup", "family", "line")
+            episode.worst = {k: figures.get(k) for k in keys}
 
     def _bounded(self, lines: list[str]) -> list[str]:
         out = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from pace_docs import BACKWARD, DATA_INNER, EVAL, EVAL_INNER, FORWARD, LOOP, MAIN, noisy, window
 
@@ -43,13 +45,39 @@ def test_the_rank_the_others_wait_for_is_named_with_its_cost_the_what_if_the_cal
     data = finding.data
     assert finding.ranks == (2,) and finding.hosts == ("node-b",) and finding.cause == "straggler_rank"
     assert data["cost_ms_per_step"] == pytest.approx(3.0, abs=0.3)
-    assert data["speedup"] == pytest.approx(STEP / (STEP - data["cost_ms_per_step"]), rel=0.01)
+    # The others' waits are tight (3 ms +- 0.3): without rank 2 each of their steps would be the whole 3 ms shorter.
+    assert data["saved_ms_per_step"] == pytest.approx(data["cost_ms_per_step"], rel=0.03)
+    assert data["speedup"] == pytest.approx(STEP / (STEP - data["saved_ms_per_step"]), rel=0.001)
     assert data["last_share"] > 0.9
     row = data["rows"][0]
     assert row["frame"][:2] == LOOP[:2] and row["inner"][:2] == DATA_INNER[:2] and row["data"] > 0.3
     assert data["family"] == "data loading"
     assert "Rank 2 on node-b makes every step wait: the other 3 ranks wait 3.0 ms per step" in finding.title
     assert "`x, y = next(batches)` train.py:40" in finding.detail and "DataLoader" in finding.remediation
+
+
+def jittery_pair(extra_ms: float, jitter_ms: float, seed: int = 7) -> dict:
+    """Two ranks whose arrivals differ each step by rank 1's extra plus their own jitter (normal, jitter_ms): the
+    one that arrives first waits the difference above the floor, the other the floor."""
+    rng = random.Random(seed)
+    lead = [extra_ms + rng.gauss(0.0, jitter_ms) for _ in range(400)]
+    return {0: window(0, [FLOOR + max(d, 0.0) for d in lead], STEP),
+            1: window(1, [FLOOR + max(-d, 0.0) for d in lead], STEP, host="node-b")}, lead
+
+
+@pytest.mark.parametrize("jitter_ms", [0.2, 2.0, 4.0])
+def test_the_what_if_is_the_step_saved_not_the_wait_when_the_ranks_own_jitter_is_large(jitter_ms):
+    # Without rank 1's 4 ms, the ranks still wait for each other's jitter, which rank 1 hid by arriving last: the
+    # step saved is E[min(max(lead, 0), 4 ms)], less than the 4 ms rank 0 waits more (the cost), by more as the
+    # jitter grows; with little jitter the two agree.
+    docs, lead = jittery_pair(4.0, jitter_ms)
+    finding = only(judge(paces(docs), world=2), "slow.W001")
+    data = finding.data
+    saved = sum(min(max(d, 0.0), 4.0) for d in lead) / len(lead)
+    assert finding.ranks == (1,) and data["cost_ms_per_step"] == pytest.approx(4.0, rel=0.1)
+    assert data["saved_ms_per_step"] == pytest.approx(saved, rel=0.1)
+    assert data["saved_ms_per_step"] <= data["cost_ms_per_step"]
+    assert f"a step would take {data['saved_ms_per_step']:.1f} ms less" in finding.title
 
 
 def extra_at_backward(slow_loader_s: float, peers_loader_s: float | None) -> dict:
