@@ -63,6 +63,33 @@ def test_a_wait_right_after_running_on_a_cpu_is_not_read_as_time_on_a_cpu():
     assert ran_ns / 1e9 < 0.01, ran_ns / 1e9
 
 
+class SteppedSched:
+    """A thread's counters that move by the given (run, runnable) nanoseconds at each read after the first."""
+
+    def __init__(self, moves: list[tuple[int, int]]) -> None:
+        self.moves, self.run, self.runq = list(moves), 0, 0
+
+    def times(self):
+        from distdoctor.machine.thread_sched import SchedTimes
+
+        if self.moves:
+            run, runq = self.moves.pop(0)
+            self.run, self.runq = self.run + run, self.runq + runq
+        return SchedTimes(self.run, self.runq)
+
+
+@pytest.mark.parametrize("runq_ms, blocked_ms", [(1.0, 2.0), (8.0, 3.0)])
+def test_a_runnable_time_longer_than_the_time_off_a_cpu_is_not_subtracted_from_the_wait(runq_ms, blocked_ms):
+    # A region of 3 ms off a CPU (a sleep): 1 ms of it read runnable is subtracted (a contended wake-up); 8 ms read
+    # runnable cannot be (the kernel's stale stamp, Linux 6.18), and the region's 3 ms off a CPU is its wait.
+    regions = Regions(SteppedSched([(0, 0), (0, int(runq_ms * 1e6))]))
+    token = regions.enter()
+    time.sleep(0.003)
+    regions.leave(token, "0")
+    waited_ms = regions.take(0)[(COLLECTIVE, "0")].waited_ns / 1e6
+    assert blocked_ms <= waited_ms < blocked_ms + 2.0, waited_ms
+
+
 @needs_schedstat
 def test_a_backward_after_a_syncing_forward_is_a_step_of_that_group_and_calls_in_it_are_not():
     regions = Regions(ThreadSched())

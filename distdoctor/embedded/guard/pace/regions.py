@@ -128,8 +128,14 @@ class Regions:
         wall = time.perf_counter_ns() - wall0
         if sched1 is None:
             return 0
-        blocked = wall - (sched1.run_ns - sched0.run_ns) - (sched1.runq_ns - sched0.runq_ns)
-        return max(0, blocked)
+        off_cpu = wall - (sched1.run_ns - sched0.run_ns)
+        runq = sched1.runq_ns - sched0.runq_ns
+        if runq > off_cpu:
+            # More time runnable than off a CPU: not time runnable but a stale stamp (on Linux 6.18, a thread woken
+            # from a sleep begun right after running, on a CPU shared with a busy process, reads milliseconds of
+            # runnable time it did not spend). Its time off a CPU is the wait; a reading that stays under it is kept.
+            runq = 0
+        return max(0, off_cpu - runq)
 
     def _waits(self, kind: str, group: str) -> GroupWaits:
         key = (kind, group)
