@@ -173,6 +173,17 @@ def test_a_line_only_the_slow_rank_runs_is_the_call_where_the_stacks_part():
     assert finding.data["family"] == "a line only this rank runs"
 
 
+def test_a_line_seen_in_a_few_samples_of_the_slow_rank_only_is_not_said_to_be_its_own():
+    # 0.75 ms a step at the eval line over 400 steps: 6 samples of the slow rank there, none of its peers'. Had they
+    # spent a third of that there, 2 samples would be expected: none says little, and the row keeps its measured
+    # times without saying that only this rank runs it (its twin above, 24 samples, says so).
+    extra = {(tuple(MAIN), tuple(EVAL), tuple(EVAL_INNER)): 0.00075}
+    finding = only(judge(paces(straggler_job(slow=0, extra=extra))), "slow.W001")
+    rows = [r for r in finding.data["rows"] if r["frame"][:2] == EVAL[:2]]
+    assert rows and rows[0]["peers_ms"] == 0.0 and not rows[0]["only_here"]
+    assert finding.data["family"] != "a line only this rank runs"
+
+
 READ_INNER = ["data.py", 10, "__getitem__", "time.sleep(READ_S)"]
 
 
