@@ -171,7 +171,7 @@ def test_a_slow_store_gets_a_longer_answer_deadline_and_the_straggler_is_still_n
         for rank in (0, 2):
             recorders[rank].begin(call())
         clock.now += 6
-        assert wait_until(lambda: any(h.shown for h in hosts.values()), 60)
+        assert wait_until(lambda: any(h.shown for h in hosts.values()), 60, clock=clock, watches=watches)
         [(findings, heading, decision)] = next(h.shown for h in hosts.values() if h.shown)
         assert (findings[0].id, findings[0].ranks) == ("job.E002", (1,)), findings[0].title
         assert findings[0].data["heard_from"] == 3 and "not_heard" not in findings[0].data
@@ -198,7 +198,7 @@ def test_an_answer_after_the_verdict_revises_it_and_silence_never_names_a_rank_m
         for rank in (0, 2):
             recorders[rank].begin(call())
         clock.now += 6
-        assert wait_until(lambda: any(h.shown for h in hosts.values()), 60)
+        assert wait_until(lambda: any(h.shown for h in hosts.values()), 60, clock=clock, watches=watches)
         verdict_out.set()
         assert wait_until(lambda: sum(len(h.shown) for h in hosts.values()) >= 2, 60)
         owner = next(h for h in hosts.values() if h.shown)
@@ -232,7 +232,7 @@ def test_a_rank_that_never_reaches_the_store_reports_alone_and_the_others_do_not
         for rank in (0, 2):
             recorders[rank].begin(call())
         clock.now += 6
-        assert wait_until(lambda: hosts[0].shown and hosts[2].shown, 60)
+        assert wait_until(lambda: hosts[0].shown and hosts[2].shown, 60, clock=clock, watches=watches)
         # Rank 2 reports from its own view, said as such, and watches (it cannot see the others).
         alone, _, decision = hosts[2].shown[0]
         assert decision.action == policy.WATCH and hosts[2].faults[0][0] == "store channel"
