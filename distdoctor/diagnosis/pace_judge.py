@@ -137,8 +137,8 @@ def _name(group: str, slow: list[int], others: list[int], members: dict[int, _Me
 
 
 def _saved_per_step(latest: _Member, floor_ms: float, cost: float) -> float:
-    """The step the job would save without the slow set (s): E[min(X, cost)], X the least-waiting other rank's
-    wait above the transfer floor per step, from its histogram.
+    """The step (s) the job would save without the slow set: E[min(X, cost)], X the least-waiting other rank's
+    wait above the transfer floor per step, from its histogram (without one, the cost).
 
     Read two ways: the integral of its waits' share above s from the floor to floor + cost, and its mean wait
     above the floor (exact) less the integral above floor + cost. A bin is 1.8x wide and read as filled evenly,
