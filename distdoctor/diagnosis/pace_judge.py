@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -146,9 +147,9 @@ def _saved_per_step(latest: _Member, floor_ms: float, cost: float) -> float:
     bin's upper part below floor + cost, the second where they sit in its lower part above it (each within 2 %
     where the other is off by 8-30 %, waits drawn with a known saving). The larger of the two, never above cost.
     """
-    hist, top = latest.group.hist, floor_ms + 1e9
-    direct = share_above_integral_ms(hist, floor_ms, floor_ms + cost * 1e3)
-    beyond = share_above_integral_ms(hist, floor_ms + cost * 1e3, top)
+    hist, cap_ms = latest.group.hist, floor_ms + cost * 1e3
+    direct = share_above_integral_ms(hist, floor_ms, cap_ms)
+    beyond = share_above_integral_ms(hist, cap_ms, math.inf)
     if direct is None or beyond is None:
         return cost
     below_floor = floor_ms - share_above_integral_ms(hist, 0.0, floor_ms)   # E[max(floor - W, 0)]

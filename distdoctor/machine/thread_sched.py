@@ -9,8 +9,10 @@
 # run time is brought up to date only at a tick or a switch, so a thread that has run 2 ms since it
 # last woke reads up to a tick (4 ms at HZ=250) short, and a wait that follows reads that much short
 # (a rank's waits for a slower peer read half of what it lost on a 2-core machine). Its runnable
-# time is exact when the thread itself reads it (it is running), at most the present wait behind
-# when another thread does.
+# time is brought up to date when the thread is switched in, so it is current when the thread reads
+# its own, at most the present wait behind when another thread does; on Linux 6.18 a thread woken
+# on a CPU shared with a busy process can read milliseconds it did not spend (the guard's regions
+# do not subtract a reading longer than the time off a CPU).
 # A kernel without schedstats (or a /proc that refuses) gives None: the caller says what it
 # cannot measure.
 

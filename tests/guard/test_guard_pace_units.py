@@ -19,7 +19,7 @@ from distdoctor.embedded.guard.pace.loader import LoaderClock
 from distdoctor.embedded.guard.pace.regions import COLLECTIVE, P2P, Regions
 from distdoctor.embedded.guard.pace.sampler import INSIDE, OUTSIDE, WALL, Profile, Sampler
 from distdoctor.embedded.guard.pace.window import Windows
-from distdoctor.machine.thread_sched import ThreadSched
+from distdoctor.machine.thread_sched import SchedTimes, ThreadSched
 
 needs_schedstat = pytest.mark.skipif(not ThreadSched().usable, reason="no /proc/self/task/<tid>/schedstat here")
 
@@ -69,9 +69,7 @@ class SteppedSched:
     def __init__(self, moves: list[tuple[int, int]]) -> None:
         self.moves, self.run, self.runq = list(moves), 0, 0
 
-    def times(self):
-        from distdoctor.machine.thread_sched import SchedTimes
-
+    def times(self) -> SchedTimes:
         if self.moves:
             run, runq = self.moves.pop(0)
             self.run, self.runq = self.run + run, self.runq + runq
